@@ -61,7 +61,7 @@ class FanoutSpec(_Strict):
 
 
 class RolloutSpec(_Strict):
-    canary_nodes: int = Field(1, ge=1)
+    canary_nodes: int = Field(2, ge=1)
     scale_steps: list[int] = Field(default_factory=list, description="node counts after the canary; [] = doubling")
     ready_timeout_s: float = Field(120, gt=0)
     port: int = Field(8000, ge=1024, le=65535)
@@ -70,8 +70,8 @@ class RolloutSpec(_Strict):
 class SimKnobs(_Strict):
     """The simulated engine's service model (see deploybench.lab.engine)."""
 
-    decode_base_ms: float = Field(20.0, gt=0)
-    decode_per_seq_ms: float = Field(4.0, ge=0)
+    decode_base_ms: float = Field(15.0, gt=0)
+    decode_per_seq_ms: float = Field(2.0, ge=0)
     prefill_per_token_ms: float = Field(0.1, ge=0)
     queue_limit: int = Field(64, ge=0)
     seed: int = 0
@@ -137,12 +137,15 @@ class RunConfig(_Strict):
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
-    def parse(cls, data: dict[str, Any]) -> "RunConfig":
-        """Validate a nested dict; a bad value raises ConfigError naming the field and what is allowed."""
+    def parse(cls, data: dict[str, Any], names: dict[tuple[str, ...], str] | None = None) -> "RunConfig":
+        """Validate a nested dict; a bad value raises ConfigError naming the field and what is allowed.
+
+        ``names`` maps nested paths to the names the user typed (the flat form's), for the message.
+        """
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc)) from exc
+            raise ConfigError(format_validation_error(exc, names)) from exc
 
     # -- checks that need the inventory (still before anything touches a node) ----------------
     def resolve_nodes(self, inventory_names: list[str]) -> list[str]:
@@ -203,15 +206,13 @@ def canonical_hash(obj: Any) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def format_validation_error(exc: ValidationError) -> str:
+def format_validation_error(exc: ValidationError, names: dict[tuple[str, ...], str] | None = None) -> str:
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "config"
-        ctx = err.get("ctx") or {}
-        allowed = ""
-        if "expected" in ctx:
-            allowed = f" (allowed: {ctx['expected']})"
+        loc = tuple(str(p) for p in err["loc"])
+        field = (names or {}).get(loc) or ".".join(loc) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
-        shown = f" (got {value!r})" if not isinstance(value, dict) else ""
-        lines.append(f"{field}: {err['msg']}{shown}{allowed}")
+        shown = f" (got {value!r})" if not isinstance(value, dict) and loc else ""
+        lines.append(f"{field}: {msg}{shown}" if loc else msg)
     return "invalid run configuration:\n  " + "\n  ".join(lines)

@@ -18,7 +18,14 @@ class NodeUnreachable(TransportError):
 
 
 class StageFailed(DeploybenchError):
-    """A pipeline stage finished, but its result does not allow the run to go on."""
+    """A pipeline stage finished, but its result does not allow the run to go on.
+
+    ``result`` carries what the stage measured anyway, so it is stored with the run.
+    """
+
+    def __init__(self, message: str, result: dict | None = None):
+        super().__init__(message)
+        self.result = result
 
 
 class LabError(DeploybenchError):

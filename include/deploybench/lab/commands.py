@@ -1,0 +1,144 @@
+"""The commands and files a netns lab is made of, as pure functions.
+
+Everything here only builds argument lists and file contents; nothing runs. That keeps
+the shape of a lab (links, shaping, sshd settings) testable without root, and keeps
+every external command an argument list.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+SSHD = "/usr/sbin/sshd"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# One HTB class per link: its quantum only matters between classes, but the default
+# (rate / r2q) overflows at Gbit rates and makes tc warn.
+HTB_QUANTUM = 60000
+
+
+def _tc(ns: str | None) -> list[str]:
+    return ["tc", "-n", ns] if ns else ["tc"]
+
+
+def _ip(ns: str | None) -> list[str]:
+    return ["ip", "-n", ns] if ns else ["ip"]
+
+
+def rate_arg(mbit: float) -> str:
+    """tc rate for ``mbit`` Mbit/s, in whole kbit so fractional speeds survive."""
+    if mbit <= 0:
+        raise ValueError(f"link speed {mbit} Mbit/s must be positive")
+    return f"{round(mbit * 1000)}kbit"
+
+
+def shape_commands(
+    dev: str,
+    mbit: float,
+    *,
+    ns: str | None = None,
+    delay_ms: float | None = None,
+    loss_pct: float | None = None,
+) -> list[list[str]]:
+    """Egress shaping of ``dev``: an HTB class at ``mbit``, with a netem leaf for delay/loss.
+
+    Idempotent (``replace``): the same call builds a link and later changes it. Without
+    delay or loss the leaf is a plain pfifo, so a degraded link can be restored.
+    """
+    tc = _tc(ns)
+    rate = rate_arg(mbit)
+    cmds = [
+        tc + ["qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+        tc + ["class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+              "rate", rate, "ceil", rate, "quantum", str(HTB_QUANTUM)],
+    ]
+    leaf = tc + ["qdisc", "replace", "dev", dev, "parent", "1:10", "handle", "10:"]
+    if delay_ms or loss_pct:
+        netem = ["netem"]
+        if delay_ms:
+            netem += ["delay", f"{delay_ms:g}ms"]
+        if loss_pct:
+            netem += ["loss", f"{loss_pct:g}%"]
+        cmds.append(leaf + netem)
+    else:
+        cmds.append(leaf + ["pfifo", "limit", "1000"])
+    return cmds
+
+
+def link_commands(ns: str, bridge: str, host_veth: str, node_if: str, address: str, prefix: int) -> list[list[str]]:
+    """Create node namespace ``ns`` and wire it to ``bridge`` with its own address."""
+    return [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", host_veth, "type", "veth", "peer", "name", node_if, "netns", ns],
+        ["ip", "link", "set", host_veth, "master", bridge, "up"],
+        _ip(ns) + ["addr", "add", f"{address}/{prefix}", "dev", node_if],
+        _ip(ns) + ["link", "set", node_if, "up"],
+        _ip(ns) + ["link", "set", "lo", "up"],
+    ]
+
+
+def bridge_commands(bridge: str, host_address: str, prefix: int) -> list[list[str]]:
+    return [
+        ["ip", "link", "add", bridge, "type", "bridge"],
+        ["ip", "addr", "add", f"{host_address}/{prefix}", "dev", bridge],
+        ["ip", "link", "set", bridge, "up"],
+    ]
+
+
+def sshd_config(
+    *,
+    address: str,
+    host_key: str,
+    authorized_keys: str,
+    pid_file: str,
+    env: Mapping[str, str] | None = None,
+    port: int = 22,
+) -> str:
+    """sshd_config of one lab node: its own address and host key, the lab's user key only.
+
+    ``SetEnv`` gives commands run over SSH the system PATH (iperf3, rsync, sha256sum)
+    whatever the controller's environment was.
+    """
+    lines = [
+        f"ListenAddress {address}",
+        f"Port {port}",
+        f"HostKey {host_key}",
+        f"AuthorizedKeysFile {authorized_keys}",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes",
+        "PermitRootLogin prohibit-password",
+        "UsePAM no",
+        "StrictModes no",
+        f"PidFile {pid_file}",
+        "PrintMotd no",
+        "UseDNS no",
+        # fan-out, preflight and the engines open many sessions at once
+        "MaxSessions 64",
+        "MaxStartups 64:30:128",
+        "Subsystem sftp internal-sftp",
+    ]
+    env = {"PATH": SYSTEM_PATH, **(env or {})}
+    for key, value in env.items():
+        if any(c in value for c in ' "\n'):
+            raise ValueError(f"SetEnv value for {key} must not contain spaces, quotes or newlines: {value!r}")
+        lines.append(f"SetEnv {key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def sshd_start_argv(ns: str, binds: Mapping[str, str], config: str) -> list[str]:
+    """Start sshd inside ``ns`` in a private mount namespace where each ``source -> target`` is bind-mounted.
+
+    Everything started through that sshd inherits both namespaces: the node's address
+    and the node's own model root at the path every node shares.
+    """
+    mounts = " && ".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in binds.items())
+    script = f"{mounts} && exec {SSHD} -D -e -f {shlex.quote(config)}" if mounts else f"exec {SSHD} -D -e -f {shlex.quote(config)}"
+    return ["ip", "netns", "exec", ns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+
+
+def known_hosts_line(address: str, public_key: str, port: int = 22) -> str:
+    """A known_hosts entry for ``address`` from an OpenSSH public key line ("ssh-ed25519 AAAA... comment")."""
+    key_type, blob = public_key.split()[:2]
+    host = address if port == 22 else f"[{address}]:{port}"
+    return f"{host} {key_type} {blob}"

@@ -1,0 +1,347 @@
+"""The simulated engine's service model: continuous batching, its closed-form capacity, its text.
+
+Pure code (no I/O, no clock): the HTTP server in ``deploybench.lab.engine`` drives
+``BatchScheduler`` with real asyncio deadlines, and ``simulate`` drives the very same object
+with a virtual clock, so the closed form below is tested against the scheduler that serves.
+
+The scheduler (one engine, ``B = max_num_seqs`` batch slots), like vLLM's continuous batching:
+
+* An arriving request joins a FIFO waiting queue. It is refused at once (HTTP 429) when the
+  engine already holds ``B + queue_limit`` requests (running + waiting): ``queue_limit`` is the
+  number that may wait beyond the batch slots.
+* An iteration starts when the previous one ends (or, when idle, when a request arrives). At its
+  start, waiting requests are admitted FIFO into free slots. Its duration is
+  ``slowdown x (prefill_per_token_ms x sum(prompt tokens of the newly admitted)
+  + decode_base_ms + decode_per_seq_ms x running)``, where ``running`` counts the admitted too.
+* At its end every running sequence has one more token (the admitted get their first), and the
+  tokens are delivered to the clients then. A sequence that reached its output length leaves,
+  freeing its slot for the next iteration.
+
+Closed form, with P and O the mean prompt and output tokens and the batch always full: a
+request occupies one of B slots for O iterations, so O/B iterations are spent per request, and
+its prefill is paid once; hence the time per completed request is
+``slowdown x (O x (decode_base_ms/B + decode_per_seq_ms) + prefill_per_token_ms x P)`` and
+``lambda_max`` is its inverse.
+
+Tokens: a prompt's token count is the number of ``\\w+|[^\\w\\s]`` matches (words, and each
+punctuation mark on its own), a deterministic stand-in for a real tokenizer; a prompt of N
+space-separated plain words is N tokens. Generated token i is `` <word>`` from a fixed
+vocabulary picked by a hash of (seed, prompt, i), so the text can be predicted from outside
+(``expected_completion``) and re-tokenizes to exactly the number of tokens generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from deploybench.errors import ConfigError
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+VOCABULARY: tuple[str, ...] = tuple(
+    """the of and to in is was for on that with as by at from this are be it an or which were
+    have has not had but been one their also more they its new first all two other can time
+    after into would about there during only most some over such may when these than then many
+    model token batch node cluster engine request latency throughput queue slot prefill decode
+    rollout canary stage fanout shard weight memory network link switch server client stream
+    river mountain forest garden window harbor signal lantern compass meadow valley orchard
+    copper silver marble granite cedar maple willow falcon heron otter badger sparrow""".split()
+)
+_MASK64 = (1 << 64) - 1
+
+
+def count_tokens(text: str) -> int:
+    """The sim's token count of ``text``: words and single punctuation marks (see module doc)."""
+    return len(_TOKEN_RE.findall(text))
+
+
+def chat_prompt(messages: Iterable[dict]) -> str:
+    """The string a chat request is generated from: its messages' contents, one per line.
+
+    The chat template is free: a chat request's prompt tokens are the tokens of its contents.
+    ``content`` may be a string or a list of OpenAI content parts (their ``text`` is used).
+    """
+    lines = []
+    for msg in messages:
+        content = msg.get("content") or ""
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        lines.append(str(content))
+    return "\n".join(lines)
+
+
+def _prompt_key(prompt: str, seed: int) -> int:
+    digest = hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=8, key=str(seed).encode()).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread hash of a 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class TokenStream:
+    """The generated tokens of one (prompt, seed): token i is a function of (seed, prompt, i) only."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, prompt: str, seed: int) -> None:
+        self._key = _prompt_key(prompt, seed)
+
+    def token(self, i: int) -> str:
+        return " " + VOCABULARY[_mix(self._key + i) % len(VOCABULARY)]
+
+
+def expected_completion(prompt: str, max_tokens: int, seed: int = 0) -> str:
+    """The exact text the sim answers to ``prompt`` with ``max_tokens`` (below max_model_len).
+
+    For a chat request pass ``chat_prompt(messages)`` as the prompt. The smoke check of the
+    rollout compares an engine's answer with this.
+    """
+    stream = TokenStream(prompt, seed)
+    return "".join(stream.token(i) for i in range(max_tokens))
+
+
+# -- the scheduler ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceParams:
+    """The knobs that decide timing (milliseconds); defaults are deploybench.config's SimKnobs."""
+
+    max_num_seqs: int = 8
+    decode_base_ms: float = 20.0
+    decode_per_seq_ms: float = 4.0
+    prefill_per_token_ms: float = 0.1
+    queue_limit: int = 64
+    slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs={self.max_num_seqs}: needs at least 1 batch slot")
+        if self.decode_base_ms <= 0 or self.decode_per_seq_ms < 0 or self.prefill_per_token_ms < 0:
+            raise ConfigError(
+                f"decode_base_ms={self.decode_base_ms} must be > 0, decode_per_seq_ms={self.decode_per_seq_ms} "
+                f"and prefill_per_token_ms={self.prefill_per_token_ms} >= 0"
+            )
+        if self.queue_limit < 0 or self.slowdown <= 0:
+            raise ConfigError(f"queue_limit={self.queue_limit} must be >= 0 and slowdown={self.slowdown} > 0")
+
+    @classmethod
+    def from_config(cls, engine: "object") -> "ServiceParams":
+        """From a deploybench.config.EngineSpec (its ``max_num_seqs`` and ``sim`` knobs)."""
+        sim = engine.sim  # type: ignore[attr-defined]
+        return cls(
+            max_num_seqs=engine.max_num_seqs,  # type: ignore[attr-defined]
+            decode_base_ms=sim.decode_base_ms,
+            decode_per_seq_ms=sim.decode_per_seq_ms,
+            prefill_per_token_ms=sim.prefill_per_token_ms,
+            queue_limit=sim.queue_limit,
+            slowdown=sim.slowdown,
+        )
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the scheduler. ``handle`` is the server's (or the simulation's) own state."""
+
+    prompt_tokens: int
+    output_tokens: int
+    handle: object = None
+    generated: int = 0
+
+
+@dataclass
+class Iteration:
+    duration_ms: float
+    admitted: list[Sequence]
+    running: list[Sequence]
+
+
+@dataclass
+class BatchScheduler:
+    """Continuous batching as a state machine; whoever owns it keeps the clock (see module doc)."""
+
+    params: ServiceParams
+    waiting: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def submit(self, seq: Sequence) -> bool:
+        """Queue ``seq``; False (refuse it) when B + queue_limit requests are already in the engine."""
+        if len(self.running) + len(self.waiting) >= self.params.max_num_seqs + self.params.queue_limit:
+            return False
+        self.waiting.append(seq)
+        return True
+
+    def cancel(self, seq: Sequence) -> None:
+        """Drop a waiting sequence (its client went away); a running one finishes its iteration first."""
+        try:
+            self.waiting.remove(seq)
+        except ValueError:
+            if seq in self.running:
+                seq.output_tokens = seq.generated + 1
+
+    def start_iteration(self) -> Iteration | None:
+        """Admit into free slots and return the iteration to run, or None when there is nothing to do."""
+        p = self.params
+        admitted = []
+        while self.waiting and len(self.running) < p.max_num_seqs:
+            seq = self.waiting.popleft()
+            self.running.append(seq)
+            admitted.append(seq)
+        if not self.running:
+            return None
+        prefill = p.prefill_per_token_ms * sum(s.prompt_tokens for s in admitted)
+        duration = p.slowdown * (prefill + p.decode_base_ms + p.decode_per_seq_ms * len(self.running))
+        return Iteration(duration, admitted, list(self.running))
+
+    def finish_iteration(self, it: Iteration) -> list[Sequence]:
+        """Give every sequence of ``it`` one token; return those that are now complete (and leave)."""
+        done = []
+        for seq in it.running:
+            seq.generated += 1
+            if seq.generated >= seq.output_tokens:
+                done.append(seq)
+        if done:
+            gone = set(map(id, done))
+            self.running = [s for s in self.running if id(s) not in gone]
+        return done
+
+
+# -- closed form -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Closed-form figures for one engine and one workload (times in ms, rates per second)."""
+
+    max_num_seqs: int
+    prompt_tokens: float
+    output_tokens: float
+    requests_per_s: float  # lambda_max: saturation throughput with the batch always full
+    output_tokens_per_s: float
+    single_ttft_ms: float  # one request alone
+    single_itl_ms: float
+    single_e2e_ms: float
+    full_iteration_ms: float  # mean iteration with the batch full (also the mean inter-token latency)
+    full_ttft_min_ms: float  # in service, queueing excluded: admitted alone ...
+    full_ttft_max_ms: float  # ... or with a whole batch of prefills
+    full_e2e_ms: float  # mean in service, queueing excluded (Little: B / lambda_max)
+    full_queue_wait_ms: float  # extra wait when the queue is full (queue_limit / lambda_max)
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+def capacity(params: ServiceParams, prompt_tokens: float, output_tokens: float) -> Capacity:
+    """The engine's saturation throughput and its latencies at light load and at full batch."""
+    if output_tokens < 1 or prompt_tokens < 0:
+        raise ConfigError(f"output_tokens={output_tokens} must be >= 1 and prompt_tokens={prompt_tokens} >= 0")
+    p, b, s = params, params.max_num_seqs, params.slowdown
+    P, O = float(prompt_tokens), float(output_tokens)
+    per_request_ms = s * (O * (p.decode_base_ms / b + p.decode_per_seq_ms) + p.prefill_per_token_ms * P)
+    lam_per_ms = 1.0 / per_request_ms
+    step1 = s * (p.decode_base_ms + p.decode_per_seq_ms)
+    stepb = s * (p.decode_base_ms + p.decode_per_seq_ms * b)
+    prefill = s * p.prefill_per_token_ms * P
+    return Capacity(
+        max_num_seqs=b,
+        prompt_tokens=P,
+        output_tokens=O,
+        requests_per_s=1000.0 * lam_per_ms,
+        output_tokens_per_s=1000.0 * lam_per_ms * O,
+        single_ttft_ms=prefill + step1,
+        single_itl_ms=step1,
+        single_e2e_ms=prefill + O * step1,
+        full_iteration_ms=stepb + prefill * b / O,
+        full_ttft_min_ms=stepb + prefill,
+        full_ttft_max_ms=stepb + prefill * b,
+        full_e2e_ms=b * per_request_ms,
+        full_queue_wait_ms=p.queue_limit * per_request_ms,
+    )
+
+
+# -- discrete-event simulation (virtual clock) -----------------------------------------------------
+
+
+@dataclass
+class SimResult:
+    completed: int
+    refused: int
+    first_completion_ms: float
+    last_completion_ms: float
+    completions_ms: list[float]
+    ttft_ms: list[float]
+    e2e_ms: list[float]
+
+    def throughput_per_s(self, skip: int = 0) -> float:
+        """Completion rate between the ``skip``-th and the last completion (drops the fill-up)."""
+        done = sorted(self.completions_ms)[skip:]
+        if len(done) < 2:
+            raise ValueError("fewer than two completions to measure a rate over")
+        return 1000.0 * (len(done) - 1) / (done[-1] - done[0])
+
+
+def simulate(params: ServiceParams, arrivals: Iterable[tuple[float, int, int]]) -> SimResult:
+    """Run ``BatchScheduler`` on a virtual clock: ``arrivals`` are (time_ms, prompt, output tokens).
+
+    Same rules as the server: an idle engine starts an iteration at an arrival, a busy one
+    admits at the next iteration start.
+    """
+    sched = BatchScheduler(params)
+    events = sorted(arrivals)
+    i, now, refused = 0, 0.0, 0
+    completions, ttft, e2e = [], [], []
+    arrival_of: dict[int, float] = {}
+    while i < len(events) or sched.busy:
+        if not sched.busy:
+            now = max(now, events[i][0])
+        # arrivals up to the iteration start join the queue
+        while i < len(events) and events[i][0] <= now:
+            t, prompt, out = events[i]
+            seq = Sequence(prompt, out)
+            if sched.submit(seq):
+                arrival_of[id(seq)] = t
+            else:
+                refused += 1
+            i += 1
+        it = sched.start_iteration()
+        if it is None:
+            continue
+        end = now + it.duration_ms
+        # arrivals during the iteration are queued (or refused) when they come
+        while i < len(events) and events[i][0] < end:
+            t, prompt, out = events[i]
+            seq = Sequence(prompt, out)
+            if sched.submit(seq):
+                arrival_of[id(seq)] = t
+            else:
+                refused += 1
+            i += 1
+        for seq in it.running:
+            if seq.generated == 0:
+                ttft.append(end - arrival_of[id(seq)])
+        for seq in sched.finish_iteration(it):
+            completions.append(end)
+            e2e.append(end - arrival_of.pop(id(seq)))
+        now = end
+    return SimResult(
+        completed=len(completions),
+        refused=refused,
+        first_completion_ms=min(completions, default=0.0),
+        last_completion_ms=max(completions, default=0.0),
+        completions_ms=completions,
+        ttft_ms=ttft,
+        e2e_ms=e2e,
+    )

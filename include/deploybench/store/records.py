@@ -1,0 +1,138 @@
+"""What one run leaves in the results store, as typed records.
+
+These are the store's input boundary: the DAG's store task (or the CLI runner) builds
+one RunRecord, a StageRecord per pipeline stage and a PhaseRecord per load phase and
+node, and hands them with the raw samples to ``write_run``. Unknown keys are refused
+and every timestamp must carry a time zone, so a typo or a naive local time fails
+here, before anything touches the database.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+RunStatus = Literal["success", "failed", "running"]
+StageStatus = Literal["success", "failed", "skipped", "running"]
+
+# node value of a PhaseRecord that aggregates the whole cluster
+CLUSTER = "*"
+
+# the sample table's columns, in the order COPY sends them (run_key comes first, added by the writer)
+SAMPLE_COLUMNS: tuple[str, ...] = (
+    "ts",
+    "phase",
+    "node",
+    "status",
+    "error_kind",
+    "latency_ms",
+    "ttft_ms",
+    "prompt_tokens",
+    "output_tokens",
+)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunRecord(_Record):
+    """One pipeline run, keyed by its idempotency key (e.g. ``"<dag_id>/<airflow run_id>"``)."""
+
+    run_key: str = Field(min_length=1, max_length=512)
+    dag_id: str = Field(min_length=1)
+    airflow_run_id: str | None = None
+    status: RunStatus
+    started_at: AwareDatetime
+    finished_at: AwareDatetime | None = None
+    config: dict[str, Any] = Field(default_factory=dict, description="the RunConfig as JSON (model_dump(mode='json'))")
+    fingerprint: str = Field(min_length=1, description="RunConfig.fingerprint(): results of the same thing line up")
+    inventory: str = Field(min_length=1)
+    node_count: int = Field(ge=0)
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _times(self) -> "RunRecord":
+        if self.finished_at is not None and self.finished_at < self.started_at:
+            raise ValueError(
+                f"run {self.run_key!r}: finished_at={self.finished_at.isoformat()} is before "
+                f"started_at={self.started_at.isoformat()}"
+            )
+        return self
+
+    @classmethod
+    def from_config(cls, run_key: str, config: Any, **fields: Any) -> "RunRecord":
+        """Build from a ``deploybench.config.RunConfig``: config, fingerprint, inventory and tags come from it."""
+        fields.setdefault("node_count", config.nodes)
+        return cls(
+            run_key=run_key,
+            config=config.model_dump(mode="json"),
+            fingerprint=config.fingerprint(),
+            inventory=config.inventory,
+            tags=dict(config.tags),
+            **fields,
+        )
+
+
+class StageRecord(_Record):
+    """The outcome of one pipeline stage (preflight, fanout, rollout, load, ...) in one run."""
+
+    stage: str = Field(min_length=1, max_length=200)
+    status: StageStatus
+    started_at: AwareDatetime | None = None
+    seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class PhaseRecord(_Record):
+    """Aggregates of one load phase (probe, sustained, overload, ...) on one node, or ``node='*'`` for the cluster."""
+
+    phase: str = Field(min_length=1, max_length=200)
+    node: str = Field(CLUSTER, min_length=1, max_length=200)
+    offered_rps: float = Field(ge=0, allow_inf_nan=False)
+    achieved_rps: float = Field(ge=0, allow_inf_nan=False)
+    output_tps: float = Field(ge=0, allow_inf_nan=False)
+    requests: int = Field(ge=0)
+    errors: int = Field(ge=0)
+    error_rate: float = Field(ge=0, le=1, allow_inf_nan=False)
+    dropped_iterations: int = Field(0, ge=0)
+    latency_p50_ms: float = Field(ge=0, allow_inf_nan=False)
+    latency_p90_ms: float = Field(ge=0, allow_inf_nan=False)
+    latency_p99_ms: float = Field(ge=0, allow_inf_nan=False)
+    latency_p999_ms: float = Field(ge=0, allow_inf_nan=False)
+    ttft_p50_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
+    ttft_p99_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
+    duration_s: float = Field(ge=0, allow_inf_nan=False)
+    started_at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _coherent(self) -> "PhaseRecord":
+        where = f"phase {self.phase!r} node {self.node!r}"
+        if self.errors > self.requests:
+            raise ValueError(f"{where}: errors={self.errors} is more than requests={self.requests}")
+        pct = [self.latency_p50_ms, self.latency_p90_ms, self.latency_p99_ms, self.latency_p999_ms]
+        if pct != sorted(pct):
+            raise ValueError(f"{where}: latency percentiles must not decrease from p50 to p99.9, got {pct}")
+        if self.ttft_p50_ms is not None and self.ttft_p99_ms is not None and self.ttft_p99_ms < self.ttft_p50_ms:
+            raise ValueError(f"{where}: ttft_p99_ms={self.ttft_p99_ms} is below ttft_p50_ms={self.ttft_p50_ms}")
+        if self.requests and not math.isclose(self.error_rate, self.errors / self.requests, abs_tol=1e-6):
+            raise ValueError(
+                f"{where}: error_rate={self.error_rate} does not match errors/requests="
+                f"{self.errors}/{self.requests}={self.errors / self.requests:.6f}"
+            )
+        return self
+
+
+class StoredRun(_Record):
+    """A run as read back from the store, with its stages and phases."""
+
+    run: RunRecord
+    stages: list[StageRecord]
+    phases: list[PhaseRecord]
+    sample_count: int
+    created_at: datetime
+    updated_at: datetime

@@ -1,0 +1,100 @@
+// Run configuration, read once from the environment (__ENV).
+//
+// The Python runner (deploybench.load) sets every DB_* variable; defaults exist only so a person can
+// run the script by hand. A missing or malformed value throws in the init context, which k6 reports
+// as a script error (exit code 107) before any request is sent.
+
+function num(env, name, fallback) {
+  const raw = env[name];
+  if (raw === undefined || raw === '') {
+    if (fallback === undefined) throw new Error(`${name} is required (a number)`);
+    return fallback;
+  }
+  const v = Number(raw);
+  if (!Number.isFinite(v)) throw new Error(`${name}=${JSON.stringify(raw)} is not a number`);
+  return v;
+}
+
+function str(env, name, fallback) {
+  const raw = env[name];
+  if (raw === undefined || raw === '') {
+    if (fallback === undefined) throw new Error(`${name} is required`);
+    return fallback;
+  }
+  return raw;
+}
+
+function bool(env, name, fallback) {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  return ['1', 'true', 'yes', 'on'].includes(String(raw).toLowerCase());
+}
+
+function json(env, name, fallback) {
+  const raw = env[name];
+  if (raw === undefined || raw === '') {
+    if (fallback === undefined) throw new Error(`${name} is required (JSON)`);
+    return fallback;
+  }
+  try {
+    return JSON.parse(raw);
+  } catch (e) {
+    throw new Error(`${name} is not valid JSON: ${e}`);
+  }
+}
+
+export const APIS = ['completions', 'chat', 'triton'];
+
+export function loadConfig(env) {
+  const endpoints = json(env, 'DB_ENDPOINTS');
+  if (!Array.isArray(endpoints) || endpoints.length === 0) {
+    throw new Error('DB_ENDPOINTS must be a non-empty JSON list of {"node","url","model"}');
+  }
+  for (const ep of endpoints) {
+    if (!ep || !ep.node || !ep.url || !ep.model) {
+      throw new Error(`DB_ENDPOINTS entry ${JSON.stringify(ep)} needs node, url and model`);
+    }
+    ep.url = String(ep.url).replace(/\/+$/, '');
+  }
+  const api = str(env, 'DB_API', 'completions');
+  if (!APIS.includes(api)) throw new Error(`DB_API=${api} is not one of ${APIS.join(', ')}`);
+  const cfg = {
+    endpoints,
+    api,
+    rate: num(env, 'DB_RATE'),
+    durationS: num(env, 'DB_DURATION_S'),
+    warmupS: num(env, 'DB_WARMUP_S', 0),
+    preVUs: num(env, 'DB_PRE_VUS', 0),
+    maxVUs: num(env, 'DB_MAX_VUS', 0),
+    phase: str(env, 'DB_PHASE', 'sustained'),
+    runKey: str(env, 'DB_RUN_KEY', ''),
+    tags: json(env, 'DB_TAGS', {}),
+    promptTokens: num(env, 'DB_PROMPT_TOKENS', 200),
+    outputTokens: num(env, 'DB_OUTPUT_TOKENS', 64),
+    prompts: num(env, 'DB_PROMPTS', 256),
+    seed: num(env, 'DB_SEED', 0),
+    stream: bool(env, 'DB_STREAM', false),
+    ignoreEos: bool(env, 'DB_IGNORE_EOS', true),
+    timeoutS: num(env, 'DB_TIMEOUT_S', 30),
+    p99Ms: num(env, 'DB_SLO_P99_MS', 2000),
+    maxErrorRate: num(env, 'DB_SLO_MAX_ERROR_RATE', 0.01),
+  };
+  if (cfg.rate <= 0) throw new Error(`DB_RATE=${cfg.rate} must be > 0 requests/s`);
+  if (cfg.durationS <= 0) throw new Error(`DB_DURATION_S=${cfg.durationS} must be > 0`);
+  if (cfg.warmupS < 0) throw new Error(`DB_WARMUP_S=${cfg.warmupS} must be >= 0`);
+  if (cfg.maxVUs <= 0) cfg.maxVUs = Math.max(2, Math.ceil(cfg.rate * 2));
+  if (cfg.preVUs <= 0 || cfg.preVUs > cfg.maxVUs) cfg.preVUs = cfg.maxVUs;
+  if (typeof cfg.tags !== 'object' || Array.isArray(cfg.tags)) throw new Error('DB_TAGS must be a JSON object');
+  return cfg;
+}
+
+// k6 wants durations as strings; whole milliseconds keep fractional seconds exact enough.
+export function ms(seconds) {
+  return `${Math.max(1, Math.round(seconds * 1000))}ms`;
+}
+
+// constant-arrival-rate takes an integer rate per timeUnit; a fractional rate becomes N per 1000 s.
+export function arrival(rate) {
+  if (Number.isInteger(rate)) return { rate, timeUnit: '1s' };
+  return { rate: Math.round(rate * 1000), timeUnit: '1000s' };
+}

@@ -1,0 +1,36 @@
+// The per-request sample.
+//
+// k6 has no file API, so every request is recorded as one point of the custom Trend `db_request`
+// (value = end-to-end latency in ms), which `--out json=...` writes with its tags and metadata:
+//   tags (low cardinality, sub-metrics and thresholds can select them):
+//     node, phase, window (warmup|measure), ok (true|false), status, error_kind, plus run tags
+//   metadata (per-VU, high cardinality, creates no time series; written by the JSON output as
+//   data.metadata, verified with k6 1.1.0):
+//     t0 (request start, epoch ms), prompt_tokens, output_tokens
+// deploybench.load parses these points into the samples DataFrame.
+import exec from 'k6/execution';
+import { Rate, Trend } from 'k6/metrics';
+
+export const requestTrend = new Trend('db_request', true);
+export const requestFailed = new Rate('db_request_failed');
+export const outputTokens = new Trend('db_output_tokens');
+
+export function recordSample(sample) {
+  const md = exec.vu.metrics.metadata;
+  md.t0 = String(sample.t0);
+  md.prompt_tokens = String(sample.promptTokens);
+  md.output_tokens = String(sample.outputTokens);
+  const tags = {
+    node: sample.node,
+    window: sample.window,
+    ok: sample.ok ? 'true' : 'false',
+    status: String(sample.status),
+    error_kind: sample.errorKind || '',
+  };
+  requestTrend.add(sample.latencyMs, tags);
+  requestFailed.add(!sample.ok, { node: sample.node, window: sample.window });
+  if (sample.ok) outputTokens.add(sample.outputTokens, { node: sample.node, window: sample.window });
+  delete md.t0;
+  delete md.prompt_tokens;
+  delete md.output_tokens;
+}

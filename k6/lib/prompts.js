@@ -1,0 +1,39 @@
+// A deterministic prompt set, generated from a seed: no download, the same prompts on every run.
+//
+// Lengths are spread uniformly over [0.5, 1.5] x the target length (mean = the target), so a run
+// exercises short and long prefills alike. A prompt is built from short common English words, which
+// most tokenizers encode as one token each (with the leading space), so the word count is a fair
+// estimate of the prompt tokens; the server's own usage.prompt_tokens is preferred when it answers.
+
+const WORDS = (
+  'the of and to in is it you that he was for on are as with his they at be this have from or one ' +
+  'had by word but not what all were we when your can said there use an each which she do how their ' +
+  'if will up other about out many then them these so some her would make like him into time has ' +
+  'look two more write go see number no way could people my than first water been call who oil its ' +
+  'now find long down day did get come made may part'
+).split(' ');
+
+// mulberry32: a small, well-mixed 32-bit PRNG; the same seed gives the same sequence in any k6.
+export function rng(seed) {
+  let a = seed >>> 0;
+  return function next() {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+// Returns [{text, tokens}] with `count` prompts whose lengths average `meanTokens`.
+export function makePrompts(count, meanTokens, seed) {
+  const next = rng(seed);
+  const out = [];
+  for (let i = 0; i < count; i++) {
+    const tokens = Math.max(1, Math.round(meanTokens * (0.5 + next())));
+    const words = new Array(tokens);
+    for (let w = 0; w < tokens; w++) words[w] = WORDS[Math.floor(next() * WORDS.length)];
+    out.push({ text: words.join(' '), tokens });
+  }
+  return out;
+}

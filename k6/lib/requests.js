@@ -1,0 +1,132 @@
+// Request building and response reading for the APIs deploybench drives:
+//   completions  OpenAI /v1/completions      (vLLM, the simulated engine)
+//   chat         OpenAI /v1/chat/completions (vLLM, the simulated engine)
+//   triton       Triton /v2/models/<model>/generate[_stream]
+//
+// k6's HTTP client buffers the whole body, also for a streamed (SSE) answer, so a stream is read after
+// the fact: its chunks are counted and the closing [DONE] is checked. Nothing here measures time to
+// first token (k6 cannot see it; timings.waiting is the time to the response headers).
+
+export function buildRequest(cfg, endpoint, prompt) {
+  const headers = { 'Content-Type': 'application/json' };
+  if (cfg.stream) headers.Accept = 'text/event-stream';
+  if (cfg.api === 'triton') {
+    const path = cfg.stream ? 'generate_stream' : 'generate';
+    return {
+      url: `${endpoint.url}/v2/models/${encodeURIComponent(endpoint.model)}/${path}`,
+      body: JSON.stringify({
+        text_input: prompt.text,
+        parameters: { max_tokens: cfg.outputTokens, stream: cfg.stream, ignore_eos: cfg.ignoreEos },
+      }),
+      headers,
+    };
+  }
+  const payload = { model: endpoint.model, max_tokens: cfg.outputTokens, temperature: 0, stream: cfg.stream };
+  if (cfg.ignoreEos) payload.ignore_eos = true; // vLLM extension: always produce max_tokens
+  if (cfg.stream) payload.stream_options = { include_usage: true };
+  if (cfg.api === 'chat') {
+    payload.messages = [{ role: 'user', content: prompt.text }];
+    return { url: `${endpoint.url}/v1/chat/completions`, body: JSON.stringify(payload), headers };
+  }
+  payload.prompt = prompt.text;
+  return { url: `${endpoint.url}/v1/completions`, body: JSON.stringify(payload), headers };
+}
+
+// Paths that answer 200 when an endpoint can take requests, tried in order.
+export function readinessPaths(api) {
+  return api === 'triton' ? ['/v2/health/ready'] : ['/health', '/v1/models'];
+}
+
+function wordCount(text) {
+  const t = String(text || '').trim();
+  return t ? t.split(/\s+/).length : 0;
+}
+
+// Parses an SSE body: {chunks, done, usage, text}. Tolerates "data:" with or without a space and
+// CRLF line ends; ignores comments and other fields.
+export function parseSSE(body) {
+  const out = { chunks: 0, done: false, usage: null, text: '', bad: 0 };
+  for (const raw of String(body || '').split('\n')) {
+    const line = raw.replace(/\r$/, '');
+    if (!line.startsWith('data:')) continue;
+    const data = line.slice(5).trim();
+    if (data === '[DONE]') {
+      out.done = true;
+      continue;
+    }
+    if (!data) continue;
+    let evt;
+    try {
+      evt = JSON.parse(data);
+    } catch (e) {
+      out.bad += 1;
+      continue;
+    }
+    if (evt.usage) out.usage = evt.usage;
+    if (evt.text_output !== undefined) {
+      out.chunks += 1;
+      out.text += evt.text_output;
+      continue;
+    }
+    const choice = (evt.choices || [])[0];
+    if (!choice) continue;
+    const piece = choice.text !== undefined ? choice.text : choice.delta && choice.delta.content;
+    if (piece) {
+      out.chunks += 1;
+      out.text += piece;
+    }
+  }
+  return out;
+}
+
+// Reads a 2xx answer: {ok, errorKind, promptTokens, outputTokens}. A 2xx whose body cannot be read
+// (bad JSON, a stream without [DONE]) is an error of its own kind, not a success.
+export function readResponse(cfg, res, prompt) {
+  const r = { ok: true, errorKind: '', promptTokens: prompt.tokens, outputTokens: 0 };
+  if (cfg.stream) {
+    const sse = parseSSE(res.body);
+    if (cfg.api !== 'triton' && !sse.done) return { ...r, ok: false, errorKind: 'stream_incomplete' };
+    if (sse.chunks === 0 && !sse.usage) return { ...r, ok: false, errorKind: 'bad_response' };
+    if (sse.usage) {
+      r.outputTokens = sse.usage.completion_tokens || 0;
+      r.promptTokens = sse.usage.prompt_tokens || r.promptTokens;
+    } else {
+      r.outputTokens = cfg.api === 'triton' ? Math.max(sse.chunks, wordCount(sse.text)) : sse.chunks;
+    }
+    return r;
+  }
+  let data;
+  try {
+    data = JSON.parse(res.body);
+  } catch (e) {
+    return { ...r, ok: false, errorKind: 'bad_response' };
+  }
+  if (cfg.api === 'triton') {
+    if (typeof data.text_output !== 'string') return { ...r, ok: false, errorKind: 'bad_response' };
+    r.outputTokens = wordCount(data.text_output); // Triton's generate answer carries no token count
+    return r;
+  }
+  if (!data.usage || !Array.isArray(data.choices)) return { ...r, ok: false, errorKind: 'bad_response' };
+  r.outputTokens = data.usage.completion_tokens || 0;
+  r.promptTokens = data.usage.prompt_tokens || r.promptTokens;
+  return r;
+}
+
+// k6 error codes (https://grafana.com/docs/k6/latest/javascript-api/error-codes/) folded into kinds.
+export function errorKind(res) {
+  if (res.status >= 400) return `http_${res.status}`;
+  if (res.status > 0) return '';
+  switch (res.error_code) {
+    case 1050:
+      return 'timeout';
+    case 1211:
+      return 'connect_timeout';
+    case 1212:
+      return 'connection_refused';
+    case 1201:
+    case 1220:
+      return 'connection_reset';
+    default:
+      return res.error_code ? `network_${res.error_code}` : 'network';
+  }
+}

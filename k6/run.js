@@ -1,0 +1,96 @@
+// deploybench load entry script: one open-model phase at one arrival rate.
+//
+// Everything comes from the environment (see lib/config.js); deploybench.load sets it. The phase runs
+// for DB_WARMUP_S + DB_DURATION_S at DB_RATE requests/s (constant-arrival-rate: a slow server cannot
+// slow the client down); requests started in the first DB_WARMUP_S seconds are tagged window=warmup
+// and left out of the thresholds and of the figures deploybench reports.
+import http from 'k6/http';
+import exec from 'k6/execution';
+import { SharedArray } from 'k6/data';
+
+import { arrival, loadConfig, ms } from './lib/config.js';
+import { makePrompts } from './lib/prompts.js';
+import { buildRequest, errorKind, readinessPaths, readResponse } from './lib/requests.js';
+import { recordSample } from './lib/metrics.js';
+
+const cfg = loadConfig(__ENV);
+const prompts = new SharedArray('prompts', () => makePrompts(cfg.prompts, cfg.promptTokens, cfg.seed));
+const { rate, timeUnit } = arrival(cfg.rate);
+
+export const options = {
+  scenarios: {
+    load: {
+      executor: 'constant-arrival-rate',
+      rate,
+      timeUnit,
+      duration: ms(cfg.warmupS + cfg.durationS),
+      preAllocatedVUs: cfg.preVUs,
+      maxVUs: cfg.maxVUs,
+      // let requests in flight at the end finish (they belong to the measured window)
+      gracefulStop: ms(cfg.timeoutS + 1),
+      tags: { phase: cfg.phase },
+    },
+  },
+  tags: Object.assign({}, cfg.tags, cfg.runKey ? { run_key: cfg.runKey } : {}),
+  // SLO thresholds on the measured window only: P99 of successful requests and the error rate.
+  thresholds: {
+    'db_request{window:measure,ok:true}': [`p(99)<${cfg.p99Ms}`],
+    'db_request_failed{window:measure}': [`rate<=${cfg.maxErrorRate}`],
+  },
+  summaryTrendStats: ['avg', 'min', 'med', 'p(90)', 'p(99)', 'p(99.9)', 'max', 'count'],
+  setupTimeout: ms(30 + 10 * cfg.endpoints.length),
+  teardownTimeout: '10s',
+};
+
+// Fail fast: every endpoint must answer its readiness path before any load is offered.
+export function setup() {
+  const paths = readinessPaths(cfg.api);
+  for (const ep of cfg.endpoints) {
+    const seen = [];
+    let ready = false;
+    for (const path of paths) {
+      const res = http.get(`${ep.url}${path}`, { timeout: '5s', tags: { name: 'readiness', node: ep.node } });
+      seen.push(`${path} -> ${res.status || res.error || 'no answer'}`);
+      if (res.status === 200) {
+        ready = true;
+        break;
+      }
+    }
+    if (!ready) {
+      exec.test.abort(`endpoint not ready: node ${ep.node} at ${ep.url} (${seen.join('; ')})`);
+    }
+  }
+}
+
+export default function () {
+  const i = exec.scenario.iterationInTest;
+  const n = cfg.endpoints.length;
+  const endpoint = cfg.endpoints[i % n];
+  const prompt = prompts[Math.floor(i / n) % prompts.length];
+  const req = buildRequest(cfg, endpoint, prompt);
+
+  const t0 = Date.now();
+  const window = t0 - exec.scenario.startTime < cfg.warmupS * 1000 ? 'warmup' : 'measure';
+  const res = http.post(req.url, req.body, {
+    headers: req.headers,
+    timeout: ms(cfg.timeoutS),
+    tags: { node: endpoint.node, window, name: req.url.replace(/^https?:\/\/[^/]+/, '') },
+    responseType: 'text',
+  });
+
+  let read = { ok: false, errorKind: errorKind(res), promptTokens: prompt.tokens, outputTokens: 0 };
+  if (res.status >= 200 && res.status < 300) read = readResponse(cfg, res, prompt);
+
+  recordSample({
+    node: endpoint.node,
+    window,
+    t0,
+    // a request that got no answer has no timings; its latency is the time until k6 gave up
+    latencyMs: res.status > 0 ? res.timings.duration : Date.now() - t0,
+    ok: read.ok,
+    status: res.status,
+    errorKind: read.errorKind,
+    promptTokens: read.promptTokens,
+    outputTokens: read.outputTokens,
+  });
+}
