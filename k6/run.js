@@ -31,7 +31,7 @@ export const options = {
       tags: { phase: cfg.phase },
     },
   },
-  tags: Object.assign({}, cfg.tags, cfg.runKey ? { run_key: cfg.runKey } : {}),
+  tags: cfg.tags, // run tags (run_key, config cell...) on every sample
   // SLO thresholds on the measured window only: P99 of successful requests and the error rate.
   thresholds: {
     'db_request{window:measure,ok:true}': [`p(99)<${cfg.p99Ms}`],

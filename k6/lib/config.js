@@ -67,7 +67,6 @@ export function loadConfig(env) {
     preVUs: num(env, 'DB_PRE_VUS', 0),
     maxVUs: num(env, 'DB_MAX_VUS', 0),
     phase: str(env, 'DB_PHASE', 'sustained'),
-    runKey: str(env, 'DB_RUN_KEY', ''),
     tags: json(env, 'DB_TAGS', {}),
     promptTokens: num(env, 'DB_PROMPT_TOKENS', 200),
     outputTokens: num(env, 'DB_OUTPUT_TOKENS', 64),

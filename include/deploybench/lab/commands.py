@@ -122,7 +122,8 @@ def sshd_config(
     for key, value in env.items():
         if any(c in value for c in ' "\n'):
             raise ValueError(f"SetEnv value for {key} must not contain spaces, quotes or newlines: {value!r}")
-        lines.append(f"SetEnv {key}={value}")
+    # sshd keeps the first SetEnv line only: all variables go on one.
+    lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()))
     return "\n".join(lines) + "\n"
 
 

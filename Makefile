@@ -1,0 +1,29 @@
+# The two commands of the README, and their set-up. Everything is idempotent.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+NODES ?= 16
+
+.PHONY: setup demo test test-unit lab-down clean
+
+setup:
+	@.ci/bootstrap
+
+## demo: a whole deploy-and-benchmark run of deploybench_run through Airflow on a fresh 16-node lab
+demo: setup
+	$(BIN)/deploybench demo --nodes $(NODES)
+
+## test: the whole test suite (unit, integration on real PostgreSQL/sshd/iperf3/k6, end-to-end dag.test)
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+lab-down:
+	$(BIN)/deploybench lab down --name demo
+
+clean: lab-down
+	-$(BIN)/deploybench store stop
+	rm -rf .deploybench

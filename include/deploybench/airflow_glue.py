@@ -1,0 +1,57 @@
+"""Airflow Connections -> library objects. Imported only inside Airflow tasks.
+
+Credentials live in Connections, never in task code or params: an SSH connection
+(login, key file, pinned host key) for the nodes, a Postgres connection for the
+results store. Both are optional: without them the inventory's SSH settings and the
+store's own DSN resolution (DEPLOYBENCH_DSN, else the embedded PostgreSQL) apply.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+RESULTS_CONN_ID = "deploybench_results"
+
+
+def _connection_exists(conn_id: str) -> bool:
+    from airflow.sdk import BaseHook
+
+    try:
+        BaseHook.get_connection(conn_id)
+        return True
+    except Exception:  # noqa: BLE001 - AirflowNotFoundException moved between modules across versions
+        return False
+
+
+def ssh_overrides(conn_id: str | None) -> dict | None:
+    """SSH settings from an Airflow SSH connection, in the form deploybench.transport.ssh_params takes."""
+    if not conn_id:
+        return None
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    hook = SSHHook(ssh_conn_id=conn_id)
+    extras = hook.get_connection(conn_id).extra_dejson
+    host_key = None
+    if hook.host_key is not None:
+        host_key = f"{hook.host_key.get_name()} {hook.host_key.get_base64()}"
+    if hook.no_host_key_check:
+        log.warning("connection %s sets no_host_key_check; deploybench verifies host keys anyway", conn_id)
+    return {
+        "user": hook.username,
+        "port": hook.port,
+        "key_file": hook.key_file,
+        "known_hosts": extras.get("known_hosts"),
+        "host_key": host_key,
+        "timeout": hook.conn_timeout,
+    }
+
+
+def results_dsn() -> str | None:
+    """The results DSN from the ``deploybench_results`` Postgres connection, if there is one."""
+    if not _connection_exists(RESULTS_CONN_ID):
+        return None
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    return PostgresHook(postgres_conn_id=RESULTS_CONN_ID).get_uri()

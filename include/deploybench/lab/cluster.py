@@ -1,0 +1,361 @@
+"""The embedded lab cluster: ``up``, ``down``, ``status``, and link/node faults.
+
+A lab is a small real cluster on this machine. In netns mode (root) every node is a
+network namespace on a bridge with its own address, sshd, private model root and a
+tc-shaped link; in loopback mode every node is a 127.x.y.z address with its own folders,
+reached through the local transport. Either way ``up`` writes an inventory, and the
+pipeline never needs to know which mode it runs on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploybench import manifest
+from deploybench.config import ModelSpec
+from deploybench.errors import DeploybenchError, LabError
+from deploybench.inventory import Inventory
+from deploybench.lab import commands, netns
+from deploybench.lab.naming import (
+    NetnsNames,
+    check_name,
+    check_nodes,
+    host_address,
+    loopback_candidates,
+    pick_subnet,
+    subnet_candidates,
+)
+from deploybench.lab.state import LabFiles, LabState, Mode, build_inventory, other_lab_subnets
+from deploybench.transport import connect
+
+log = logging.getLogger(__name__)
+
+# 8 concurrent iperf3 pairs at 1000 Mbit/s are CPU-bound on a 2-core machine; at 500 they
+# reach the shaped rate (see the lab's report in the README).
+DEFAULT_LINK_MBIT = 500.0
+DEFAULT_MODEL_MB = 64.0
+SSHD_WAIT_S = 20.0
+LOCK_PATH = Path("/run/lock/deploybench-lab.lock")
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    address: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class LabStatus:
+    name: str
+    mode: Mode
+    subnet: str
+    link_mbit: float
+    nodes: list[NodeStatus]
+    inventory: Path
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.nodes) and all(n.ok for n in self.nodes)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def resolve_mode(mode: Mode | str) -> Mode:
+    try:
+        m = Mode(mode)
+    except ValueError as exc:
+        raise LabError(f"lab mode {mode!r} is unknown; use netns, loopback or auto") from exc
+    if m is Mode.AUTO:
+        return Mode.NETNS if is_root() else Mode.LOOPBACK
+    if m is Mode.NETNS and not is_root():
+        raise LabError("netns mode needs root (network namespaces, tc, sshd); run as root or use --mode loopback")
+    return m
+
+
+@contextmanager
+def _machine_lock() -> Iterator[None]:
+    """Serialises subnet choice and bridge creation between labs started at the same time."""
+    path = LOCK_PATH if os.access(LOCK_PATH.parent, os.W_OK) else Path("/tmp/deploybench-lab.lock")
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# -- up ----------------------------------------------------------------------------------------
+def up(
+    name: str = "demo",
+    nodes: int = 16,
+    link_mbit: float = DEFAULT_LINK_MBIT,
+    mode: Mode | str = Mode.AUTO,
+    model_mb: float = DEFAULT_MODEL_MB,
+    model_name: str | None = None,
+) -> Inventory:
+    """Build lab ``name`` (or find it running) and return its inventory, also saved as inventory.json."""
+    check_name(name)
+    check_nodes(nodes)
+    if link_mbit <= 0:
+        raise LabError(f"--link-mbit {link_mbit} must be positive")
+    m = resolve_mode(mode)
+    files = LabFiles(name)
+    old = files.read_state()
+    if old is not None and files.inventory.exists() and _running(old, files):
+        wanted = (m, nodes, float(link_mbit))
+        if (old.mode, old.node_count, old.link_mbit) != wanted:
+            log.warning(
+                "lab %s is already running with %s nodes at %g Mbit/s in %s mode (asked: %s nodes at %g Mbit/s, %s); "
+                "keeping it - run `deploybench lab down --name %s` first to rebuild",
+                name, old.node_count, old.link_mbit, old.mode.value, nodes, link_mbit, m.value, name,
+            )
+        else:
+            log.info("lab %s is already running (%d nodes); nothing to do", name, old.node_count)
+        return Inventory.load(files.inventory)
+    if old is not None or files.root.exists() or (is_root() and any(netns.lab_objects(NetnsNames.of(name)))):
+        log.info("lab %s: removing what a previous run left", name)
+        down(name)
+    t0 = time.monotonic()
+    model_name = model_name or ModelSpec().name
+    try:
+        if m is Mode.NETNS:
+            state = _up_netns(name, nodes, link_mbit, model_name, model_mb, files)
+        else:
+            state = _up_loopback(name, nodes, link_mbit, model_name, model_mb, files)
+        _seed(files, state)
+        inventory = build_inventory(state, files)
+        inventory.save(files.inventory)
+    except BaseException:
+        log.error("lab %s: up failed; removing what was built", name)
+        try:
+            down(name)
+        except DeploybenchError as exc:
+            log.error("lab %s: cleanup after the failed up also failed: %s", name, exc)
+        raise
+    log.info("lab %s up: %d %s nodes in %s, %.1f s; inventory %s",
+             name, nodes, m.value, state.subnet, time.monotonic() - t0, files.inventory)
+    return inventory
+
+
+def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb: float,
+              files: LabFiles) -> LabState:
+    names = NetnsNames.of(name)
+    files.root.mkdir(parents=True, exist_ok=True)
+    with _machine_lock():
+        taken = netns.used_subnets() + other_lab_subnets(name)
+        net = pick_subnet(subnet_candidates(name), taken, "lab")
+        state = LabState(name=name, mode=Mode.NETNS, subnet=str(net), node_count=count, link_mbit=link_mbit,
+                         model_name=model_name, model_mb=model_mb)
+        files.write_state(state)
+        netns.create_bridge(names, host_address(net), net.prefixlen)
+
+    files.keys.mkdir(parents=True, exist_ok=True)
+    netns.ssh_keygen(files.user_key, f"deploybench-lab-{name}")
+    files.authorized_keys.write_text(files.user_key.with_suffix(".pub").read_text())
+    indexed = list(enumerate(state.nodes, start=1))
+
+    def build(item: tuple[int, str]) -> None:
+        i, node = item
+        netns.ssh_keygen(files.host_key(node), f"{name}-{node}")
+        netns.create_node(names, i, node, state.address(node), net.prefixlen, link_mbit)
+        for d in (files.models(node), files.run(node)):
+            d.mkdir(parents=True, exist_ok=True)
+
+    netns.parallel(build, indexed)
+    files.known_hosts.write_text("".join(
+        commands.known_hosts_line(state.address(n), files.host_key(n).with_suffix(".pub").read_text()) + "\n"
+        for n in state.nodes
+    ))
+    for d in (files.shared_models, files.shared_run):
+        d.mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    procs = {node: _start_node_sshd(names, files, state, node) for node in state.nodes}
+    waited = netns.parallel(
+        lambda node: netns.wait_ssh(state.address(node), procs[node], files.node_dir(node) / "sshd.log", SSHD_WAIT_S),
+        state.nodes,
+    )
+    log.debug("lab %s: slowest sshd answered after %.2f s", name, max(waited))
+    return state
+
+
+def _node_env(name: str, node: str) -> dict[str, str]:
+    from deploybench import paths
+
+    env = {
+        "PATH": f"{commands.SYSTEM_PATH}:{Path(sys.executable).parent}",
+        "DEPLOYBENCH_LAB": name,
+        "DEPLOYBENCH_NODE": node,
+    }
+    home = str(paths.home())
+    if " " not in home:
+        env["DEPLOYBENCH_HOME"] = home
+    return env
+
+
+def _start_node_sshd(names: NetnsNames, files: LabFiles, state: LabState, node: str) -> subprocess.Popen[bytes]:
+    nd = files.node_dir(node)
+    config = nd / "sshd_config"
+    try:
+        text = commands.sshd_config(
+            address=state.address(node), host_key=str(files.host_key(node)),
+            authorized_keys=str(files.authorized_keys), pid_file=str(nd / "sshd.pid"), env=_node_env(state.name, node),
+        )
+    except ValueError as exc:
+        raise LabError(f"lab {state.name}: cannot write sshd_config for {node}: {exc}") from exc
+    config.write_text(text)
+    binds = {str(files.models(node)): str(files.shared_models), str(files.run(node)): str(files.shared_run)}
+    return netns.start_sshd(names.namespace(node), binds, config, nd / "sshd.log")
+
+
+def _up_loopback(name: str, count: int, link_mbit: float, model_name: str, model_mb: float,
+                 files: LabFiles) -> LabState:
+    net = pick_subnet(loopback_candidates(name), other_lab_subnets(name), "loopback")
+    state = LabState(name=name, mode=Mode.LOOPBACK, subnet=str(net), node_count=count, link_mbit=link_mbit,
+                     model_name=model_name, model_mb=model_mb)
+    files.write_state(state)
+    for node in state.nodes:
+        for d in (files.models(node), files.run(node)):
+            d.mkdir(parents=True, exist_ok=True)
+    return state
+
+
+def _seed(files: LabFiles, state: LabState) -> None:
+    """The synthetic model on the first node, the fan-out source (kept if already valid)."""
+    target = files.models(state.nodes[0]) / state.model_name
+    try:
+        manifest.verify(target)
+        log.info("lab %s: model %s already on %s", state.name, state.model_name, state.nodes[0])
+        return
+    except (manifest.ManifestMismatch, OSError):
+        shutil.rmtree(target, ignore_errors=True)
+    t0 = time.monotonic()
+    m = manifest.seed_model(target, total_mb=state.model_mb)
+    log.info("lab %s: seeded %s on %s (%.0f MB, %.1f s)", state.name, state.model_name, state.nodes[0],
+             m.total_bytes / 1e6, time.monotonic() - t0)
+
+
+# -- down / status -----------------------------------------------------------------------------
+def down(name: str, purge: bool = False) -> None:
+    """Remove everything lab ``name`` made; the user and host keys stay unless ``purge``. Idempotent."""
+    check_name(name)
+    files = LabFiles(name)
+    state = files.read_state()
+    if is_root():
+        netns.teardown(NetnsNames.of(name), files.root, files.shared_root)
+    elif state is not None and state.mode is Mode.NETNS:
+        raise LabError(f"lab {name} runs in netns mode; removing it needs root (sudo deploybench lab down --name {name})")
+    else:
+        pids = netns.pids_mentioning(f"{files.root}/nodes/")
+        if pids:
+            netns.kill_pids(pids)
+    files.remove(keep_keys=not purge)
+    log.info("lab %s down", name)
+
+
+def _running(state: LabState, files: LabFiles) -> bool:
+    if state.mode is Mode.LOOPBACK:
+        return all(files.models(n).is_dir() for n in state.nodes)
+    if not is_root():
+        return False
+    nss, _ = netns.lab_objects(NetnsNames.of(state.name))
+    if len(nss) != state.node_count:
+        return False
+    try:
+        netns.parallel(lambda n: netns.wait_ssh(state.address(n), None, files.node_dir(n) / "sshd.log", 2.0),
+                       state.nodes)
+    except LabError:
+        return False
+    return True
+
+
+def load_inventory(name: str) -> Inventory:
+    files = LabFiles(check_name(name))
+    if not files.inventory.exists():
+        raise LabError(f"lab {name} is not up (no {files.inventory}); start it with `deploybench lab up --name {name}`")
+    return Inventory.load(files.inventory)
+
+
+def status(name: str, timeout: float = 5.0) -> LabStatus:
+    """Every node and whether it answers a command through the inventory's transport."""
+    inv = load_inventory(name)
+    files = LabFiles(name)
+    state = files.read_state()
+    if state is None:
+        raise LabError(f"lab {name}: {files.state} is missing or invalid; run `deploybench lab down --name {name}`")
+
+    def probe(node_name: str) -> NodeStatus:
+        node = inv.node(node_name)
+        root = inv.model_root_of(node)
+        try:
+            with connect(inv, node, {"timeout": timeout}) as t:
+                r = t.run(["test", "-d", root], timeout=timeout)
+            ok = r.ok
+            detail = "answers" if ok else f"model root {root} missing"
+        except DeploybenchError as exc:
+            ok, detail = False, str(exc)
+        return NodeStatus(node.name, node.address, ok, detail)
+
+    nodes = netns.parallel(probe, inv.names)
+    return LabStatus(name, state.mode, state.subnet, state.link_mbit, nodes, files.inventory)
+
+
+# -- faults (netns mode) -----------------------------------------------------------------------
+def _netns_state(name: str) -> tuple[LabState, LabFiles]:
+    files = LabFiles(check_name(name))
+    state = files.read_state()
+    if state is None:
+        raise LabError(f"lab {name} is not up; start it with `deploybench lab up --name {name}`")
+    if state.mode is not Mode.NETNS:
+        raise LabError(f"lab {name} runs in {state.mode.value} mode; link and node faults need netns mode (root)")
+    return state, files
+
+
+def set_link(name: str, node: str, mbit: float | None = None, delay_ms: float | None = None,
+             loss_pct: float | None = None) -> None:
+    """Degrade (or, with no arguments, restore) ``node``'s link in both directions.
+
+    ``mbit`` replaces the shaped rate (the inventory keeps the nominal one, so preflight
+    sees the shortfall); ``delay_ms``/``loss_pct`` need the kernel's netem qdisc.
+    """
+    state, _ = _netns_state(name)
+    if mbit is not None and mbit <= 0:
+        raise LabError(f"set_link {node}: mbit={mbit} must be positive (use kill_node to cut the link)")
+    if loss_pct is not None and not 0 <= loss_pct <= 100:
+        raise LabError(f"set_link {node}: loss_pct={loss_pct} must be between 0 and 100")
+    netns.shape(NetnsNames.of(name), state.index(node), node, mbit or state.link_mbit, delay_ms, loss_pct)
+    log.info("lab %s: link of %s set to %g Mbit/s, delay %s ms, loss %s %%", name, node,
+             mbit or state.link_mbit, delay_ms or 0, loss_pct or 0)
+
+
+def kill_node(name: str, node: str) -> None:
+    """Crash ``node``: every process in its namespace is killed and its link goes down."""
+    state, _ = _netns_state(name)
+    names = NetnsNames.of(name)
+    netns.kill_pids(netns.namespace_pids(names.namespace(node)), grace_s=1.0)
+    netns.sh(["ip", "link", "set", names.host_veth(state.index(node)), "down"])
+    log.info("lab %s: node %s killed", name, node)
+
+
+def start_node(name: str, node: str) -> None:
+    """Bring a killed node back: link up, sshd started, wait until it answers."""
+    state, files = _netns_state(name)
+    names = NetnsNames.of(name)
+    netns.sh(["ip", "link", "set", names.host_veth(state.index(node)), "up"])
+    if not netns.namespace_pids(names.namespace(node)):
+        proc = _start_node_sshd(names, files, state, node)
+        netns.wait_ssh(state.address(node), proc, files.node_dir(node) / "sshd.log", SSHD_WAIT_S)
+    log.info("lab %s: node %s started", name, node)

@@ -1,0 +1,146 @@
+"""``deploybench engine serve|capacity`` and the flags of ``python -m deploybench.lab.engine``.
+
+The flags' defaults are deploybench.config's EngineSpec and SimKnobs, so a sim started with
+no flags serves the same model the run configuration describes by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from deploybench.config import EngineSpec, LoadSpec, ModelSpec, RolloutSpec, SimKnobs
+from deploybench.lab.service_model import ServiceParams, capacity
+
+
+def _add_knobs(parser: argparse.ArgumentParser) -> None:
+    """The service-model knobs, shared by ``serve`` and ``capacity``."""
+    eng, sim = EngineSpec(), SimKnobs()
+    g = parser.add_argument_group("service model (times in ms)")
+    g.add_argument("--max-num-seqs", type=int, default=eng.max_num_seqs, help="batch slots B (default %(default)s)")
+    g.add_argument("--decode-base-ms", type=float, default=sim.decode_base_ms, help="fixed time of one iteration")
+    g.add_argument("--decode-per-seq-ms", type=float, default=sim.decode_per_seq_ms,
+                   help="extra iteration time per running sequence")
+    g.add_argument("--prefill-per-token-ms", type=float, default=sim.prefill_per_token_ms,
+                   help="prefill time per prompt token, paid in the iteration that admits the request")
+    g.add_argument("--queue-limit", type=int, default=sim.queue_limit,
+                   help="requests that may wait beyond the batch slots; more are refused with 429")
+    g.add_argument("--slowdown", type=float, default=sim.slowdown, help="multiplier on every time")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    eng, sim = EngineSpec(), SimKnobs()
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", type=int, default=RolloutSpec().port, help="default %(default)s; 0 = any free port")
+    parser.add_argument("--model-dir", required=True, help="model directory, verified against its manifest first")
+    parser.add_argument("--served-model-name", default=ModelSpec().name, help="the model name the API answers to")
+    parser.add_argument("--max-model-len", type=int, default=eng.max_model_len,
+                        help="prompt + output tokens; the output is capped to fit")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="accepted for vLLM compatibility; ignored")
+    _add_knobs(parser)
+    f = parser.add_argument_group("determinism and faults")
+    f.add_argument("--seed", type=int, default=sim.seed, help="seed of the generated text and of injected errors")
+    f.add_argument("--error-rate", type=float, default=sim.error_rate, help="fraction of requests answered 500")
+    f.add_argument("--crash-after", type=int, default=sim.crash_after,
+                   help="exit (code 3) after answering this many inference requests; 0 = never")
+    parser.add_argument("--loop", choices=["auto", "asyncio"], default="auto",
+                        help="auto = uvloop when installed (default), asyncio = the standard loop")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def parse_serve_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploybench.lab.engine",
+        description="The simulated LLM inference engine (vLLM's OpenAI API over a continuous-batching model).",
+    )
+    add_serve_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def params_from_args(args: argparse.Namespace) -> ServiceParams:
+    return ServiceParams(
+        max_num_seqs=args.max_num_seqs,
+        decode_base_ms=args.decode_base_ms,
+        decode_per_seq_ms=args.decode_per_seq_ms,
+        prefill_per_token_ms=args.prefill_per_token_ms,
+        queue_limit=args.queue_limit,
+        slowdown=args.slowdown,
+    )
+
+
+def options_from_args(args: argparse.Namespace):
+    """EngineOptions from parsed flags; the knobs are validated by SimKnobs/EngineSpec (ConfigError)."""
+    from deploybench.config import format_validation_error
+    from deploybench.errors import ConfigError
+    from deploybench.lab.engine import EngineOptions
+    from pydantic import ValidationError
+
+    try:
+        spec = EngineSpec(
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            sim=SimKnobs(
+                decode_base_ms=args.decode_base_ms, decode_per_seq_ms=args.decode_per_seq_ms,
+                prefill_per_token_ms=args.prefill_per_token_ms, queue_limit=args.queue_limit, seed=args.seed,
+                slowdown=args.slowdown, error_rate=args.error_rate, crash_after=args.crash_after,
+            ),
+        )
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from exc
+    return EngineOptions(
+        model_dir=args.model_dir,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        params=ServiceParams.from_config(spec),
+        max_model_len=spec.max_model_len,
+        seed=spec.sim.seed,
+        error_rate=spec.sim.error_rate,
+        crash_after=spec.sim.crash_after,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from deploybench.lab.engine import run
+
+    return run(options_from_args(args), use_uvloop=args.loop != "asyncio")
+
+
+def _capacity(args: argparse.Namespace) -> int:
+    cap = capacity(params_from_args(args), args.prompt_tokens, args.output_tokens)
+    if args.json:
+        print(json.dumps({**cap.as_dict(), "engines": args.engines,
+                          "cluster_requests_per_s": args.engines * cap.requests_per_s}, indent=1))
+        return 0
+    n = args.engines
+    rows = [
+        ("workload", f"B={cap.max_num_seqs}, prompt {cap.prompt_tokens:g} tokens, output {cap.output_tokens:g} tokens"),
+        ("saturation throughput", f"{cap.requests_per_s:.3f} requests/s, {cap.output_tokens_per_s:.1f} output tokens/s"),
+        ("light load (alone)", f"TTFT {cap.single_ttft_ms:.1f} ms, ITL {cap.single_itl_ms:.1f} ms, "
+                               f"E2E {cap.single_e2e_ms:.1f} ms"),
+        ("full batch (in service)", f"TTFT {cap.full_ttft_min_ms:.1f}-{cap.full_ttft_max_ms:.1f} ms, "
+                                    f"ITL {cap.full_iteration_ms:.1f} ms (mean), E2E {cap.full_e2e_ms:.1f} ms"),
+        ("full queue adds", f"{cap.full_queue_wait_ms:.1f} ms of waiting"),
+    ]
+    if n > 1:
+        rows.append((f"{n} engines", f"{n * cap.requests_per_s:.3f} requests/s, "
+                                     f"{n * cap.output_tokens_per_s:.1f} output tokens/s"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    engine = subparsers.add_parser("engine", help="the simulated inference engine")
+    sub = engine.add_subparsers(dest="engine_command", required=True)
+    serve = sub.add_parser("serve", help="serve the OpenAI API over a continuous-batching model")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
+    cap = sub.add_parser("capacity", help="closed-form throughput and latencies of one engine")
+    cap.add_argument("--prompt-tokens", type=float, default=LoadSpec().prompt_tokens, help="mean prompt tokens (default %(default)s)")
+    cap.add_argument("--output-tokens", type=float, default=LoadSpec().output_tokens, help="mean output tokens (default %(default)s)")
+    cap.add_argument("--engines", type=int, default=1, help="also print the figures for this many engines")
+    cap.add_argument("--json", action="store_true", help="print JSON")
+    _add_knobs(cap)
+    cap.set_defaults(func=_capacity)

@@ -1,0 +1,251 @@
+"""One run, stage by stage, as plain functions over a run key.
+
+The DAG's tasks and the ``deploybench run`` command call these same functions. A run
+lives in a folder (paths.run_dir(run_key)): its validated config, and one record per
+stage (status, timing, what it measured, the error). Records are written whether the
+stage succeeds or fails, so the store task keeps every result already measured, and a
+retried stage simply overwrites its record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from deploybench import params as form
+from deploybench import paths
+from deploybench.config import RunConfig
+from deploybench.errors import ConfigError, StageFailed
+from deploybench.inventory import Inventory
+from deploybench.transport import Cluster
+
+log = logging.getLogger(__name__)
+
+STAGES = ("validate", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+@dataclass
+class Run:
+    """A run's folder and what validate() wrote into it."""
+
+    key: str
+    dir: Path
+    cfg: RunConfig
+    inventory: Inventory
+    nodes: list[str]
+    meta: dict[str, Any]
+
+    @classmethod
+    def open(cls, run_key: str) -> "Run":
+        d = paths.run_dir(run_key)
+        try:
+            data = json.loads((d / "run.json").read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"run {run_key!r} has not been validated yet (no {d / 'run.json'})") from exc
+        cfg = RunConfig.model_validate(data["config"])
+        return cls(run_key, d, cfg, Inventory.load(cfg.inventory), data["nodes"], data["meta"])
+
+    def cluster(self, ssh_overrides: dict | None = None) -> Cluster:
+        return Cluster(self.inventory, ssh_overrides)
+
+    @property
+    def source(self) -> str:
+        return self.cfg.source_node or self.nodes[0]
+
+    def stage_record(self, stage: str) -> dict | None:
+        p = self.dir / "stages" / f"{stage}.json"
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    def stage_records(self) -> dict[str, dict]:
+        return {s: r for s in STAGES if (r := self.stage_record(s)) is not None}
+
+
+@contextlib.contextmanager
+def stage(run_dir: Path, name: str) -> Iterator[dict]:
+    """Time a stage and write its record, success or failure. Yields a dict the stage fills:
+    ``result`` (what it measured) and ``summary`` (one line for people)."""
+    rec: dict[str, Any] = {"stage": name, "status": "running", "started_at": now(), "summary": "", "result": None}
+    t0 = time.monotonic()
+    (run_dir / "stages").mkdir(parents=True, exist_ok=True)
+    path = run_dir / "stages" / f"{name}.json"
+    try:
+        yield rec
+        rec["status"] = "success"
+    except StageFailed as exc:
+        rec.update(status="failed", error=str(exc))
+        if exc.result is not None and rec.get("result") is None:
+            rec["result"] = exc.result
+        raise
+    except Exception as exc:
+        rec.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        rec["seconds"] = round(time.monotonic() - t0, 3)
+        rec["finished_at"] = now()
+        if rec["status"] == "failed" and not rec["summary"]:
+            rec["summary"] = str(rec.get("error", ""))[:300]
+        _write_json(path, rec)
+        log.info("stage %s: %s in %.1f s - %s", name, rec["status"], rec["seconds"], rec["summary"])
+
+
+# -- stages ----------------------------------------------------------------------------------
+def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | None = None) -> dict:
+    """Params -> RunConfig, checked against the inventory. Nothing touches a node here."""
+    d = paths.run_dir(run_key)
+    for old in (d / "stages").glob("*.json") if (d / "stages").is_dir() else []:
+        old.unlink()  # a re-run of the same key starts clean
+    with stage(d, "validate") as rec:
+        cfg = form.to_config(flat_params)
+        inv = Inventory.load(cfg.inventory)
+        names = cfg.resolve_nodes(inv.names)
+        _write_json(d / "run.json", {
+            "run_key": run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
+            "meta": {**(meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
+        })
+        rec["result"] = {"nodes": names, "fingerprint": cfg.fingerprint()}
+        rec["summary"] = (f"{len(names)} nodes of inventory {inv.name!r}, engine {cfg.engine.profile.value}, "
+                          f"load {cfg.load.rate:g} req/s for {cfg.load.duration_s:g} s")
+    return rec["result"]
+
+
+def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
+    from deploybench import preflight as stage_mod
+
+    run = Run.open(run_key)
+    with stage(run.dir, "preflight") as rec, run.cluster(ssh_overrides) as cluster:
+        res = stage_mod.run(cluster, run.nodes, run.cfg.preflight, source=run.source)
+        rec["result"] = res.to_dict()
+        worst = min((lt for lt in res.links if lt.ratio is not None), key=lambda lt: lt.ratio, default=None)
+        rec["summary"] = f"{len(res.healthy)}/{len(run.nodes)} nodes healthy, {len(res.links)} links tested" + (
+            f", worst {worst.src}->{worst.dst} {worst.mbit:.0f} Mbit/s ({worst.ratio:.0%} of nominal)" if worst else "")
+    return {"healthy": res.healthy}
+
+
+def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) -> dict:
+    from deploybench import fanout as stage_mod
+
+    run = Run.open(run_key)
+    with stage(run.dir, "fanout") as rec, run.cluster(ssh_overrides) as cluster:
+        res = stage_mod.run(cluster, healthy, run.source, run.cfg.model.name, run.cfg.fanout)
+        rec["result"] = res.to_dict()
+        copied = [c for c in res.nodes if c.status == "copied"]
+        rec["summary"] = (f"{res.total_bytes / 2**20:.0f} MiB model ({res.manifest_digest[:12]}) verified on "
+                          f"{len(res.verified_nodes)} nodes: {len(copied)} copied, "
+                          f"{sum(c.status == 'skipped' for c in res.nodes)} already held it")
+    return {"nodes": res.verified_nodes}
+
+
+def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None) -> dict:
+    from deploybench import rollout as stage_mod
+
+    run = Run.open(run_key)
+    with stage(run.dir, "rollout") as rec, run.cluster(ssh_overrides) as cluster:
+        res = stage_mod.run(cluster, nodes, run.cfg)
+        rec["result"] = res.to_dict()
+        rec["summary"] = f"{res.profile} engine on {len(res.endpoints)} nodes in steps " + " -> ".join(
+            f"{s.nodes}" for s in res.steps) + f" (slowest ready {max(max(s.ready_s.values()) for s in res.steps):.1f} s)"
+    return {"endpoints": res.endpoints}
+
+
+def load(run_key: str, endpoints: list[dict]) -> dict:
+    from deploybench import load as stage_mod
+
+    run = Run.open(run_key)
+    with stage(run.dir, "load") as rec:
+        eps = [stage_mod.Endpoint(e["node"], e["url"], e["model"]) for e in endpoints]
+        res = stage_mod.run_load(eps, run.cfg.load, run.cfg.slo, run.dir / "load", phase="sustained",
+                                 tags={"run": run_key})
+        data = res.to_dict() if hasattr(res, "to_dict") else res.model_dump(mode="json")
+        rec["result"] = data
+        rec["summary"] = load_summary(data)
+    return {"phase": data.get("phase"), "slo_ok": data.get("slo_ok")}
+
+
+def load_summary(d: dict) -> str:
+    lat = d.get("latency_ms") or {}
+    return (f"{d.get('achieved_rps', 0):.2f} req/s of {d.get('offered_rps', 0):g} offered, "
+            f"{d.get('output_tps', 0):.0f} output tok/s, P50 {lat.get('p50', float('nan')):.0f} ms, "
+            f"P99 {lat.get('p99', float('nan')):.0f} ms, errors {d.get('error_rate', 0):.2%}")
+
+
+def teardown(run_key: str, ssh_overrides: dict | None = None) -> dict:
+    """Stop the engine on every node of the run. Always runs; safe to run twice."""
+    from deploybench import rollout as stage_mod
+
+    run = _open_or_none(run_key)
+    if run is None:
+        return {}
+    with stage(run.dir, "teardown") as rec, run.cluster(ssh_overrides) as cluster:
+        stopped = stage_mod.teardown(cluster, run.nodes, run.cfg)
+        rec["result"] = stopped
+        errors = {n: s for n, s in stopped.items() if s != "stopped"}
+        rec["summary"] = f"engines stopped on {len(stopped) - len(errors)}/{len(stopped)} nodes"
+        if errors:
+            raise StageFailed("teardown: " + "; ".join(f"{n}: {s}" for n, s in errors.items()), stopped)
+    return stopped
+
+
+def store(run_key: str, dsn: str | None = None) -> dict:
+    from deploybench import results
+
+    run = _open_or_none(run_key)
+    if run is None:
+        return {}
+    with stage(run.dir, "store") as rec:
+        rec["result"] = results.store_run(run, dsn)
+        rec["summary"] = f"run {run_key} stored: " + ", ".join(f"{k} {v}" for k, v in rec["result"].items())
+    return rec["result"]
+
+
+def report(run_key: str, dsn: str | None = None) -> dict:
+    from deploybench import report as stage_mod
+
+    run = _open_or_none(run_key)
+    if run is None:
+        return {"path": "", "text": f"run {run_key}: validation failed, nothing ran (see the validate task's log)"}
+    with stage(run.dir, "report") as rec:
+        path = stage_mod.write_html(run)
+        rec["result"] = {"path": str(path)}
+        rec["summary"] = f"report at {path}"
+    return {"path": str(path), "text": stage_mod.summary_text(Run.open(run_key))}
+
+
+def finish(run_key: str) -> str:
+    """The run's verdict: raises StageFailed naming every failed stage, else returns the summary."""
+    from deploybench import report as stage_mod
+
+    d = paths.run_dir(run_key)
+    if not (d / "run.json").is_file():
+        rec = json.loads((d / "stages" / "validate.json").read_text()) if (d / "stages" / "validate.json").is_file() else {}
+        raise StageFailed(f"run {run_key}: invalid parameters: {rec.get('error', 'validate did not run')}")
+    run = Run.open(run_key)
+    recs = run.stage_records()
+    if stage_mod.run_status(recs) != "success":
+        failed = [f"{s}: {r.get('error', '')}" for s, r in recs.items() if r.get("status") == "failed"]
+        missing = [s for s in ("preflight", "fanout", "rollout", "load") if s not in recs]
+        raise StageFailed(f"run {run_key} failed: " + " | ".join(failed + [f"{m}: did not run" for m in missing]))
+    return stage_mod.summary_text(run)
+
+
+def _open_or_none(run_key: str) -> "Run | None":
+    if not (paths.run_dir(run_key) / "run.json").is_file():
+        log.warning("run %s was never validated; nothing to do", run_key)
+        return None
+    return Run.open(run_key)

@@ -1,0 +1,128 @@
+"""`deploybench run` (the pipeline in-process, no scheduler) and `deploybench demo`
+(a whole run of the deploybench_run DAG through Airflow on a fresh lab)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+
+from deploybench import paths, pipeline
+from deploybench.airflow_env import airflow_env, metadata_db_ready
+from deploybench.errors import DeploybenchError, StageFailed
+from deploybench.report import run_status, summary_text
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run every stage in this process, without Airflow")
+    p.add_argument("--conf", default="{}", help="flat parameters as JSON (the DAG's trigger form)")
+    p.add_argument("--key", default=None, help="run key (default: cli__<timestamp>)")
+    p.set_defaults(func=cmd_run)
+
+    d = sub.add_parser("demo", help="start a lab and run the deploybench_run DAG on it through Airflow")
+    d.add_argument("--nodes", type=int, default=16)
+    d.add_argument("--lab", default="demo", help="lab name")
+    d.add_argument("--link-mbit", type=float, default=None)
+    d.add_argument("--conf", default="{}", help="extra flat parameters as JSON")
+    d.set_defaults(func=cmd_demo)
+
+
+def run_inline(run_key: str, flat: dict) -> str:
+    """All stages in order, teardown/store/report always; returns the summary, raises if the run failed."""
+    try:
+        pipeline.validate(run_key, flat)
+        healthy = pipeline.preflight(run_key)["healthy"]
+        copied = pipeline.fanout(run_key, healthy)["nodes"]
+        endpoints = pipeline.rollout(run_key, copied)["endpoints"]
+        pipeline.load(run_key, endpoints)
+    except DeploybenchError as exc:
+        log.error("%s", exc)
+    finally:
+        for final in (pipeline.teardown, pipeline.store, pipeline.report):
+            try:
+                final(run_key)
+            except Exception as exc:  # noqa: BLE001 - keep going: every final step must get its chance
+                log.error("%s failed: %s", final.__name__, exc)
+    return pipeline.finish(run_key)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    key = args.key or "cli__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    try:
+        print(run_inline(key, json.loads(args.conf)))
+        return 0
+    except StageFailed as exc:
+        print(pipeline.Run.open(key).dir / "report.html" if (paths.run_dir(key) / "run.json").exists() else "")
+        print(f"deploybench: {exc}", file=sys.stderr)
+        return 1
+
+
+def _newest_run(since: float) -> str | None:
+    best = None
+    for d in paths.runs_dir().glob("deploybench_run__*"):
+        f = d / "run.json"
+        if f.is_file() and f.stat().st_mtime >= since and (best is None or f.stat().st_mtime > best[0]):
+            best = (f.stat().st_mtime, json.loads(f.read_text())["run_key"])
+    return best[1] if best else None
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from deploybench.lab import cluster as lab
+
+    t_all = time.monotonic()
+    kwargs = {"link_mbit": args.link_mbit} if args.link_mbit else {}
+    print(f"[demo] starting a {args.nodes}-node lab {args.lab!r} ...", flush=True)
+    t0 = time.monotonic()
+    inv = lab.up(args.lab, nodes=args.nodes, **kwargs)
+    inv_path = paths.lab_dir(args.lab) / "inventory.json"
+    print(f"[demo] lab up in {time.monotonic() - t0:.1f} s: {len(inv.nodes)} nodes, inventory {inv_path}", flush=True)
+
+    env = airflow_env()
+    if not metadata_db_ready(env):
+        print("[demo] creating Airflow's metadata database ...", flush=True)
+        subprocess.run(["airflow", "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    conf = {"inventory": str(inv_path), "nodes": args.nodes, **json.loads(args.conf)}
+    logf = paths.home() / "demo-airflow.log"
+    print(f"[demo] airflow dags test deploybench_run (task logs: {logf}) ...", flush=True)
+    since = time.time() - 1
+    seen: set[str] = set()
+    with open(logf, "w") as out:
+        proc = subprocess.Popen(["airflow", "dags", "test", "deploybench_run", "-c", json.dumps(conf)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            time.sleep(1)
+            _print_progress(_newest_run(since), seen)
+    key = _newest_run(since)
+    _print_progress(key, seen)
+    if key is None:
+        print(f"[demo] the DAG run did not start; see {logf}", file=sys.stderr)
+        return 1
+    run = pipeline.Run.open(key)
+    print()
+    print(summary_text(run))
+    print(f"\n[demo] wall time {time.monotonic() - t_all:.0f} s (Airflow log: {logf})")
+    return 0 if run_status(run.stage_records()) == "success" else 1
+
+
+def _print_progress(key: str | None, seen: set[str]) -> None:
+    if key is None:
+        return
+    stages = paths.run_dir(key) / "stages"
+    for s in pipeline.STAGES:
+        f = stages / f"{s}.json"
+        if s in seen or not f.is_file():
+            continue
+        rec = json.loads(f.read_text())
+        seen.add(s)
+        print(f"[demo]   {s:<10} {rec['status']:<8} {rec.get('seconds', 0):6.1f} s  {rec.get('summary', '')}",
+              flush=True)
+
+

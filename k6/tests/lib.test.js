@@ -1,0 +1,96 @@
+// Checks of k6/lib that need no server: run by tests/unit/test_load_k6lib.py with the real k6.
+// Every check must pass (thresholds: checks rate==1); a failed check exits 99.
+import { check } from 'k6';
+import { arrival, loadConfig, ms } from '../lib/config.js';
+import { makePrompts } from '../lib/prompts.js';
+import { buildRequest, errorKind, parseSSE, readResponse } from '../lib/requests.js';
+
+export const options = { iterations: 1, vus: 1, thresholds: { checks: ['rate==1'] } };
+
+const EP = { node: 'n1', url: 'http://127.0.0.1:9', model: 'sim-model' };
+const base = { DB_ENDPOINTS: JSON.stringify([EP]), DB_RATE: '2.5', DB_DURATION_S: '6' };
+
+function throws(fn) {
+  try {
+    fn();
+    return false;
+  } catch (e) {
+    return true;
+  }
+}
+
+export default function () {
+  const cfg = loadConfig(Object.assign({}, base, { DB_OUTPUT_TOKENS: '16' }));
+  check(cfg, {
+    'config: defaults': (c) => c.api === 'completions' && c.warmupS === 0 && c.stream === false && c.phase === 'sustained',
+    'config: numbers parsed': (c) => c.rate === 2.5 && c.durationS === 6 && c.outputTokens === 16,
+  });
+  check(null, {
+    'config: missing endpoints throws': () => throws(() => loadConfig({ DB_RATE: '1', DB_DURATION_S: '1' })),
+    'config: bad rate throws': () => throws(() => loadConfig(Object.assign({}, base, { DB_RATE: 'fast' }))),
+    'config: unknown api throws': () => throws(() => loadConfig(Object.assign({}, base, { DB_API: 'grpc' }))),
+    'config: fractional rate per 1000s': () => arrival(2.5).rate === 2500 && arrival(2.5).timeUnit === '1000s',
+    'config: integer rate per second': () => arrival(20).rate === 20 && arrival(20).timeUnit === '1s',
+    'config: ms': () => ms(1.5) === '1500ms',
+  });
+
+  const a = makePrompts(200, 100, 7);
+  const b = makePrompts(200, 100, 7);
+  const c = makePrompts(200, 100, 8);
+  const lens = a.map((p) => p.tokens);
+  const mean = lens.reduce((x, y) => x + y, 0) / lens.length;
+  check(null, {
+    'prompts: same seed, same prompts': () => a.every((p, i) => p.text === b[i].text),
+    'prompts: other seed, other prompts': () => a.some((p, i) => p.text !== c[i].text),
+    'prompts: word count = tokens': () => a.every((p) => p.text.split(' ').length === p.tokens),
+    'prompts: lengths within [0.5, 1.5] x target': () => Math.min(...lens) >= 50 && Math.max(...lens) <= 150,
+    'prompts: mean near target': () => Math.abs(mean - 100) < 8,
+    'prompts: spread': () => Math.max(...lens) - Math.min(...lens) > 60,
+  });
+
+  const prompt = a[0];
+  const comp = buildRequest(cfg, EP, prompt);
+  const compBody = JSON.parse(comp.body);
+  const chat = buildRequest(Object.assign({}, cfg, { api: 'chat', stream: true }), EP, prompt);
+  const chatBody = JSON.parse(chat.body);
+  const tri = buildRequest(Object.assign({}, cfg, { api: 'triton' }), EP, prompt);
+  check(null, {
+    'build: completions url and body': () =>
+      comp.url === 'http://127.0.0.1:9/v1/completions' && compBody.prompt === prompt.text &&
+      compBody.max_tokens === 16 && compBody.model === 'sim-model' && compBody.stream === false,
+    'build: chat stream url and body': () =>
+      chat.url === 'http://127.0.0.1:9/v1/chat/completions' && chatBody.messages[0].content === prompt.text &&
+      chatBody.stream === true && chatBody.stream_options.include_usage === true,
+    'build: triton generate': () =>
+      tri.url === 'http://127.0.0.1:9/v2/models/sim-model/generate' &&
+      JSON.parse(tri.body).parameters.max_tokens === 16,
+  });
+
+  const sse =
+    'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[{"text":" b"}]}\r\n\r\n: keep-alive\n\n' +
+    'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}\n\ndata: [DONE]\n\n';
+  const chatSse = 'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: {"choices":[{"delta":{"content":"y"}}]}\n\n';
+  const s1 = parseSSE(sse);
+  const s2 = parseSSE(chatSse);
+  const streamCfg = Object.assign({}, cfg, { stream: true });
+  check(null, {
+    'sse: chunks, usage, done': () => s1.chunks === 2 && s1.done && s1.usage.completion_tokens === 2 && s1.text === 'a b',
+    'sse: chat deltas counted, no done': () => s2.chunks === 2 && !s2.done,
+    'read: stream with usage': () => {
+      const r = readResponse(streamCfg, { body: sse }, prompt);
+      return r.ok && r.outputTokens === 2 && r.promptTokens === 9;
+    },
+    'read: stream without [DONE] is an error': () =>
+      readResponse(streamCfg, { body: chatSse }, prompt).errorKind === 'stream_incomplete',
+    'read: json usage': () => {
+      const body = JSON.stringify({ choices: [{ text: 'hi' }], usage: { prompt_tokens: 5, completion_tokens: 16 } });
+      const r = readResponse(cfg, { body }, prompt);
+      return r.ok && r.outputTokens === 16 && r.promptTokens === 5;
+    },
+    'read: bad json is bad_response': () => readResponse(cfg, { body: '<html>' }, prompt).errorKind === 'bad_response',
+    'error kinds': () =>
+      errorKind({ status: 503 }) === 'http_503' && errorKind({ status: 0, error_code: 1050 }) === 'timeout' &&
+      errorKind({ status: 0, error_code: 1220 }) === 'connection_reset' &&
+      errorKind({ status: 0, error_code: 1212 }) === 'connection_refused' && errorKind({ status: 200 }) === '',
+  });
+}
