@@ -92,7 +92,7 @@ def build(model_dir: str | Path) -> Manifest:
             if rel == MANIFEST_NAME or rel.endswith(".tmp"):
                 continue
             entries.append(FileEntry(rel, full.stat().st_size, sha256_file(full)))
-    return Manifest(tuple(entries))
+    return Manifest(tuple(sorted(entries, key=lambda e: e.path)))
 
 
 def verify(model_dir: str | Path, manifest: Manifest | None = None) -> Manifest:

@@ -39,19 +39,19 @@ def shape_commands(
     ns: str | None = None,
     delay_ms: float | None = None,
     loss_pct: float | None = None,
+    create: bool = True,
 ) -> list[list[str]]:
     """Egress shaping of ``dev``: an HTB class at ``mbit``, with a netem leaf for delay/loss.
 
-    Idempotent (``replace``): the same call builds a link and later changes it. Without
-    delay or loss the leaf is a plain pfifo, so a degraded link can be restored.
+    ``create`` adds the HTB root (a new link); without it the class and leaf of an existing
+    link are changed in place (HTB cannot be "replaced" by itself). Without delay or loss
+    the leaf is a plain pfifo, so a degraded link can be restored.
     """
     tc = _tc(ns)
     rate = rate_arg(mbit)
-    cmds = [
-        tc + ["qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
-        tc + ["class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
-              "rate", rate, "ceil", rate, "quantum", str(HTB_QUANTUM)],
-    ]
+    cmds = [tc + ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"]] if create else []
+    cmds.append(tc + ["class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+                      "rate", rate, "ceil", rate, "quantum", str(HTB_QUANTUM)])
     leaf = tc + ["qdisc", "replace", "dev", dev, "parent", "1:10", "handle", "10:"]
     if delay_ms or loss_pct:
         netem = ["netem"]

@@ -29,7 +29,7 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from deploybench.errors import DeploybenchError
@@ -54,10 +54,10 @@ class EngineOptions:
     """Everything one engine process is started with (see ``engine_cli.add_serve_arguments``)."""
 
     model_dir: str
+    params: ServiceParams
     served_model_name: str = "sim-model"
     host: str = "127.0.0.1"
     port: int = 8000
-    params: ServiceParams = field(default_factory=ServiceParams)
     max_model_len: int = 4096
     seed: int = 0
     error_rate: float = 0.0

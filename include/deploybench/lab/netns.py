@@ -115,11 +115,11 @@ def create_node(names: NetnsNames, index: int, node: str, address: str, prefix: 
     ns = names.namespace(node)
     veth = names.host_veth(index)
     sh_all(commands.link_commands(ns, names.bridge, veth, NODE_IFNAME, address, prefix))
-    shape(names, index, node, link_mbit)
+    shape(names, index, node, link_mbit, create=True)
 
 
 def shape(names: NetnsNames, index: int, node: str, mbit: float,
-          delay_ms: float | None = None, loss_pct: float | None = None) -> None:
+          delay_ms: float | None = None, loss_pct: float | None = None, create: bool = False) -> None:
     """Node->bridge on the node's eth0, bridge->node on the host end: a full-duplex link of ``mbit``."""
     if (delay_ms or loss_pct) and not check_netem():
         raise LabError(
@@ -127,8 +127,9 @@ def shape(names: NetnsNames, index: int, node: str, mbit: float,
             "(CONFIG_NET_SCH_NETEM), which this kernel does not have; degrade the link with mbit= only, "
             "or run the lab on a kernel with sch_netem"
         )
-    sh_all(commands.shape_commands(NODE_IFNAME, mbit, ns=names.namespace(node), delay_ms=delay_ms, loss_pct=loss_pct))
-    sh_all(commands.shape_commands(names.host_veth(index), mbit, delay_ms=delay_ms, loss_pct=loss_pct))
+    sh_all(commands.shape_commands(NODE_IFNAME, mbit, ns=names.namespace(node), delay_ms=delay_ms,
+                                   loss_pct=loss_pct, create=create))
+    sh_all(commands.shape_commands(names.host_veth(index), mbit, delay_ms=delay_ms, loss_pct=loss_pct, create=create))
 
 
 def start_sshd(ns: str, binds: dict[str, str], config: Path, log_path: Path) -> subprocess.Popen[bytes]:

@@ -114,13 +114,14 @@ def expected_completion(prompt: str, max_tokens: int, seed: int = 0) -> str:
 
 @dataclass(frozen=True)
 class ServiceParams:
-    """The knobs that decide timing (milliseconds); defaults are deploybench.config's SimKnobs."""
+    """The knobs that decide timing (milliseconds). No defaults here: they live in deploybench.config
+    (EngineSpec, SimKnobs); ``from_config(EngineSpec())`` gives them."""
 
-    max_num_seqs: int = 8
-    decode_base_ms: float = 20.0
-    decode_per_seq_ms: float = 4.0
-    prefill_per_token_ms: float = 0.1
-    queue_limit: int = 64
+    max_num_seqs: int
+    decode_base_ms: float
+    decode_per_seq_ms: float
+    prefill_per_token_ms: float
+    queue_limit: int
     slowdown: float = 1.0
 
     def __post_init__(self) -> None:

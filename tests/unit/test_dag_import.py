@@ -1,0 +1,62 @@
+"""Every DAG imports cleanly, quickly, and declares the stages in order."""
+
+import os
+from pathlib import Path
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+def _dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_no_import_errors():
+    bag = _dagbag()
+    assert bag.import_errors == {}
+    assert "deploybench_run" in bag.dag_ids
+
+
+def test_stages_are_task_groups_in_order():
+    dag = _dagbag().dags["deploybench_run"]
+    ids = set(dag.task_ids)
+    for group in ("preflight", "fanout", "rollout", "load", "store", "report"):
+        assert any(t.startswith(group + ".") for t in ids), group
+    order = ["validate", "preflight.nodes_and_links", "fanout.copy_and_verify", "rollout.canary_then_scale",
+             "load.k6_sustained", "teardown", "store.write_results", "report.render", "finish"]
+    for a, b in zip(order, order[1:]):
+        assert b in dag.get_task(a).get_flat_relative_ids(upstream=False), f"{a} must come before {b}"
+
+
+def test_cleanup_tasks_run_whatever_failed_and_finish_decides():
+    dag = _dagbag().dags["deploybench_run"]
+    for tid in ("teardown", "store.write_results", "report.render", "finish"):
+        assert dag.get_task(tid).trigger_rule == "all_done", tid
+    leaves = [t.task_id for t in dag.leaves]
+    assert leaves == ["finish"]
+
+
+def test_params_form_matches_library():
+    from deploybench import params
+
+    dag = _dagbag().dags["deploybench_run"]
+    assert set(dag.params.keys()) == {f.name for f in params.FIELDS}
+    assert dag.params.get_param("engine_profile").schema["enum"] == ["sim", "vllm", "triton"]
+
+
+def test_dag_file_does_not_import_heavy_modules():
+    """Parsing the DAG must not pull in pandas, paramiko or SQLAlchemy's PostgreSQL driver."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runpy; runpy.run_path(%r); "
+        "bad=[m for m in ('pandas','paramiko','psycopg','deploybench.pipeline') if m in sys.modules]; "
+        "print('HEAVY=' + ','.join(bad))" % str(DAGS / "deploybench_run.py")
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    heavy = [line for line in out.stdout.splitlines() if line.startswith("HEAVY=")]
+    assert heavy == ["HEAVY="], out.stdout[-1500:]

@@ -1,0 +1,74 @@
+import json
+import itertools
+
+import pytest
+
+from deploybench.config import LinkMode
+from deploybench.preflight import LinkTest, NodeCheck, blame, link_pairs, parse_iperf3, schedule_rounds
+
+NAMES = [f"n{i:02d}" for i in range(1, 17)]
+
+
+def _disjoint(rounds):
+    for rnd in rounds:
+        used = [x for p in rnd for x in p]
+        assert len(used) == len(set(used)), rnd
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 16])
+def test_mesh_covers_every_pair_once_in_disjoint_rounds(n):
+    names = NAMES[:n]
+    pairs = link_pairs(names, LinkMode.MESH)
+    rounds = schedule_rounds(pairs)
+    _disjoint(rounds)
+    flat = [frozenset(p) for rnd in rounds for p in rnd]
+    assert sorted(map(sorted, flat)) == sorted(map(sorted, (frozenset(c) for c in itertools.combinations(names, 2))))
+    if n % 2 == 0 and n > 2:
+        assert len(rounds) == n - 1
+
+
+def test_ring_is_two_rounds_for_even_n():
+    rounds = schedule_rounds(link_pairs(NAMES, LinkMode.RING))
+    _disjoint(rounds)
+    assert len(rounds) == 2
+    assert sum(len(r) for r in rounds) == 16
+
+
+def test_star_from_source():
+    pairs = link_pairs(NAMES[:4], LinkMode.STAR, source="n03")
+    assert pairs == [("n03", "n01"), ("n03", "n02"), ("n03", "n04")]
+
+
+IPERF_JSON = {
+    "start": {},
+    "end": {
+        "streams": [{"sender": {"mean_rtt": 1500}}],
+        "sum_sent": {"bits_per_second": 9.5e8, "retransmits": 3},
+        "sum_received": {"bits_per_second": 9.4e8},
+    },
+}
+
+
+def test_parse_iperf3():
+    got = parse_iperf3(json.dumps(IPERF_JSON))
+    assert got["mbit"] == pytest.approx(940)
+    assert got["retransmits"] == 3
+    assert got["rtt_ms"] == pytest.approx(1.5)
+
+
+def _lt(src, dst, ok):
+    return LinkTest(src, dst, 0, 1000, mbit=950 if ok else 400, ratio=0.95 if ok else 0.4, ok=ok)
+
+
+def test_blame_picks_the_node_whose_links_fail():
+    names = ["a", "b", "c", "d"]
+    links = [_lt("a", "b", True), _lt("b", "c", False), _lt("c", "d", False), _lt("d", "a", True)]
+    checks = [NodeCheck(n, True) for n in names]
+    bad = blame(names, checks, links)
+    assert list(bad) == ["c"]
+    assert "b -> c" in bad["c"] and "400 Mbit/s" in bad["c"] and "40%" in bad["c"]
+
+
+def test_blame_keeps_failed_node_checks():
+    checks = [NodeCheck("a", True), NodeCheck("b", False, ["node b: iperf3 is not installed"])]
+    assert blame(["a", "b"], checks, []) == {"b": "node b: iperf3 is not installed"}
