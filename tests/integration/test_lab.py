@@ -20,7 +20,7 @@ import pytest
 from deploybench import paths
 from deploybench.errors import LabError, NodeUnreachable
 from deploybench.inventory import TransportKind
-from deploybench.lab import cluster
+from deploybench.lab import cluster, netns
 from deploybench.lab.naming import NetnsNames
 from deploybench.lab.state import LabFiles
 from deploybench.manifest import MANIFEST_NAME
@@ -162,6 +162,20 @@ class TestNetnsLab:
         assert restored >= 0.5 * NOMINAL, restored
         with pytest.raises(LabError, match="n09"):
             cluster.set_link(name, "n09", mbit=10)
+
+    def test_delay_and_loss_need_netem(self, lab):
+        name, inv = lab
+        ns = NetnsNames.of(name).namespace("n03")
+        if not netns.check_netem():
+            with pytest.raises(LabError, match="CONFIG_NET_SCH_NETEM"):
+                cluster.set_link(name, "n03", delay_ms=10, loss_pct=1)
+            return
+        cluster.set_link(name, "n03", delay_ms=10, loss_pct=1)
+        try:
+            shown = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "eth0"], capture_output=True, text=True)
+            assert "netem" in shown.stdout and "delay 10ms" in shown.stdout
+        finally:
+            cluster.set_link(name, "n03")
 
     def test_kill_and_restart_a_node(self, lab):
         name, inv = lab

@@ -287,8 +287,8 @@ class SimResult:
     e2e_ms: list[float]
 
     def throughput_per_s(self, skip: int = 0) -> float:
-        """Completion rate between the ``skip``-th and the last completion (drops the fill-up)."""
-        done = sorted(self.completions_ms)[skip:]
+        """Completion rate with ``skip`` completions dropped at each end (the fill-up and the drain)."""
+        done = sorted(self.completions_ms)[skip : len(self.completions_ms) - skip]
         if len(done) < 2:
             raise ValueError("fewer than two completions to measure a rate over")
         return 1000.0 * (len(done) - 1) / (done[-1] - done[0])

@@ -1,0 +1,135 @@
+"""End to end: the deploybench_run DAG through Airflow's dag.test() on a real 4-node lab.
+
+Every stage runs for real: iperf3 between namespaced nodes, rsync over SSH with pinned
+host keys, the simulated engine started through SSH, k6 against every endpoint, rows
+in PostgreSQL. A broken stage fails these tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deploybench import http, paths
+from deploybench.inventory import Inventory
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+LAB = "e2e4"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    from deploybench.lab import cluster
+
+    inv = cluster.up(LAB, nodes=4, link_mbit=200, model_mb=8)
+    yield inv
+    cluster.down(LAB)
+
+
+@pytest.fixture(scope="module")
+def dag(airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+    assert bag.import_errors == {}
+    return bag.dags["deploybench_run"]
+
+
+def _conf(inv: Inventory, **extra) -> dict:
+    return {
+        "inventory": str(paths.lab_dir(LAB) / "inventory.json"),
+        "nodes": 4,
+        "canary_nodes": 1,
+        "iperf_seconds": 1,
+        "link_threshold": 0.8,
+        "load_rate": 6,
+        "load_duration_s": 8,
+        "warmup_s": 2,
+        "output_tokens": 16,
+        "prompt_tokens": 64,
+        **extra,
+    }
+
+
+def _key(dr) -> str:
+    return f"deploybench_run__{dr.run_id}"
+
+
+def _engines_down(inv: Inventory, port: int = 8000) -> bool:
+    return not any(http.is_up(f"http://{n.address}:{port}/health", timeout=1) for n in inv.nodes)
+
+
+def test_full_run_succeeds_and_lands_in_postgres(lab, dag):
+    from deploybench.store import load_run, count_samples
+
+    dr = dag.test(run_conf=_conf(lab))
+    key = _key(dr)
+    stages = {p.stem: json.loads(p.read_text()) for p in (paths.run_dir(key) / "stages").glob("*.json")}
+    assert dr.state == "success", {s: r.get("error") for s, r in stages.items() if r.get("error")}
+
+    stored = load_run(None, key)
+    assert stored is not None and stored.run.status == "success"
+    got = {s.stage: s.status for s in stored.stages}
+    for s in ("validate", "preflight", "fanout", "rollout", "load", "teardown"):
+        assert got.get(s) == "success", got
+    cluster_phase = [p for p in stored.phases if p.node == "*"]
+    assert len(cluster_phase) == 1
+    ph = cluster_phase[0]
+    assert ph.errors == 0
+    # open model at 6 req/s for 8 s: about 48 requests measured (warm-up excluded)
+    assert 36 <= ph.requests <= 60, ph
+    assert ph.output_tps > 0
+    assert {p.node for p in stored.phases if p.node != "*"} == {n.name for n in lab.nodes}
+    assert count_samples(None, key) >= ph.requests
+
+    pre = stages["preflight"]["result"]
+    assert len(pre["links"]) == 4 and all(lt["ok"] for lt in pre["links"])
+    fan = stages["fanout"]["result"]
+    assert sorted(fan["verified_nodes"]) == sorted(n.name for n in lab.nodes)
+    report = Path(stages["report"]["result"]["path"])
+    assert report.is_file() and "success" in report.read_text()
+    assert _engines_down(lab), "teardown left an engine running"
+
+
+def test_unreachable_node_fails_the_run_and_everything_is_cleaned(lab, dag):
+    """A node down: preflight aborts, nothing is deployed, the failed run is stored with its reason."""
+    from deploybench.lab import cluster
+    from deploybench.store import load_run
+
+    victim = lab.nodes[2].name
+    cluster.kill_node(LAB, victim)
+    try:
+        dr = dag.test(run_conf=_conf(lab))
+    finally:
+        cluster.down(LAB)
+        cluster.up(LAB, nodes=4, link_mbit=200, model_mb=8)
+    assert dr.state == "failed"
+    key = _key(dr)
+    pre = json.loads((paths.run_dir(key) / "stages" / "preflight.json").read_text())
+    assert pre["status"] == "failed" and victim in pre["error"]
+    assert not (paths.run_dir(key) / "stages" / "rollout.json").exists()
+    stored = load_run(None, key)
+    assert stored is not None and stored.run.status == "failed"
+    assert {s.stage: s.status for s in stored.stages}["preflight"] == "failed"
+    assert _engines_down(lab)
+
+
+def test_form_refuses_values_outside_the_schema(lab, dag):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match="load_rate"):
+        dag.test(run_conf=_conf(lab, load_rate=-1))
+    with pytest.raises(ParamValidationError, match="engine_profile"):
+        dag.test(run_conf=_conf(lab, engine_profile="tgi"))
+
+
+def test_params_that_do_not_fit_the_cluster_are_refused_before_any_node_is_touched(lab, dag):
+    dr = dag.test(run_conf=_conf(lab, canary_nodes=9))
+    assert dr.state == "failed"
+    rec = json.loads((paths.run_dir(_key(dr)) / "stages" / "validate.json").read_text())
+    assert "canary_nodes" in rec["error"]
+    assert not (paths.run_dir(_key(dr)) / "stages" / "preflight.json").exists()
