@@ -8,8 +8,10 @@
   status, error kind) and its per-VU metadata (request start, prompt and output tokens). They are
   parsed into a DataFrame (``SAMPLE_COLUMNS``) and kept in ``out_dir`` as parquet when pyarrow is
   installed, else as csv.gz (``load_samples`` reads either);
-* requests that started in the warm-up window (the first ``spec.warmup_s`` seconds) stay in the
-  samples file, flagged ``warmup``, and are left out of every figure and of k6's thresholds;
+* requests that started in the warm-up window (the first ``spec.warmup_s`` seconds) are left out of
+  every figure and of k6's thresholds; they go to a samples file of their own
+  (``<phase>.warmup-samples.*``), so the main samples file holds exactly the measured requests, in
+  the results store's sample columns (``deploybench.store.SAMPLE_COLUMNS``);
 * k6's exit code 99 (a threshold crossed) is a result; any other failure raises ``LoadError``.
 
 Latency percentiles are over successful requests (linear interpolation, which can differ from k6's
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -45,9 +48,9 @@ from deploybench.paths import k6_dir
 LOG = logging.getLogger(__name__)
 
 SAMPLE_METRIC = "db_request"
+# the columns of a samples file; the same as the results store's sample table
 SAMPLE_COLUMNS = [
-    "ts", "phase", "node", "status", "error_kind", "latency_ms", "ttft_ms",
-    "prompt_tokens", "output_tokens", "warmup",
+    "ts", "phase", "node", "status", "error_kind", "latency_ms", "ttft_ms", "prompt_tokens", "output_tokens",
 ]
 PRE_VU_FACTOR = 1.5  # preAllocatedVUs = rate x SLO P99 x this
 MAX_VU_FACTOR = 4.0  # maxVUs = rate x SLO P99 x this: past it, the server is 4x over its SLO
@@ -85,10 +88,12 @@ class Figures(BaseModel):
     errors_by_kind: dict[str, int]
     achieved_rps: float
     output_tps: float
-    p50_ms: float | None
-    p90_ms: float | None
-    p99_ms: float | None
-    p999_ms: float | None
+    latency_p50_ms: float | None  # None when no request succeeded
+    latency_p90_ms: float | None
+    latency_p99_ms: float | None
+    latency_p999_ms: float | None
+    ttft_p50_ms: float | None = None  # not measured by k6 (see TTFT_NOTE)
+    ttft_p99_ms: float | None = None
 
 
 class NodeFigures(Figures):
@@ -107,11 +112,14 @@ class LoadResult(Figures):
     offered_rps: float
     duration_s: float
     warmup_s: float
+    started_at: datetime  # start of the measured window (the first request after the warm-up)
     warmup_excluded: int
     dropped_iterations: int
+    slo_ok: bool
     slo: SloVerdict
     nodes: list[NodeFigures]
     samples_path: str
+    warmup_samples_path: str | None
     summary_path: str
     k6_exit_code: int
     k6_thresholds_crossed: list[str]
@@ -202,7 +210,9 @@ def k6_timeout_s(spec: LoadSpec, duration_s: float, n_endpoints: int) -> float:
 
 # -- reading k6's output ----------------------------------------------------------------------------
 def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
-    """Parse k6's ``--out json`` file: (samples DataFrame, times of dropped iterations)."""
+    """Parse k6's ``--out json`` file: (samples, times of dropped iterations).
+
+    The samples have SAMPLE_COLUMNS plus ``warmup`` (bool: the request started in the warm-up)."""
     rows, dropped = [], []
     opener = gzip.open if str(path).endswith(".gz") else open
     try:
@@ -229,7 +239,7 @@ def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
                     dropped.append(pd.Timestamp(json.loads(line)["data"]["time"]))
     except (OSError, EOFError, ValueError, KeyError) as exc:
         raise LoadError(f"{path}: cannot read k6's JSON output ({exc!r}); see the k6 log beside it") from exc
-    return _typed(pd.DataFrame(rows, columns=SAMPLE_COLUMNS), ts_unit="ms"), dropped
+    return _typed(pd.DataFrame(rows, columns=[*SAMPLE_COLUMNS, "warmup"]), ts_unit="ms"), dropped
 
 
 def _typed(df: pd.DataFrame, ts_unit: str | None = None) -> pd.DataFrame:
@@ -243,8 +253,10 @@ def _typed(df: pd.DataFrame, ts_unit: str | None = None) -> pd.DataFrame:
     out["ttft_ms"] = pd.to_numeric(out["ttft_ms"], errors="coerce").astype("float64")
     out["prompt_tokens"] = out["prompt_tokens"].astype("int64")
     out["output_tokens"] = out["output_tokens"].astype("int64")
-    out["warmup"] = out["warmup"].astype(bool)
-    out["error_kind"] = out["error_kind"].astype(object).where(out["error_kind"].notna() & (out["error_kind"] != ""), None)
+    if "warmup" in out:
+        out["warmup"] = out["warmup"].astype(bool)
+    kind = out["error_kind"].astype(object)
+    out["error_kind"] = kind.where(kind.notna() & (kind != ""), None)
     return out.sort_values("ts", kind="stable").reset_index(drop=True)
 
 
@@ -283,8 +295,8 @@ def _pct(values: pd.Series, q: float) -> float | None:
 
 
 def figures(samples: pd.DataFrame, duration_s: float) -> Figures:
-    """Figures over the measured rows (``warmup`` False) of a samples DataFrame."""
-    m = samples[~samples["warmup"]]
+    """Figures over the measured rows of a samples DataFrame (rows flagged ``warmup``, if any, are left out)."""
+    m = samples[~samples["warmup"]] if "warmup" in samples else samples
     failed = m["error_kind"].notna()
     ok = m[~failed]
     n = len(m)
@@ -295,10 +307,10 @@ def figures(samples: pd.DataFrame, duration_s: float) -> Figures:
         errors_by_kind={str(k): int(v) for k, v in m.loc[failed, "error_kind"].value_counts().sort_index().items()},
         achieved_rps=n / duration_s,
         output_tps=float(ok["output_tokens"].sum()) / duration_s,
-        p50_ms=_pct(ok["latency_ms"], 0.50),
-        p90_ms=_pct(ok["latency_ms"], 0.90),
-        p99_ms=_pct(ok["latency_ms"], 0.99),
-        p999_ms=_pct(ok["latency_ms"], 0.999),
+        latency_p50_ms=_pct(ok["latency_ms"], 0.50),
+        latency_p90_ms=_pct(ok["latency_ms"], 0.90),
+        latency_p99_ms=_pct(ok["latency_ms"], 0.99),
+        latency_p999_ms=_pct(ok["latency_ms"], 0.999),
     )
 
 
@@ -314,10 +326,10 @@ def slo_verdict(fig: Figures, slo: SLO) -> SloVerdict:
     reasons = []
     if fig.requests == 0:
         reasons.append("no request was measured (after the warm-up)")
-    elif fig.p99_ms is None:
+    elif fig.latency_p99_ms is None:
         reasons.append(f"no request succeeded ({fig.errors} of {fig.requests} failed)")
-    elif fig.p99_ms >= slo.p99_latency_ms:
-        reasons.append(f"P99 latency {fig.p99_ms:.0f} ms is over the SLO's {slo.p99_latency_ms:.0f} ms")
+    elif fig.latency_p99_ms >= slo.p99_latency_ms:
+        reasons.append(f"P99 latency {fig.latency_p99_ms:.0f} ms is over the SLO's {slo.p99_latency_ms:.0f} ms")
     if fig.requests and fig.error_rate > slo.max_error_rate:
         kinds = ", ".join(f"{k}: {v}" for k, v in fig.errors_by_kind.items())
         reasons.append(
@@ -404,8 +416,8 @@ def run_load(
     stem = _safe(phase)
     json_out, summary_out, log_out = (out_dir / f"{stem}.k6.json.gz", out_dir / f"{stem}.k6-summary.json",
                                       out_dir / f"{stem}.k6.log")
-    for stale in (json_out, summary_out, log_out, out_dir / f"{stem}.samples.parquet",
-                  out_dir / f"{stem}.samples.csv.gz"):
+    for stale in (json_out, summary_out, log_out, *out_dir.glob(f"{stem}.samples.*"),
+                  *out_dir.glob(f"{stem}.warmup-samples.*")):
         stale.unlink(missing_ok=True)
 
     cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out)
@@ -430,24 +442,32 @@ def run_load(
     if samples.empty:
         raise LoadError(f"k6 finished (exit {rc}) but wrote no {SAMPLE_METRIC} samples to {json_out}")
     warmup_end = samples["ts"].min() + pd.Timedelta(seconds=spec.warmup_s)
-    samples_path = save_samples(samples, out_dir, f"{stem}.samples")
+    in_warmup = samples["warmup"]
+    measured = samples.loc[~in_warmup, SAMPLE_COLUMNS].reset_index(drop=True)
+    samples_path = save_samples(measured, out_dir, f"{stem}.samples")
+    warmup_path = (save_samples(samples.loc[in_warmup, SAMPLE_COLUMNS], out_dir, f"{stem}.warmup-samples")
+                   if in_warmup.any() else None)
     try:
         summary = json.loads(summary_out.read_text())
     except (OSError, ValueError) as exc:
         raise LoadError(f"{summary_out}: cannot read k6's summary export ({exc!r})") from exc
 
-    total = figures(samples, duration_s)
+    total = figures(measured, duration_s)
+    verdict = slo_verdict(total, slo)
     result = LoadResult(
         **total.model_dump(),
         phase=phase,
         offered_rps=rate,
         duration_s=duration_s,
         warmup_s=spec.warmup_s,
-        warmup_excluded=int(samples["warmup"].sum()),
+        started_at=(measured["ts"].min() if len(measured) else warmup_end).to_pydatetime(),
+        warmup_excluded=int(in_warmup.sum()),
         dropped_iterations=sum(1 for t in dropped if t >= warmup_end),
-        slo=slo_verdict(total, slo),
-        nodes=node_figures(samples, duration_s, [e.node for e in endpoints]),
+        slo_ok=verdict.passed,
+        slo=verdict,
+        nodes=node_figures(measured, duration_s, [e.node for e in endpoints]),
         samples_path=str(samples_path),
+        warmup_samples_path=str(warmup_path) if warmup_path else None,
         summary_path=str(summary_out),
         k6_exit_code=rc,
         k6_thresholds_crossed=thresholds_crossed(summary),
@@ -456,15 +476,17 @@ def run_load(
         vus_max=int(env_db["DB_MAX_VUS"]),
         tags=tags,
         notes=[
-            f"{int(samples['warmup'].sum())} requests started in the {spec.warmup_s:g} s warm-up are in the "
-            "samples file (warmup=true) but not in any figure",
+            f"{int(in_warmup.sum())} requests started in the {spec.warmup_s:g} s warm-up are left out of every "
+            "figure (kept in warmup_samples_path)",
+            "requests and achieved_rps count requests started in the measured window; k6 may start one "
+            "more at the window's end",
             "latency percentiles are over successful requests; failures count in the error rate",
             "dropped_iterations is cluster-wide: k6 tags drops with the scenario only, not the node",
             TTFT_NOTE,
         ],
     )
     LOG.info("load %s: %d requests, %.2f req/s achieved of %.2f offered, P99 %s ms, errors %.2f%%, "
-             "dropped %d, SLO %s%s", phase, result.requests, result.achieved_rps, rate, result.p99_ms,
+             "dropped %d, SLO %s%s", phase, result.requests, result.achieved_rps, rate, result.latency_p99_ms,
              100 * result.error_rate, result.dropped_iterations, "met" if result.slo.passed else "missed",
              "" if result.slo.passed else ": " + "; ".join(result.slo.reasons))
     return result

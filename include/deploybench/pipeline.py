@@ -172,17 +172,20 @@ def load(run_key: str, endpoints: list[dict]) -> dict:
         eps = [stage_mod.Endpoint(e["node"], e["url"], e["model"]) for e in endpoints]
         res = stage_mod.run_load(eps, run.cfg.load, run.cfg.slo, run.dir / "load", phase="sustained",
                                  tags={"run": run_key})
-        data = res.to_dict() if hasattr(res, "to_dict") else res.model_dump(mode="json")
+        data = res.model_dump(mode="json")
         rec["result"] = data
         rec["summary"] = load_summary(data)
     return {"phase": data.get("phase"), "slo_ok": data.get("slo_ok")}
 
 
 def load_summary(d: dict) -> str:
-    lat = d.get("latency_ms") or {}
+    def ms(key: str) -> str:
+        return "n/a" if d.get(key) is None else f"{d[key]:.0f} ms"
+
     return (f"{d.get('achieved_rps', 0):.2f} req/s of {d.get('offered_rps', 0):g} offered, "
-            f"{d.get('output_tps', 0):.0f} output tok/s, P50 {lat.get('p50', float('nan')):.0f} ms, "
-            f"P99 {lat.get('p99', float('nan')):.0f} ms, errors {d.get('error_rate', 0):.2%}")
+            f"{d.get('output_tps', 0):.0f} output tok/s, P50 {ms('latency_p50_ms')}, "
+            f"P99 {ms('latency_p99_ms')}, errors {d.get('error_rate', 0):.2%}, "
+            f"SLO {'met' if d.get('slo_ok') else 'not met'}")
 
 
 def teardown(run_key: str, ssh_overrides: dict | None = None) -> dict:

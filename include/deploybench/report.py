@@ -38,18 +38,25 @@ def summary_text(run: "Run") -> str:
         lines.append(f"  {s:<10} {r['status']:<8} {r.get('seconds', 0):>8.1f}  {r.get('summary', '')}")
     ld = (recs.get("load") or {}).get("result") or {}
     if ld:
-        lat = ld.get("latency_ms") or {}
-        lines += ["", "  load result (warm-up excluded, measured by k6 on the client):",
-                  f"    requests/s     {ld.get('achieved_rps', 0):.2f} (offered {ld.get('offered_rps', 0):g})",
+        lines += ["", f"  load result, phase {ld.get('phase')} (warm-up of {ld.get('warmup_s', 0):g} s excluded; "
+                  "end-to-end latency measured by k6 on the client):",
+                  f"    requests/s     {ld.get('achieved_rps', 0):.2f} (offered {ld.get('offered_rps', 0):g}, "
+                  f"{ld.get('requests', 0)} requests in {ld.get('duration_s', 0):g} s)",
                   f"    output tok/s   {ld.get('output_tps', 0):.1f}",
-                  f"    latency P50    {lat.get('p50', float('nan')):.0f} ms",
-                  f"    latency P99    {lat.get('p99', float('nan')):.0f} ms",
-                  f"    error rate     {ld.get('error_rate', 0):.2%}",
-                  f"    SLO            {'met' if ld.get('slo_ok') else 'NOT met: ' + '; '.join(ld.get('slo_reasons') or [])}"]
+                  f"    latency P50    {_ms(ld.get('latency_p50_ms'))}",
+                  f"    latency P99    {_ms(ld.get('latency_p99_ms'))}",
+                  f"    error rate     {ld.get('error_rate', 0):.2%} {ld.get('errors_by_kind') or ''}",
+                  f"    dropped        {ld.get('dropped_iterations', 0)} iterations",
+                  "    SLO            " + ("met" if ld.get("slo_ok") else
+                                            "NOT met: " + "; ".join((ld.get("slo") or {}).get("reasons") or []))]
     rep = (recs.get("report") or {}).get("result") or {}
     if rep.get("path"):
         lines += ["", f"  report: {rep['path']}"]
     return "\n".join(lines)
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v:.0f} ms"
 
 
 def _table(headers: list[str], rows: list[list]) -> str:
@@ -75,19 +82,20 @@ def write_html(run: "Run") -> Path:
                     [[s, recs[s]["status"], recs[s].get("seconds"), recs[s].get("summary")] for s in ORDER if s in recs])]
     ld = (recs.get("load") or {}).get("result") or {}
     if ld:
-        lat = ld.get("latency_ms") or {}
-        parts += ["<h2>Load</h2>", _table(
+        parts += [f"<h2>Load: {html.escape(str(ld.get('phase')))}</h2>", _table(
             ["offered req/s", "achieved req/s", "output tok/s", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "errors",
              "dropped", "SLO"],
-            [[ld.get("offered_rps"), ld.get("achieved_rps"), ld.get("output_tps"), lat.get("p50"), lat.get("p90"),
-              lat.get("p99"), lat.get("p999"), f"{ld.get('error_rate', 0):.2%}", ld.get("dropped_iterations"),
-              "met" if ld.get("slo_ok") else "not met"]])]
-        per_node = ld.get("per_node") or {}
-        if per_node:
+            [[ld.get("offered_rps"), ld.get("achieved_rps"), ld.get("output_tps"), ld.get("latency_p50_ms"),
+              ld.get("latency_p90_ms"), ld.get("latency_p99_ms"), ld.get("latency_p999_ms"),
+              f"{ld.get('error_rate', 0):.2%}", ld.get("dropped_iterations"),
+              "met" if ld.get("slo_ok") else "not met: " + "; ".join((ld.get("slo") or {}).get("reasons") or [])]])]
+        if ld.get("nodes"):
             parts += ["<h3>Per node</h3>", _table(
-                ["node", "requests", "req/s", "P50 ms", "P99 ms", "errors"],
-                [[n, v.get("requests"), v.get("achieved_rps"), (v.get("latency_ms") or {}).get("p50"),
-                  (v.get("latency_ms") or {}).get("p99"), v.get("errors")] for n, v in sorted(per_node.items())])]
+                ["node", "requests", "req/s", "output tok/s", "P50 ms", "P99 ms", "errors"],
+                [[v["node"], v.get("requests"), v.get("achieved_rps"), v.get("output_tps"), v.get("latency_p50_ms"),
+                  v.get("latency_p99_ms"), v.get("errors")] for v in ld["nodes"]])]
+        if ld.get("notes"):
+            parts += ["<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in ld["notes"]) + "</ul>"]
     pf = (recs.get("preflight") or {}).get("result") or {}
     if pf.get("links"):
         parts += ["<h2>Preflight links</h2>", f"<p>{html.escape(pf.get('decision', ''))}</p>", _table(

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from deploybench.config import SLO, LoadSpec
@@ -93,7 +94,7 @@ def test_sustained_phase_on_two_nodes(engines, tmp_path):
     res = run_load(eps, spec, SLO(p99_latency_ms=2000, max_error_rate=0.01), tmp_path / "out",
                    tags={"run_key": "it-sustained"})
 
-    assert res.k6_exit_code == 0 and res.slo.passed, res.slo.reasons
+    assert res.k6_exit_code == 0 and res.slo_ok and res.slo.passed, res.slo.reasons
     assert res.requests == pytest.approx(10 * 6, abs=3)  # k6 starts one iteration at each boundary
     assert res.achieved_rps == pytest.approx(10, rel=0.1)
     assert res.errors == 0 and res.error_rate == 0 and res.dropped_iterations == 0
@@ -101,10 +102,11 @@ def test_sustained_phase_on_two_nodes(engines, tmp_path):
     per = {n.node: n for n in res.nodes}
     assert set(per) == {"n1", "n2"} and abs(per["n1"].requests - per["n2"].requests) <= 1
     assert res.output_tps == pytest.approx(res.requests * 8 / 6)
-    assert 0 < res.p50_ms <= res.p90_ms <= res.p99_ms <= res.p999_ms < 2000
+    assert 0 < res.latency_p50_ms <= res.latency_p90_ms <= res.latency_p99_ms <= res.latency_p999_ms < 2000
 
     df = load_samples(res.samples_path)
-    assert len(df) == res.requests + res.warmup_excluded
+    assert len(df) == res.requests and df["ts"].min() >= pd.Timestamp(res.started_at)
+    assert len(load_samples(res.warmup_samples_path)) == res.warmup_excluded
     assert (df["output_tokens"] == 8).all() and df["error_kind"].isna().all()
     assert df["prompt_tokens"].between(16, 48).all() and df["prompt_tokens"].nunique() > 5
     assert set(df["phase"]) == {"sustained"} and set(df["node"]) == {"n1", "n2"}
@@ -119,7 +121,7 @@ def test_injected_errors_fail_the_slo_on_error_rate(engines, tmp_path):
     assert res.k6_exit_code == 99  # the error-rate threshold crossed: a result, not a crash
     assert res.error_rate == pytest.approx(0.2, abs=0.1)
     assert set(res.errors_by_kind) == {"http_500"}
-    assert not res.slo.passed and len(res.slo.reasons) == 1 and "error rate" in res.slo.reasons[0]
+    assert not res.slo_ok and len(res.slo.reasons) == 1 and "error rate" in res.slo.reasons[0]
     assert any("db_request_failed" in t for t in res.k6_thresholds_crossed)
     assert sum(n.errors for n in res.nodes) == res.errors
 

@@ -181,8 +181,8 @@ def test_failure_half_way_through_copy_rolls_back(dsn, monkeypatch):
 
     frame = make_samples(20_000, seed=2)
     prepared = writer.prepare_samples(frame)
-    prepared["prompt_tokens"] = prepared["prompt_tokens"].astype(object)
-    prepared.loc[15_000, "prompt_tokens"] = 2**40  # does not fit int4: refused inside COPY
+    prepared["latency_ms"] = prepared["latency_ms"].astype(object)
+    prepared.loc[15_000, "latency_ms"] = "n/a"  # a bad row that got past validation: refused inside COPY
     monkeypatch.setattr(writer, "prepare_samples", lambda _: prepared)
     monkeypatch.setattr(writer, "COPY_CHUNK_ROWS", 5_000)  # rows before the bad one are already sent
 

@@ -87,7 +87,7 @@ def test_command_is_an_argument_list_with_the_api_port_off(tmp_path):
 def _frame(rows: list[dict]) -> pd.DataFrame:
     base = {"ts": 0, "phase": "sustained", "node": "n1", "status": 200, "error_kind": None,
             "latency_ms": 1.0, "ttft_ms": None, "prompt_tokens": 10, "output_tokens": 4, "warmup": False}
-    df = pd.DataFrame([{**base, **r} for r in rows], columns=load.SAMPLE_COLUMNS)
+    df = pd.DataFrame([{**base, **r} for r in rows], columns=[*load.SAMPLE_COLUMNS, "warmup"])
     return load._typed(df, ts_unit="ms")
 
 
@@ -110,7 +110,7 @@ def test_percentiles_and_rates_known_answers(synthetic):
     assert fig.error_rate == pytest.approx(10 / 110)
     assert fig.errors_by_kind == {"http_500": 8, "timeout": 2}
     # successful latencies are 1..100 ms; linear interpolation
-    assert (fig.p50_ms, fig.p90_ms, fig.p99_ms, fig.p999_ms) == (50.5, 90.1, 99.01, 99.901)
+    assert (fig.latency_p50_ms, fig.latency_p90_ms, fig.latency_p99_ms, fig.latency_p999_ms) == (50.5, 90.1, 99.01, 99.901)
     assert fig.achieved_rps == pytest.approx(11.0)
     assert fig.output_tps == pytest.approx(100 * 4 / 10)
 
@@ -118,24 +118,24 @@ def test_percentiles_and_rates_known_answers(synthetic):
 def test_warmup_rows_are_excluded(synthetic):
     fig = figures(synthetic, duration_s=10)
     assert "http_503" not in fig.errors_by_kind
-    assert fig.p999_ms < 100
+    assert fig.latency_p999_ms < 100
     only_warmup = figures(synthetic[synthetic["warmup"]], duration_s=10)
-    assert only_warmup.requests == 0 and only_warmup.p99_ms is None
+    assert only_warmup.requests == 0 and only_warmup.latency_p99_ms is None
 
 
 def test_per_node_figures_add_up(synthetic):
     per = {f.node: f for f in node_figures(synthetic, 10, ["n1", "n2", "n3"])}
     assert per["n1"].requests == 52 and per["n1"].errors_by_kind == {"timeout": 2}
     assert per["n2"].requests == 58 and per["n2"].errors_by_kind == {"http_500": 8}
-    assert per["n3"].requests == 0 and per["n3"].p50_ms is None
-    assert per["n1"].p50_ms == 50.0  # odd latencies 1..99: between 49 and 51
+    assert per["n3"].requests == 0 and per["n3"].latency_p50_ms is None
+    assert per["n1"].latency_p50_ms == 50.0  # odd latencies 1..99: between 49 and 51
     assert sum(f.requests for f in per.values()) == 110
 
 
 # -- SLO verdict ------------------------------------------------------------------------------------
 def _fig(**kw) -> Figures:
     base = dict(requests=100, errors=0, error_rate=0.0, errors_by_kind={}, achieved_rps=10.0, output_tps=1.0,
-                p50_ms=100.0, p90_ms=200.0, p99_ms=500.0, p999_ms=900.0)
+                latency_p50_ms=100.0, latency_p90_ms=200.0, latency_p99_ms=500.0, latency_p999_ms=900.0)
     return Figures(**{**base, **kw})
 
 
@@ -145,7 +145,7 @@ def test_slo_passes_within_limits():
 
 
 def test_slo_fails_on_p99_and_names_it():
-    v = slo_verdict(_fig(p99_ms=2500.0), SLO(p99_latency_ms=2000))
+    v = slo_verdict(_fig(latency_p99_ms=2500.0), SLO(p99_latency_ms=2000))
     assert not v.passed and len(v.reasons) == 1 and "P99 latency 2500 ms" in v.reasons[0]
 
 
@@ -156,9 +156,9 @@ def test_slo_fails_on_error_rate_and_names_it():
 
 
 def test_slo_edge_cases():
-    assert not slo_verdict(_fig(requests=0, p99_ms=None), SLO()).passed
+    assert not slo_verdict(_fig(requests=0, latency_p99_ms=None), SLO()).passed
     assert "no request succeeded" in slo_verdict(
-        _fig(errors=100, error_rate=1.0, p99_ms=None), SLO(max_error_rate=1.0)).reasons[0]
+        _fig(errors=100, error_rate=1.0, latency_p99_ms=None), SLO(max_error_rate=1.0)).reasons[0]
     assert slo_verdict(_fig(error_rate=0.01, errors=1), SLO(max_error_rate=0.01)).passed  # at the limit
     assert "under the SLO's 20.00 req/s" in slo_verdict(_fig(), SLO(min_rps=20)).reasons[0]
 
@@ -166,7 +166,7 @@ def test_slo_edge_cases():
 # -- the real k6 output fixture ---------------------------------------------------------------------
 def test_fixture_parses_into_samples():
     df, dropped = read_k6_json(FIXTURES / "k6-out.json.gz")
-    assert list(df.columns) == load.SAMPLE_COLUMNS
+    assert list(df.columns) == [*load.SAMPLE_COLUMNS, "warmup"]
     assert len(df) == 19 and int(df["warmup"].sum()) == 6
     assert str(df["ts"].dt.tz) == "UTC" and df["ts"].is_monotonic_increasing
     assert set(df["phase"]) == {"sustained"} and df["ttft_ms"].isna().all()
@@ -186,7 +186,7 @@ def test_fixture_figures_and_thresholds():
     assert (fig.requests, fig.errors) == (13, 3)
     assert fig.errors_by_kind == {"http_500": 1, "timeout": 2}
     assert fig.output_tps == pytest.approx(10 * 8 / 3)
-    assert 50 < fig.p50_ms < fig.p99_ms < 100  # the two 502 ms timeouts are errors, not latencies
+    assert 50 < fig.latency_p50_ms < fig.latency_p99_ms < 100  # the two 502 ms timeouts are errors, not latencies
     summary = json.loads((FIXTURES / "k6-summary.json").read_text())
     assert thresholds_crossed(summary) == ["db_request_failed{window:measure}: rate<=0.01"]
     assert not slo_verdict(fig, SLO()).passed
@@ -194,10 +194,22 @@ def test_fixture_figures_and_thresholds():
 
 def test_samples_round_trip_as_csv_gz(tmp_path, monkeypatch, synthetic):
     monkeypatch.setattr(load, "_parquet_available", lambda: False)
-    path = save_samples(synthetic, tmp_path, "sustained.samples")
+    frame = synthetic[load.SAMPLE_COLUMNS]
+    path = save_samples(frame, tmp_path, "sustained.samples")
     assert path.name == "sustained.samples.csv.gz"
     back = load_samples(path)
-    pd.testing.assert_frame_equal(back, synthetic, check_dtype=False, check_index_type=False)
-    assert back["error_kind"].isna().sum() == synthetic["error_kind"].isna().sum()
-    assert str(back["ts"].dt.tz) == "UTC" and back["warmup"].dtype == bool
+    assert list(back.columns) == load.SAMPLE_COLUMNS
+    pd.testing.assert_frame_equal(back, frame, check_dtype=False, check_index_type=False)
+    assert back["error_kind"].isna().sum() == frame["error_kind"].isna().sum()
+    assert str(back["ts"].dt.tz) == "UTC" and back["status"].dtype == "int64"
     assert math.isnan(back["ttft_ms"].iloc[0])
+
+
+def test_samples_fit_the_results_store():
+    store = pytest.importorskip("deploybench.store.writer")
+    from deploybench.store import SAMPLE_COLUMNS as STORE_COLUMNS
+
+    assert tuple(load.SAMPLE_COLUMNS) == tuple(STORE_COLUMNS)
+    df, _ = read_k6_json(FIXTURES / "k6-out.json.gz")
+    prepared = store.prepare_samples(df.loc[~df["warmup"], load.SAMPLE_COLUMNS])
+    assert len(prepared) == 13

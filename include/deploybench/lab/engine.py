@@ -23,7 +23,6 @@ Start: ``python -m deploybench.lab.engine --model-dir DIR ...`` (flags in ``engi
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random

@@ -100,10 +100,10 @@ class PhaseRecord(_Record):
     errors: int = Field(ge=0)
     error_rate: float = Field(ge=0, le=1, allow_inf_nan=False)
     dropped_iterations: int = Field(0, ge=0)
-    latency_p50_ms: float = Field(ge=0, allow_inf_nan=False)
-    latency_p90_ms: float = Field(ge=0, allow_inf_nan=False)
-    latency_p99_ms: float = Field(ge=0, allow_inf_nan=False)
-    latency_p999_ms: float = Field(ge=0, allow_inf_nan=False)
+    latency_p50_ms: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: no request succeeded
+    latency_p90_ms: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: no request succeeded
+    latency_p99_ms: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: no request succeeded
+    latency_p999_ms: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: no request succeeded
     ttft_p50_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
     ttft_p99_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
     duration_s: float = Field(ge=0, allow_inf_nan=False)
@@ -115,7 +115,9 @@ class PhaseRecord(_Record):
         if self.errors > self.requests:
             raise ValueError(f"{where}: errors={self.errors} is more than requests={self.requests}")
         pct = [self.latency_p50_ms, self.latency_p90_ms, self.latency_p99_ms, self.latency_p999_ms]
-        if pct != sorted(pct):
+        if any(p is None for p in pct) and not all(p is None for p in pct):
+            raise ValueError(f"{where}: latency percentiles must be all set or all None, got {pct}")
+        if all(p is not None for p in pct) and pct != sorted(pct):
             raise ValueError(f"{where}: latency percentiles must not decrease from p50 to p99.9, got {pct}")
         if self.ttft_p50_ms is not None and self.ttft_p99_ms is not None and self.ttft_p99_ms < self.ttft_p50_ms:
             raise ValueError(f"{where}: ttft_p99_ms={self.ttft_p99_ms} is below ttft_p50_ms={self.ttft_p50_ms}")

@@ -41,6 +41,7 @@ _COPY_SQL = (
 # PostgreSQL types of run_key + SAMPLE_COLUMNS, as binary COPY needs them declared
 _COPY_TYPES = ("text", "timestamptz", "text", "text", "int4", "text", "float8", "float8", "int4", "int4")
 _REQUIRED = ("ts", "phase", "node", "status", "latency_ms", "prompt_tokens", "output_tokens")
+# checked here because psycopg's binary int4 dumper wraps an out-of-range int silently (2**31 -> -2**31)
 _INT4_MAX = 2**31 - 1
 _INT_COLUMNS = ("status", "prompt_tokens", "output_tokens")
 _FLOAT_COLUMNS = ("latency_ms", "ttft_ms")
@@ -146,7 +147,7 @@ def _column_values(chunk: pd.DataFrame, col: str) -> list:
     return series.tolist()
 
 
-def _copy_samples(sa_conn, samples: pd.DataFrame, run_key: str, chunk_rows: int = COPY_CHUNK_ROWS) -> int:
+def _copy_samples(sa_conn, samples: pd.DataFrame, run_key: str) -> int:
     """COPY the samples through the psycopg connection under ``sa_conn``, inside its transaction.
 
     Binary COPY with declared types: exact floats and timestamps, no text formatting
@@ -156,8 +157,8 @@ def _copy_samples(sa_conn, samples: pd.DataFrame, run_key: str, chunk_rows: int 
     with raw.cursor() as cur:
         with cur.copy(_COPY_SQL) as copy:
             copy.set_types(list(_COPY_TYPES))
-            for start in range(0, len(samples), chunk_rows):
-                chunk = samples.iloc[start : start + chunk_rows]
+            for start in range(0, len(samples), COPY_CHUNK_ROWS):
+                chunk = samples.iloc[start : start + COPY_CHUNK_ROWS]
                 columns = [_column_values(chunk, c) for c in SAMPLE_COLUMNS]
                 for row in zip(itertools.repeat(run_key), *columns):
                     copy.write_row(row)
@@ -216,7 +217,8 @@ def write_run(
             if phases:
                 conn.execute(insert(LoadPhase), [{"run_key": run.run_key, **p.model_dump()} for p in phases])
             n_samples = _copy_samples(conn, frame, run.run_key) if frame is not None and len(frame) else 0
-    except (SQLAlchemyError, psycopg.Error, OSError) as exc:
+    # TypeError/ValueError/OverflowError: psycopg refusing a value while encoding a COPY row
+    except (SQLAlchemyError, psycopg.Error, OSError, TypeError, ValueError, OverflowError) as exc:
         raise StoreError(
             f"writing run {run.run_key!r} failed and was rolled back; its previous version, if any, is unchanged: {exc}"
         ) from exc
