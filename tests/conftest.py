@@ -13,11 +13,24 @@ import pytest
 # Every test session gets its own deploybench home (lab state, runs, embedded PostgreSQL,
 # Airflow's metadata DB), so tests never touch the user's demo state. This must happen
 # before anything imports Airflow, which reads its configuration at import time.
-if "DEPLOYBENCH_HOME" not in os.environ:
+_OWN_HOME = "DEPLOYBENCH_HOME" not in os.environ
+if _OWN_HOME:
     os.environ["DEPLOYBENCH_HOME"] = tempfile.mkdtemp(prefix="deploybench-test-")
 from deploybench.airflow_env import airflow_env  # noqa: E402
 
 os.environ.update(airflow_env())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leave_nothing_running():
+    """At the end of the session, stop the embedded PostgreSQL the tests started and drop the temp home."""
+    yield
+    if not _OWN_HOME:
+        return
+    from deploybench.store import embedded
+
+    embedded.stop()
+    shutil.rmtree(os.environ["DEPLOYBENCH_HOME"], ignore_errors=True)
 
 
 def is_root() -> bool:

@@ -49,7 +49,6 @@ class Node(BaseModel):
     backend_address: str | None = None
     link_mbit: float = Field(gt=0, description="nominal link speed in Mbit/s")
     model_root: str | None = Field(None, description="overrides the inventory's model_root for this node")
-    run_root: str | None = Field(None, description="overrides the inventory's run_root for this node")
     labels: dict[str, str] = Field(default_factory=dict)
 
     @property
@@ -111,10 +110,6 @@ class Inventory(BaseModel):
     def model_root_of(self, node: Node | str) -> str:
         n = self.node(node) if isinstance(node, str) else node
         return n.model_root or self.model_root
-
-    def run_root_of(self, node: Node | str) -> str:
-        n = self.node(node) if isinstance(node, str) else node
-        return n.run_root or self.run_root
 
     def subset(self, names: list[str]) -> "Inventory":
         """The same inventory restricted to ``names`` (in that order)."""

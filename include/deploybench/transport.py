@@ -294,7 +294,7 @@ def stop_script(pid_path: str, grace_s: float = 5.0) -> str:
     ticks = max(1, int(grace_s * 10))
     return (
         f"if [ -f {q} ]; then pid=$(cat {q}); "
-        f"kill -TERM -- -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; "
+        f"kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; "
         f"i=0; while kill -0 $pid 2>/dev/null && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done; "
-        f"kill -KILL -- -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; rm -f {q}; fi; true"
+        f"kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; rm -f {q}; fi; true"
     )

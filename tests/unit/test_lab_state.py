@@ -28,7 +28,7 @@ def test_netns_inventory_shares_paths_and_verifies_host_keys(home):
     assert [n.address for n in inv.nodes] == ["10.120.7.11", "10.120.7.12", "10.120.7.13"]
     assert inv.controller_address == "10.120.7.1"
     assert inv.model_root == "/srv/deploybench/demo/models" == inv.model_root_of("n03")
-    assert inv.run_root_of("n02") == "/srv/deploybench/demo/run"
+    assert inv.run_root == "/srv/deploybench/demo/run"  # bind-mounted per node, like the model root
     assert inv.ssh.known_hosts == str(home / "lab" / "demo" / "known_hosts")
     assert inv.ssh.key_file == str(home / "lab" / "demo" / "keys" / "id_ed25519")
     assert inv.python == sys.executable
@@ -42,8 +42,8 @@ def test_loopback_inventory_gives_every_node_its_own_folders(home):
     assert inv.transport is TransportKind.LOCAL
     assert [n.address for n in inv.nodes] == ["127.9.8.11", "127.9.8.12", "127.9.8.13"]
     roots = {inv.model_root_of(n) for n in inv.names}
-    runs = {inv.run_root_of(n) for n in inv.names}
-    assert len(roots) == len(runs) == 3
+    assert len(roots) == 3
+    assert inv.run_root == str(home / "lab" / "demo" / "run")  # the pipeline adds /<node>
     assert inv.model_root_of("n02") == str(home / "lab" / "demo" / "nodes" / "n02" / "models")
 
 

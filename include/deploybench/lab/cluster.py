@@ -228,8 +228,8 @@ def _up_loopback(name: str, count: int, link_mbit: float, model_name: str, model
                      model_name=model_name, model_mb=model_mb)
     files.write_state(state)
     for node in state.nodes:
-        for d in (files.models(node), files.run(node)):
-            d.mkdir(parents=True, exist_ok=True)
+        files.models(node).mkdir(parents=True, exist_ok=True)
+    (files.root / "run").mkdir(exist_ok=True)
     return state
 
 

@@ -344,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     from deploybench.lab.engine_cli import options_from_args
 
-    return run(options_from_args(args), use_uvloop=args.loop != "asyncio")
+    try:
+        opts = options_from_args(args)
+    except DeploybenchError as exc:  # a knob out of range (ConfigError names it)
+        log.error("%s", exc)
+        return 2
+    return run(opts, use_uvloop=args.loop != "asyncio")
 
 
 if __name__ == "__main__":

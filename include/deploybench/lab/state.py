@@ -154,15 +154,16 @@ def build_inventory(state: LabState, files: LabFiles) -> Inventory:
             nodes=nodes,
         )
     nodes = [
-        Node(name=n, address=state.address(n), link_mbit=state.link_mbit,
-             model_root=str(files.models(n)), run_root=str(files.run(n)))
+        Node(name=n, address=state.address(n), link_mbit=state.link_mbit, model_root=str(files.models(n)))
         for n in state.nodes
     ]
+    # Every node has its own model root; the run root is shared, and the pipeline keeps each
+    # node's pid and log files under <run_root>/<node>, as on a real cluster.
     return Inventory(
         **common,
         transport=TransportKind.LOCAL,
         model_root=str(files.root / "nodes" / "{node}" / "models"),
-        run_root=str(files.root / "nodes" / "{node}" / "run"),
+        run_root=str(files.root / "run"),
         controller_address="127.0.0.1",
         nodes=nodes,
     )

@@ -1,0 +1,68 @@
+"""spawn_script/stop_script through the local transport: real processes, started detached and stopped."""
+
+import os
+import time
+
+import pytest
+
+from deploybench.errors import TransportError
+from deploybench.inventory import Node
+from deploybench.transport import LocalTransport, spawn_script, stop_script
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purpose
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.fixture
+def t():
+    return LocalTransport(Node(name="n01", address="127.0.0.1", link_mbit=1000))
+
+
+def test_spawn_then_stop_kills_the_process_group(t, tmp_path):
+    pid_file, log_file = str(tmp_path / "x.pid"), str(tmp_path / "logs" / "x.log")
+    # a parent that starts a child: stopping must take both
+    res = t.run(spawn_script(["sh", "-c", "sleep 300 & echo child $!; wait"], log_file, pid_file), timeout=10).check()
+    pid = int(res.stdout.split()[-1])
+    for _ in range(50):
+        if os.path.exists(log_file) and "child" in open(log_file).read():
+            break
+        time.sleep(0.05)
+    child = int(open(log_file).read().split()[-1])
+    assert _alive(pid) and _alive(child)
+    t.run(stop_script(pid_file, grace_s=2), timeout=10).check()
+    time.sleep(0.2)
+    assert not _alive(pid) and not _alive(child)
+    assert not os.path.exists(pid_file)
+    # idempotent: a second stop finds nothing and succeeds
+    assert t.run(stop_script(pid_file), timeout=10).ok
+
+
+def test_stop_escalates_to_kill_after_grace(t, tmp_path):
+    pid_file = str(tmp_path / "stubborn.pid")
+    res = t.run(spawn_script(["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"], str(tmp_path / "s.log"),
+                             pid_file), timeout=10).check()
+    pid = int(res.stdout.split()[-1])
+    time.sleep(0.2)
+    t.run(stop_script(pid_file, grace_s=0.5), timeout=10).check()
+    time.sleep(0.2)
+    assert not _alive(pid)
+
+
+def test_arguments_are_quoted_not_interpreted(t, tmp_path):
+    evil = f"x; touch {tmp_path}/pwned"
+    res = t.run(["echo", evil], timeout=5).check()
+    assert res.stdout.strip() == evil
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_timeout_and_missing_binary(t):
+    with pytest.raises(TransportError, match="timed out"):
+        t.run(["sleep", "5"], timeout=0.3)
+    assert t.run(["definitely-not-a-binary-xyz"], timeout=5).rc == 127
