@@ -128,7 +128,7 @@ class SSHDeployer:
             raise StageFailed(f"node {node.name}: smoke request failed: {exc}") from exc
         text = body["choices"][0]["text"]
         if self.profile.deterministic:
-            from deploybench.lab.engine import expected_completion
+            from deploybench.lab.service_model import expected_completion
 
             want = expected_completion(SMOKE_PROMPT, SMOKE_TOKENS, self.cfg.engine.sim.seed)
             if text != want:
