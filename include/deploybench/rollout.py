@@ -78,8 +78,13 @@ class SSHDeployer:
         log.info("%s: started %s engine on port %d", node.name, self.profile.name, self.port)
 
     def stop(self, node: Node) -> None:
+        """Stop the engine (TERM, then KILL after a grace period) and make sure its port no longer answers."""
         pid, _ = self._paths(node)
         self.cluster[node].run(stop_script(pid, 5), timeout=30).check()
+        url = self.url(node) + self.profile.health_path
+        if http.is_up(url, timeout=1):
+            raise StageFailed(f"node {node.name}: an engine still answers at {url} after stopping the one in {pid}; "
+                              "stop it by hand (it was not started by this run)")
 
     def alive(self, node: Node) -> bool:
         pid, _ = self._paths(node)

@@ -17,6 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from deploybench.errors import NodeUnreachable, TransportError
@@ -281,9 +282,12 @@ def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[st
     transport; the caller stops them by pid file.
     """
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+    logdir = shlex.quote(str(PurePosixPath(log_path).parent))
+    # Sequential mkdir first: backgrounding a whole `a && b &` list would fork a subshell,
+    # record the subshell's pid, and race the pid file against the mkdir.
     return (
-        f"mkdir -p {shlex.quote(str(__import__('pathlib').PurePosixPath(log_path).parent))} && "
-        f"{exports}setsid nohup {shlex.join(argv)} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
+        f"mkdir -p {logdir} || exit 1; {exports}"
+        f"setsid nohup {shlex.join(argv)} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
         f"echo $! > {shlex.quote(pid_path)}; echo $!"
     )
 
