@@ -11,7 +11,6 @@ so a half-done deploy never leaves engines running that nobody will stop.
 from __future__ import annotations
 
 import logging
-import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ from deploybench.config import RunConfig
 from deploybench.engines import EngineProfile, LaunchContext, profile
 from deploybench.errors import DeploybenchError, StageFailed
 from deploybench.inventory import Node
-from deploybench.transport import Cluster, spawn_script, stop_script
+from deploybench.transport import Cluster, alive_script, spawn_script, stop_script
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +87,7 @@ class SSHDeployer:
 
     def alive(self, node: Node) -> bool:
         pid, _ = self._paths(node)
-        q = shlex.quote(pid)
-        return self.cluster[node].run(f"[ -f {q} ] && kill -0 $(cat {q})", timeout=15).ok
+        return self.cluster[node].run(alive_script(pid), timeout=15).ok
 
     def log_tail(self, node: Node, lines: int = 20) -> str:
         _, logf = self._paths(node)

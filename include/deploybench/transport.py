@@ -292,13 +292,27 @@ def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[st
     )
 
 
+# A process that exited but was not reaped yet (a zombie: nodes' init processes may reap
+# late or never) counts as gone.
+_ALIVE_FN = (
+    'alive() { kill -0 "$1" 2>/dev/null || return 1; s=$(ps -o stat= -p "$1" 2>/dev/null) || return 0; '
+    'case "$s" in Z*) return 1;; esac; return 0; }; '
+)
+
+
+def alive_script(pid_path: str) -> str:
+    """Exit 0 when the process recorded in ``pid_path`` is running (zombies excluded)."""
+    q = shlex.quote(pid_path)
+    return f"{_ALIVE_FN}[ -f {q} ] && alive $(cat {q})"
+
+
 def stop_script(pid_path: str, grace_s: float = 5.0) -> str:
     """Stop the process (group) recorded in ``pid_path``: TERM, wait ``grace_s``, then KILL. Idempotent."""
     q = shlex.quote(pid_path)
     ticks = max(1, int(grace_s * 10))
     return (
-        f"if [ -f {q} ]; then pid=$(cat {q}); "
+        f"{_ALIVE_FN}if [ -f {q} ]; then pid=$(cat {q}); "
         f"kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; "
-        f"i=0; while kill -0 $pid 2>/dev/null && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done; "
+        f"i=0; while alive $pid && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done; "
         f"kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; rm -f {q}; fi; true"
     )

@@ -322,6 +322,8 @@ def _target(request: Request) -> str:
 
 
 Target = Annotated[str, Depends(_target)]
+Status = Annotated[RunStatus | None, Query()]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 
 
 def _load(target: str, run_key: str) -> StoredRun:
@@ -381,9 +383,6 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         # StoreError (unreachable, failed query) and ResultsUnavailable: the reason, never a traceback
         log.warning("results pages: %s", exc)
         return _error(request, 503, f"the results store is unavailable: {exc}")
-
-    Status = Annotated[RunStatus | None, Query()]
-    Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 
     @app.get("/", response_class=HTMLResponse)
     def run_list(request: Request, target: Target, status: Status = None, fingerprint: str | None = None,

@@ -66,3 +66,30 @@ def test_timeout_and_missing_binary(t):
     with pytest.raises(TransportError, match="timed out"):
         t.run(["sleep", "5"], timeout=0.3)
     assert t.run(["definitely-not-a-binary-xyz"], timeout=5).rc == 127
+
+
+def test_a_zombie_counts_as_gone(t, tmp_path):
+    """Nodes whose init reaps late leave zombies; stop and alive must not wait on them."""
+    import subprocess
+
+    from deploybench.transport import alive_script
+
+    # `sleep 0.1` exits at once and is never reaped: its parent exec'd into `sleep 30`.
+    parent = subprocess.Popen(["sh", "-c", "sleep 0.1 & echo $!; exec sleep 30"], stdout=subprocess.PIPE, text=True)
+    try:
+        zombie = int(parent.stdout.readline())
+        time.sleep(0.4)
+        with open(f"/proc/{zombie}/stat") as f:
+            assert f.read().split(")")[-1].split()[0] == "Z"
+        pid_file = tmp_path / "z.pid"
+        pid_file.write_text(str(zombie))
+        assert not t.run(alive_script(str(pid_file)), timeout=5).ok
+        pid_file.write_text(str(parent.pid))
+        assert t.run(alive_script(str(pid_file)), timeout=5).ok
+        # TERM turns the parent into a zombie too (this test has not reaped it yet): with a grace
+        # period of 120 s, a stop that waited on the zombie would hit the 20 s timeout.
+        t.run(stop_script(str(pid_file), grace_s=120), timeout=20).check()
+        assert parent.poll() is not None
+    finally:
+        parent.kill()
+        parent.wait()

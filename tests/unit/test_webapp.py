@@ -1,0 +1,216 @@
+"""The results pages without a database: rendering helpers, DSN order, the report path guard, HTTP errors."""
+
+from __future__ import annotations
+
+import html
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from fastapi import FastAPI
+from starlette.testclient import TestClient
+
+from deploybench import webapp
+from deploybench.store import PhaseRecord, RunRecord, StageRecord, StoredRun, StoreError
+
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+EVIL = "<script>alert(1)</script>"
+
+
+def make_run(key: str = "deploybench_run__manual__1", **kw) -> RunRecord:
+    fields = dict(run_key=key, dag_id="deploybench_run", status="success", started_at=T0,
+                  finished_at=T0 + timedelta(minutes=2), config={"engine": {"profile": "sim"}},
+                  fingerprint="0123456789abcdef", inventory="lab", node_count=2)
+    return RunRecord(**{**fields, **kw})
+
+
+def make_phase(node: str = "*", phase: str = "sustained", latency: float | None = 900.0) -> PhaseRecord:
+    pct = dict(latency_p50_ms=latency and 200.0, latency_p90_ms=latency and 400.0, latency_p99_ms=latency,
+               latency_p999_ms=latency and 1200.0)
+    return PhaseRecord(phase=phase, node=node, offered_rps=8.0, achieved_rps=1234.5678, output_tps=480.0,
+                       requests=1000, errors=10, error_rate=0.01, duration_s=30.0, started_at=T0, **pct)
+
+
+def stored(run: RunRecord, phases: list[PhaseRecord], stages: list[StageRecord] | None = None) -> StoredRun:
+    return StoredRun(run=run, stages=stages or [], phases=phases, sample_count=1500, created_at=T0, updated_at=T0)
+
+
+# -- formatting ------------------------------------------------------------------------------
+def test_numbers_are_formatted_and_missing_values_are_na():
+    assert webapp.fmt_num(1234.5678) == "1,234.57"
+    assert webapp.fmt_num(1234) == "1,234"
+    assert webapp.fmt_num(0.5, 1) == "0.5"
+    assert webapp.fmt_num(None) == webapp.fmt_num(math.nan) == webapp.fmt_num(math.inf) == "n/a"
+    assert webapp.fmt_ms(None) == "n/a"
+    assert webapp.fmt_ms(899.96) == "900.0"
+    assert webapp.fmt_pct(0.0123) == "1.23%"
+    assert webapp.fmt_pct(None) == "n/a"
+    assert webapp.fmt_time(datetime(2026, 12, 2, 11, 0, tzinfo=timezone(timedelta(hours=1)))) == \
+        "2026-12-02 10:00:00 UTC"
+
+
+def test_escaping_covers_attributes_and_none():
+    assert webapp.esc(EVIL) == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert webapp.esc("a'b\"c") == "a&#x27;b&quot;c"
+    assert webapp.esc(None) == ""
+
+
+def test_run_key_with_script_is_escaped_in_list_and_run_page():
+    key = f"cli/{EVIL}'\"&"
+    run = make_run(key, fingerprint=f"fp{EVIL}", tags={"who": EVIL}, config={"engine": {"profile": EVIL}})
+    stage = StageRecord(stage="load", status="failed", seconds=1.5, summary={"summary": EVIL}, error=EVIL)
+    listing = webapp.render_run_list([webapp.RunRow(run, make_phase())], "/deploybench", fingerprint=EVIL)
+    page = webapp.render_run_page(stored(run, [make_phase(node=EVIL)], [stage]), "/deploybench", None)
+    for doc in (listing, page):
+        assert "<script" not in doc
+        assert html.escape(EVIL) in doc
+    # the link carries the key percent-encoded ('/' included), so it reaches /runs/{run_key:path} whole
+    assert "/deploybench/runs/cli%2F%3Cscript%3Ealert%281%29%3C%2Fscript%3E%27%22%26" in listing
+
+
+def test_list_shows_headline_numbers_and_na_without_phases():
+    rows = [webapp.RunRow(make_run("a"), make_phase()), webapp.RunRow(make_run("b", status="failed"), None)]
+    doc = webapp.render_run_list(rows, "")
+    assert "1,234.57" in doc and "900.0" in doc and "1.00%" in doc
+    assert doc.index(">a</code>") < doc.index(">b</code>")
+    row_b = doc[doc.index(">b</code>"):]
+    assert row_b.count("n/a") >= 4  # phase, req/s, P99, error rate
+    assert "<code>0123456789ab</code>" in doc  # short fingerprint, full one in the title
+    assert "No runs match" in webapp.render_run_list([], "")
+
+
+def test_run_page_shows_none_latencies_as_na_and_report_link_only_when_given():
+    run = make_run()
+    doc = webapp.render_run_page(stored(run, [make_phase(), make_phase("n01", latency=None)]), "/x", None)
+    cells = doc[doc.index("<b>cluster</b>"):]
+    assert "900.0" in cells
+    assert ">n/a<" in cells[cells.index(">n01<"):]
+    assert "HTML report" not in doc
+    linked = webapp.render_run_page(stored(run, []), "/x", "/x/runs/k/report")
+    assert "href='/x/runs/k/report'>HTML report" in linked
+    assert "No load phase was stored" in linked
+
+
+def test_headline_phase_prefers_the_cluster_sustained_phase():
+    probe, sustained, node = make_phase(phase="probe"), make_phase(), make_phase("n01")
+    assert webapp.headline_phase([node, sustained, probe]) is sustained
+    assert webapp.headline_phase([node, probe]) is probe
+    assert webapp.headline_phase([node]) is None
+
+
+def test_stage_summary_uses_the_pipeline_line_else_json():
+    assert webapp.stage_summary(StageRecord(stage="s", status="success", summary={"summary": "4 nodes"})) == "4 nodes"
+    assert webapp.stage_summary(StageRecord(stage="s", status="success", summary={"b": 1, "a": 2})) == '{"a": 2, "b": 1}'
+    assert webapp.stage_summary(StageRecord(stage="s", status="success")) == ""
+
+
+# -- which database --------------------------------------------------------------------------
+@pytest.fixture
+def no_embedded(monkeypatch):
+    from deploybench.store import embedded
+
+    monkeypatch.setattr(embedded, "running_dsn", lambda database=embedded.DATABASE: None)
+    monkeypatch.delenv("DEPLOYBENCH_DSN", raising=False)
+
+
+def test_dsn_order_connection_then_env_then_running_embedded(monkeypatch, no_embedded):
+    from deploybench import airflow_glue
+    from deploybench.store import embedded
+
+    monkeypatch.setattr(airflow_glue, "results_dsn", lambda: "postgresql+psycopg://conn@h/db")
+    monkeypatch.setenv("DEPLOYBENCH_DSN", "postgresql://env@h/db")
+    assert webapp.resolve_results_dsn() == "postgresql+psycopg://conn@h/db"
+    monkeypatch.setattr(airflow_glue, "results_dsn", lambda: None)
+    assert webapp.resolve_results_dsn() == "postgresql+psycopg://env@h/db"
+    monkeypatch.delenv("DEPLOYBENCH_DSN")
+    monkeypatch.setattr(embedded, "running_dsn", lambda database=embedded.DATABASE: "postgresql+psycopg://emb@/db")
+    assert webapp.resolve_results_dsn() == "postgresql+psycopg://emb@/db"
+
+
+def test_without_airflow_or_any_database_the_reason_is_given(monkeypatch, no_embedded):
+    from deploybench import airflow_glue
+
+    def no_airflow():
+        raise ImportError("No module named 'airflow'")
+
+    monkeypatch.setattr(airflow_glue, "results_dsn", no_airflow)
+    with pytest.raises(webapp.ResultsUnavailable, match="deploybench_results.*DEPLOYBENCH_DSN.*never starts"):
+        webapp.resolve_results_dsn()
+    monkeypatch.setenv("DEPLOYBENCH_DSN", "mysql://x@h/db")
+    with pytest.raises(StoreError, match="PostgreSQL"):
+        webapp.resolve_results_dsn()
+
+
+def test_a_broken_airflow_connection_is_reported_not_skipped(monkeypatch, no_embedded):
+    from deploybench import airflow_glue
+
+    def broken():
+        raise ValueError("extra is not JSON")
+
+    monkeypatch.setattr(airflow_glue, "results_dsn", broken)
+    monkeypatch.setenv("DEPLOYBENCH_DSN", "postgresql://env@h/db")
+    with pytest.raises(webapp.ResultsUnavailable, match="connection 'deploybench_results'.*extra is not JSON"):
+        webapp.resolve_results_dsn()
+
+
+# -- the report path -------------------------------------------------------------------------
+def test_report_file_stays_inside_the_runs_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPLOYBENCH_HOME", str(tmp_path))
+    (tmp_path / "report.html").write_text("not a run's report")
+    assert webapp.report_file("..") is None  # run_dir('..') is the home folder itself
+    assert webapp.report_file(".") is None
+    assert webapp.report_file("k") is None  # no report yet
+    target = tmp_path / "runs" / "k" / "report.html"
+    target.write_text("<html>report</html>")
+    assert webapp.report_file("k") == target.resolve()
+    (tmp_path / "runs" / "s").mkdir()
+    (tmp_path / "runs" / "s" / "report.html").symlink_to(tmp_path / "report.html")
+    assert webapp.report_file("s") is None
+
+
+# -- HTTP behaviour with the store replaced --------------------------------------------------
+@pytest.fixture
+def client(monkeypatch):
+    runs = {"k": stored(make_run("k"), [make_phase()])}
+
+    def load_run(target, key):
+        if target == "postgresql+psycopg://down@127.0.0.1/x":
+            raise StoreError("reading run 'k' from postgresql+psycopg://down@127.0.0.1/x failed: connection refused")
+        return runs.get(key)
+
+    monkeypatch.setattr(webapp.store, "load_run", load_run)
+    parent = FastAPI()
+    parent.mount("/deploybench", webapp.create_app(dsn="postgresql+psycopg://ok@127.0.0.1/x"))
+    parent.mount("/down", webapp.create_app(dsn="postgresql+psycopg://down@127.0.0.1/x"))
+    with TestClient(parent) as c:  # in-process: no socket, no network
+        yield c
+
+
+def test_unknown_run_is_404_with_a_message_in_html_and_json(client):
+    r = client.get("/deploybench/runs/nope")
+    assert r.status_code == 404 and "no run &#x27;nope&#x27; in the results store" in r.text
+    r = client.get("/deploybench/api/runs/nope")
+    assert r.status_code == 404 and r.json()["detail"].startswith("no run 'nope'")
+
+
+def test_store_failure_is_503_with_the_reason_and_no_traceback(client):
+    r = client.get("/down/runs/k")
+    assert r.status_code == 503
+    assert "connection refused" in r.text and "Traceback" not in r.text
+    assert client.get("/down/api/runs/k").json() == {
+        "detail": "the results store is unavailable: reading run 'k' from "
+                  "postgresql+psycopg://down@127.0.0.1/x failed: connection refused"}
+
+
+def test_pages_carry_a_csp_without_scripts_and_links_under_the_mount(client):
+    r = client.get("/deploybench/runs/k")
+    assert r.status_code == 200
+    assert "script-src" not in r.headers["content-security-policy"]
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+    assert "href='/deploybench/api/runs/k'" in r.text
+
+
+def test_bad_query_is_400(client):
+    r = client.get("/deploybench/api/runs", params={"status": "nonsense"})
+    assert r.status_code == 400 and "status" in r.json()["detail"]
+    assert client.get("/deploybench/", params={"limit": 0}).status_code == 400
