@@ -26,6 +26,10 @@ class DeploybenchResultsPlugin(AirflowPlugin):
     external_views = [
         {"name": "Benchmarks", "href": f"{URL_PREFIX}/", "destination": "nav", "url_route": "deploybench"},
         # the UI substitutes {DAG_ID} and {RUN_ID} (URL-encoded) for "dag_run" views
-        {"name": "Benchmark results", "href": f"{URL_PREFIX}/dag-runs/{{DAG_ID}}/{{RUN_ID}}",
-         "destination": "dag_run", "url_route": "deploybench-run"},
+        {
+            "name": "Benchmark results",
+            "href": f"{URL_PREFIX}/dag-runs/{{DAG_ID}}/{{RUN_ID}}",
+            "destination": "dag_run",
+            "url_route": "deploybench-run",
+        },
     ]

@@ -49,10 +49,25 @@ def summary_text(run: "Run") -> str:
                   f"    dropped        {ld.get('dropped_iterations', 0)} iterations",
                   "    SLO            " + ("met" if ld.get("slo_ok") else
                                             "NOT met: " + "; ".join((ld.get("slo") or {}).get("reasons") or []))]
+    truth = sim_capacity(run)
+    if truth:
+        lines += [f"    ground truth   the simulated engine saturates at {truth[0]:.2f} req/s per node, "
+                  f"{truth[0] * truth[1]:.1f} req/s for {truth[1]} nodes (closed form; SLO not considered)"]
     rep = (recs.get("report") or {}).get("result") or {}
     if rep.get("path"):
         lines += ["", f"  report: {rep['path']}"]
     return "\n".join(lines)
+
+
+def sim_capacity(run: "Run") -> tuple[float, int] | None:
+    """(saturation req/s per engine, engines) for the simulated engine, from its closed form."""
+    if run.cfg.engine.profile.value != "sim":
+        return None
+    from deploybench.lab.service_model import ServiceParams, capacity
+
+    endpoints = ((run.stage_record("rollout") or {}).get("result") or {}).get("endpoints") or []
+    cap = capacity(ServiceParams.from_config(run.cfg.engine), run.cfg.load.prompt_tokens, run.cfg.load.output_tokens)
+    return cap.requests_per_s, len(endpoints) or len(run.nodes)
 
 
 def _ms(v) -> str:

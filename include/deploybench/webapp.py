@@ -178,9 +178,13 @@ def _status(value: str) -> str:
 
 def _table(headers: list[str], rows: list[list[str]], numeric_from: int = 99) -> str:
     """A table from already-escaped cells; columns from ``numeric_from`` on are right-aligned."""
-    head = "".join(f"<th{' class=n' if i >= numeric_from else ''}>{esc(h)}</th>" for i, h in enumerate(headers))
+    head = "".join(
+        f"<th{' class=n' if i >= numeric_from else ''}>{esc(h)}</th>" for i, h in enumerate(headers)
+    )
     body = "".join(
-        "<tr>" + "".join(f"<td{' class=n' if i >= numeric_from else ''}>{c}</td>" for i, c in enumerate(r)) + "</tr>"
+        "<tr>"
+        + "".join(f"<td{' class=n' if i >= numeric_from else ''}>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
         for r in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -189,18 +193,20 @@ def _table(headers: list[str], rows: list[list[str]], numeric_from: int = 99) ->
 _CSS = """
 :root{color-scheme:light dark;--fg:#1d2433;--muted:#5b6475;--line:#d8dde6;--bg:#fff;--head:#f3f5f8;--ok:#11743a;
 --bad:#b3261e;--run:#8a5a00;--link:#1a5fb4}
-@media (prefers-color-scheme:dark){:root{--fg:#e4e7ec;--muted:#a0a8b6;--line:#3a4150;--bg:#171a21;--head:#222733;
---ok:#5fd38d;--bad:#ff8a80;--run:#ffcc66;--link:#8ab4f8}}
+@media (prefers-color-scheme:dark){:root{--fg:#e4e7ec;--muted:#a0a8b6;--line:#3a4150;--bg:#171a21;
+--head:#222733;--ok:#5fd38d;--bad:#ff8a80;--run:#ffcc66;--link:#8ab4f8}}
 body{font:14px/1.45 system-ui,sans-serif;color:var(--fg);background:var(--bg);margin:1.2em 1.5em}
 a{color:var(--link)}h1{font-size:1.35em;margin:.2em 0 .6em}h2{font-size:1.1em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;margin:.4em 0;width:100%}th,td{border-bottom:1px solid var(--line);
-padding:.3em .55em;text-align:left;vertical-align:top}th{background:var(--head);font-weight:600;white-space:nowrap}
-.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}code,pre{font-family:ui-monospace,monospace}
+padding:.3em .55em;text-align:left;vertical-align:top}
+th{background:var(--head);font-weight:600;white-space:nowrap}
+.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+code,pre{font-family:ui-monospace,monospace}
 pre{white-space:pre-wrap;margin:0;max-height:20em;overflow:auto}.muted{color:var(--muted)}
 .st{font-weight:600}.success{color:var(--ok)}.failed{color:var(--bad)}.running,.skipped{color:var(--run)}
 form{display:flex;gap:.8em;align-items:end;margin:.4em 0 .8em}label{display:flex;flex-direction:column;
-font-size:.9em;color:var(--muted)}dl{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em}dt{color:var(--muted)}
-dd{margin:0}.err{color:var(--bad)}
+font-size:.9em;color:var(--muted)}dl{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em}
+dt{color:var(--muted)}dd{margin:0}.err{color:var(--bad)}
 """
 
 
@@ -229,69 +235,137 @@ class RunRow:
         }
 
 
-def render_run_list(rows: list[RunRow], root: str, status: str | None = None, fingerprint: str | None = None,
-                    limit: int = DEFAULT_LIMIT, note: str = "") -> str:
+def render_run_list(
+    rows: list[RunRow],
+    root: str,
+    status: str | None = None,
+    fingerprint: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    note: str = "",
+) -> str:
     options = "".join(
         f"<option value='{s}'{' selected' if s == (status or '') else ''}>{s or 'any'}</option>"
         for s in ("", *RUN_STATUSES)
     )
-    form = (f"<form method='get' action='{esc(root)}/'><label>status<select name='status'>{options}</select></label>"
-            f"<label>fingerprint (prefix)<input name='fingerprint' value='{esc(fingerprint)}' size='16'></label>"
-            f"<label>rows<input name='limit' value='{limit}' size='4'></label><button>filter</button>"
-            f"<a href='{esc(root)}/'>clear</a></form>")
+    form = (
+        f"<form method='get' action='{esc(root)}/'>"
+        f"<label>status<select name='status'>{options}</select></label><label>fingerprint (prefix)"
+        f"<input name='fingerprint' value='{esc(fingerprint)}' size='16'></label>"
+        f"<label>rows<input name='limit' value='{limit}' size='4'></label><button>filter</button>"
+        f"<a href='{esc(root)}/'>clear</a></form>"
+    )
     table_rows = []
     for row in rows:
         r, p = row.run, row.phase
         fp_link = f"{root}/?{urlencode({'fingerprint': r.fingerprint})}"
-        table_rows.append([
-            f"<a href='{esc(run_href(root, r.run_key))}'><code>{esc(r.run_key)}</code></a>", esc(r.dag_id),
-            _status(r.status), esc(fmt_time(r.started_at)), esc(r.node_count), esc(engine_of(r)),
-            f"<a href='{esc(fp_link)}' title='{esc(r.fingerprint)}'><code>{esc(r.fingerprint[:12])}</code></a>",
-            esc(p.phase if p else "n/a"), esc(fmt_num(p.achieved_rps if p else None)),
-            esc(fmt_ms(p.latency_p99_ms if p else None)), esc(fmt_pct(p.error_rate if p else None)),
-        ])
-    table = _table(["run", "DAG", "status", "started", "nodes", "engine", "config", "phase", "achieved req/s",
-                    "P99 ms", "error rate"], table_rows, numeric_from=8) if rows else "<p>No runs match.</p>"
+        table_rows.append(
+            [
+                f"<a href='{esc(run_href(root, r.run_key))}'><code>{esc(r.run_key)}</code></a>",
+                esc(r.dag_id),
+                _status(r.status),
+                esc(fmt_time(r.started_at)),
+                esc(r.node_count),
+                esc(engine_of(r)),
+                f"<a href='{esc(fp_link)}' title='{esc(r.fingerprint)}'>"
+                f"<code>{esc(r.fingerprint[:12])}</code></a>",
+                esc(p.phase if p else "n/a"),
+                esc(fmt_num(p.achieved_rps if p else None)),
+                esc(fmt_ms(p.latency_p99_ms if p else None)),
+                esc(fmt_pct(p.error_rate if p else None)),
+            ]
+        )
+    table = _table(LIST_COLUMNS, table_rows, numeric_from=8) if rows else "<p>No runs match.</p>"
     note_html = f"<p class='muted'>{esc(note)}</p>" if note else ""
-    return page("deploybench results", f"<h1>Benchmark runs</h1>{form}{table}{note_html}"
-                f"<p class='muted'><a href='{esc(root)}/api/runs'>JSON</a></p>", root)
+    return page(
+        "deploybench results",
+        f"<h1>Benchmark runs</h1>{form}{table}{note_html}"
+        f"<p class='muted'><a href='{esc(root)}/api/runs'>JSON</a></p>",
+        root,
+    )
+
+
+LIST_COLUMNS = ("run|DAG|status|started|nodes|engine|config|phase|achieved req/s|P99 ms|error rate").split(
+    "|"
+)
+PHASE_COLUMNS = (
+    "phase|node|offered req/s|achieved req/s|output tok/s|requests|errors|error rate|dropped|"
+    "P50 ms|P90 ms|P99 ms|P99.9 ms|TTFT P50 ms|TTFT P99 ms|seconds"
+).split("|")
 
 
 def _phase_rows(phases: list[PhaseRecord]) -> list[list[str]]:
     ordered = sorted(phases, key=lambda p: (p.phase, p.node != store.CLUSTER, p.node))
-    return [[
-        esc(p.phase), "<b>cluster</b>" if p.node == store.CLUSTER else esc(p.node), esc(fmt_num(p.offered_rps)),
-        esc(fmt_num(p.achieved_rps)), esc(fmt_num(p.output_tps, 1)), esc(fmt_num(p.requests)), esc(fmt_num(p.errors)),
-        esc(fmt_pct(p.error_rate)), esc(fmt_num(p.dropped_iterations)), esc(fmt_ms(p.latency_p50_ms)),
-        esc(fmt_ms(p.latency_p90_ms)), esc(fmt_ms(p.latency_p99_ms)), esc(fmt_ms(p.latency_p999_ms)),
-        esc(fmt_ms(p.ttft_p50_ms)), esc(fmt_ms(p.ttft_p99_ms)), esc(fmt_num(p.duration_s, 1)),
-    ] for p in ordered]
+    return [
+        [
+            esc(p.phase),
+            "<b>cluster</b>" if p.node == store.CLUSTER else esc(p.node),
+            esc(fmt_num(p.offered_rps)),
+            esc(fmt_num(p.achieved_rps)),
+            esc(fmt_num(p.output_tps, 1)),
+            esc(fmt_num(p.requests)),
+            esc(fmt_num(p.errors)),
+            esc(fmt_pct(p.error_rate)),
+            esc(fmt_num(p.dropped_iterations)),
+            esc(fmt_ms(p.latency_p50_ms)),
+            esc(fmt_ms(p.latency_p90_ms)),
+            esc(fmt_ms(p.latency_p99_ms)),
+            esc(fmt_ms(p.latency_p999_ms)),
+            esc(fmt_ms(p.ttft_p50_ms)),
+            esc(fmt_ms(p.ttft_p99_ms)),
+            esc(fmt_num(p.duration_s, 1)),
+        ]
+        for p in ordered
+    ]
 
 
 def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str:
     r = stored.run
-    facts = [("status", _status(r.status)), ("DAG", esc(r.dag_id)), ("Airflow run", esc(r.airflow_run_id or "")),
-             ("started", esc(fmt_time(r.started_at))), ("finished", esc(fmt_time(r.finished_at))),
-             ("inventory", esc(r.inventory)), ("nodes", esc(r.node_count)), ("engine", esc(engine_of(r))),
-             ("config fingerprint", f"<code>{esc(r.fingerprint)}</code>"),
-             ("raw samples", esc(fmt_num(stored.sample_count))),
-             ("tags", esc(", ".join(f"{k}={v}" for k, v in sorted(r.tags.items()))))]
+    facts = [
+        ("status", _status(r.status)),
+        ("DAG", esc(r.dag_id)),
+        ("Airflow run", esc(r.airflow_run_id or "")),
+        ("started", esc(fmt_time(r.started_at))),
+        ("finished", esc(fmt_time(r.finished_at))),
+        ("inventory", esc(r.inventory)),
+        ("nodes", esc(r.node_count)),
+        ("engine", esc(engine_of(r))),
+        ("config fingerprint", f"<code>{esc(r.fingerprint)}</code>"),
+        ("raw samples", esc(fmt_num(stored.sample_count))),
+        ("tags", esc(", ".join(f"{k}={v}" for k, v in sorted(r.tags.items())))),
+    ]
     links = [f"<a href='{esc(run_href(root, r.run_key, api=True))}'>JSON</a>"]
     if report_url:
         links.insert(0, f"<a href='{esc(report_url)}'>HTML report</a>")
-    stages = _table(["stage", "status", "started", "seconds", "summary", "error"], [[
-        esc(s.stage), _status(s.status), esc(fmt_time(s.started_at)), esc(fmt_num(s.seconds, 1)),
-        esc(stage_summary(s)), f"<pre class='err'>{esc(s.error)}</pre>" if s.error else "",
-    ] for s in stored.stages]) if stored.stages else "<p>No stage was stored.</p>"
-    phases = _table(["phase", "node", "offered req/s", "achieved req/s", "output tok/s", "requests", "errors",
-                     "error rate", "dropped", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "TTFT P50 ms",
-                     "TTFT P99 ms", "seconds"], _phase_rows(stored.phases), numeric_from=2) \
-        if stored.phases else "<p>No load phase was stored (the run stopped before the load stage).</p>"
-    body = (f"<h1>Run <code>{esc(r.run_key)}</code></h1><p>{' &middot; '.join(links)}</p>"
-            "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
-            f"<h2>Stages</h2>{stages}<h2>Load phases</h2>{phases}"
-            f"<h2>Configuration</h2><details><summary>RunConfig</summary>"
-            f"<pre>{esc(json.dumps(r.config, indent=1, sort_keys=True))}</pre></details>")
+    stages = (
+        _table(
+            ["stage", "status", "started", "seconds", "summary", "error"],
+            [
+                [
+                    esc(s.stage),
+                    _status(s.status),
+                    esc(fmt_time(s.started_at)),
+                    esc(fmt_num(s.seconds, 1)),
+                    esc(stage_summary(s)),
+                    f"<pre class='err'>{esc(s.error)}</pre>" if s.error else "",
+                ]
+                for s in stored.stages
+            ],
+        )
+        if stored.stages
+        else "<p>No stage was stored.</p>"
+    )
+    phases = (
+        _table(PHASE_COLUMNS, _phase_rows(stored.phases), numeric_from=2)
+        if stored.phases
+        else "<p>No load phase was stored (the run stopped before the load stage).</p>"
+    )
+    body = (
+        f"<h1>Run <code>{esc(r.run_key)}</code></h1><p>{' &middot; '.join(links)}</p>"
+        "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+        f"<h2>Stages</h2>{stages}<h2>Load phases</h2>{phases}"
+        f"<h2>Configuration</h2><details><summary>RunConfig</summary>"
+        f"<pre>{esc(json.dumps(r.config, indent=1, sort_keys=True))}</pre></details>"
+    )
     return page(f"deploybench run {r.run_key}", body, root)
 
 
@@ -310,7 +384,9 @@ def report_file(run_key: str) -> Path | None:
     paths.run_dir, and is refused unless it is a plain file directly in a run folder (keys like '..')."""
     folder = paths.run_dir(run_key).resolve()
     if folder.parent != paths.runs_dir().resolve():
-        log.warning("run key %r maps to %s, outside %s; not serving its report", run_key, folder, paths.runs_dir())
+        log.warning(
+            "run key %r maps to %s, outside %s; not serving its report", run_key, folder, paths.runs_dir()
+        )
         return None
     report = folder / "report.html"
     return report if report.is_file() and not report.is_symlink() else None
@@ -329,8 +405,11 @@ Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 def _load(target: str, run_key: str) -> StoredRun:
     stored = store.load_run(target, run_key)
     if stored is None:
-        raise HTTPException(404, f"no run {run_key!r} in the results store (a run appears there once the DAG's "
-                                 f"store task has written it)")
+        raise HTTPException(
+            404,
+            f"no run {run_key!r} in the results store (a run appears there once the DAG's "
+            f"store task has written it)",
+        )
     return stored
 
 
@@ -338,9 +417,16 @@ def _list(target: str, status: str | None, fingerprint: str | None, limit: int) 
     fingerprint = (fingerprint or "").strip() or None
     filtered = bool(status or fingerprint)
     runs = store.latest_runs(target, limit=FILTER_WINDOW if filtered else limit)
-    note = (f"Filters apply to the newest {FILTER_WINDOW} runs." if filtered and len(runs) == FILTER_WINDOW else "")
-    runs = [r for r in runs if (not status or r.status == status)
-            and (not fingerprint or r.fingerprint.startswith(fingerprint))][:limit]
+    note = (
+        f"Filters apply to the newest {FILTER_WINDOW} runs."
+        if filtered and len(runs) == FILTER_WINDOW
+        else ""
+    )
+    runs = [
+        r
+        for r in runs
+        if (not status or r.status == status) and (not fingerprint or r.fingerprint.startswith(fingerprint))
+    ][:limit]
     rows = []
     for run in runs:
         stored = store.load_run(target, run.run_key)  # None if deleted meanwhile
@@ -351,8 +437,12 @@ def _list(target: str, status: str | None, fingerprint: str | None, limit: int) 
 def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -> FastAPI:
     """The results application. ``dsn`` fixes the database (tests); else it is resolved per request.
     ``auth`` is a FastAPI dependency run before every route (the plugin passes ``require_airflow_user``)."""
-    app = FastAPI(title="deploybench results", docs_url=None, redoc_url=None,
-                  dependencies=[Depends(auth)] if auth else [])
+    app = FastAPI(
+        title="deploybench results",
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[Depends(auth)] if auth else [],
+    )
     app.state.resolve_dsn = (lambda: dsn) if dsn else resolve_results_dsn
 
     @app.middleware("http")
@@ -385,14 +475,24 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         return _error(request, 503, f"the results store is unavailable: {exc}")
 
     @app.get("/", response_class=HTMLResponse)
-    def run_list(request: Request, target: Target, status: Status = None, fingerprint: str | None = None,
-                 limit: Limit = DEFAULT_LIMIT) -> HTMLResponse:
+    def run_list(
+        request: Request,
+        target: Target,
+        status: Status = None,
+        fingerprint: str | None = None,
+        limit: Limit = DEFAULT_LIMIT,
+    ) -> HTMLResponse:
         rows, note = _list(target, status, fingerprint, limit)
         return HTMLResponse(render_run_list(rows, _root(request), status, fingerprint, limit, note))
 
     @app.get("/api/runs")
-    def api_runs(request: Request, target: Target, status: Status = None, fingerprint: str | None = None,
-                 limit: Limit = DEFAULT_LIMIT) -> dict[str, Any]:
+    def api_runs(
+        request: Request,
+        target: Target,
+        status: Status = None,
+        fingerprint: str | None = None,
+        limit: Limit = DEFAULT_LIMIT,
+    ) -> dict[str, Any]:
         rows, note = _list(target, status, fingerprint, limit)
         return {"runs": [row.to_json(_root(request)) for row in rows], "note": note or None}
 
@@ -400,8 +500,10 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
     def api_run(request: Request, target: Target, run_key: str) -> dict[str, Any]:
         stored = _load(target, run_key)
         report = report_file(run_key)
-        return {**stored.model_dump(mode="json"),
-                "report_url": run_href(_root(request), run_key, "/report") if report else None}
+        return {
+            **stored.model_dump(mode="json"),
+            "report_url": run_href(_root(request), run_key, "/report") if report else None,
+        }
 
     # before /runs/{run_key:path}, which would take '<key>/report' for a key
     @app.get("/runs/{run_key:path}/report", response_class=FileResponse)
@@ -413,8 +515,11 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
             raise HTTPException(404, f"no run {run_key!r} in the results store")
         report = report_file(run_key)
         if report is None:
-            raise HTTPException(404, f"run {run_key!r} has no HTML report on this server (the report task writes "
-                                     f"it into {paths.runs_dir()}, which the api-server must share)")
+            raise HTTPException(
+                404,
+                f"run {run_key!r} has no HTML report on this server (the report task writes "
+                f"it into {paths.runs_dir()}, which the api-server must share)",
+            )
         return FileResponse(report, media_type="text/html; charset=utf-8")
 
     @app.get("/runs/{run_key:path}", response_class=HTMLResponse)
@@ -428,8 +533,11 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
     def dag_run_page(request: Request, target: Target, dag_id: str, run_id: str) -> HTMLResponse:
         run_key = DAG_RUN_KEY.format(dag_id=dag_id, run_id=run_id)
         if store.load_run(target, run_key) is None:
-            raise HTTPException(404, f"no deploybench results for DAG run {run_id!r} of {dag_id!r} (they appear "
-                                     f"when its store task has run; other DAGs have none)")
+            raise HTTPException(
+                404,
+                f"no deploybench results for DAG run {run_id!r} of {dag_id!r} (they appear "
+                f"when its store task has run; other DAGs have none)",
+            )
         return run_page(request, target, run_key)
 
     return app
@@ -448,8 +556,9 @@ async def require_airflow_user(request: Request) -> None:
         from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
         from airflow.api_fastapi.core_api.security import get_user
     except ImportError as exc:
-        raise ResultsUnavailable(f"Airflow's authentication cannot be imported here ({exc}); refusing access") \
-            from exc
+        raise ResultsUnavailable(
+            f"Airflow's authentication cannot be imported here ({exc}); refusing access"
+        ) from exc
     user = await get_user(request, _oauth_token=None, bearer_credentials=await _bearer(request))
     if not get_auth_manager().is_authorized_view(access_view=AccessView.WEBSITE, user=user):
         raise HTTPException(403, f"Airflow user {user.get_name()!r} may not view Airflow's pages")

@@ -68,35 +68,89 @@ def dsn():
 
 
 def phases(rps: float, p99: float | None) -> list[PhaseRecord]:
-    pct = dict(latency_p50_ms=p99 and p99 / 4, latency_p90_ms=p99 and p99 / 2, latency_p99_ms=p99,
-               latency_p999_ms=p99 and p99 * 1.5)
-    base = dict(phase="sustained", offered_rps=rps, output_tps=rps * 60, requests=1000, errors=25, error_rate=0.025,
-                duration_s=30.0, started_at=T0)
-    return [PhaseRecord(node="*", achieved_rps=rps * 0.98, dropped_iterations=3, **pct, **base),
-            PhaseRecord(node="n01", achieved_rps=rps * 0.49, ttft_p50_ms=20, ttft_p99_ms=80, **pct, **base),
-            PhaseRecord(node="n02", achieved_rps=rps * 0.49, **pct, **base)]
+    pct = dict(
+        latency_p50_ms=p99 and p99 / 4,
+        latency_p90_ms=p99 and p99 / 2,
+        latency_p99_ms=p99,
+        latency_p999_ms=p99 and p99 * 1.5,
+    )
+    base = dict(
+        phase="sustained",
+        offered_rps=rps,
+        output_tps=rps * 60,
+        requests=1000,
+        errors=25,
+        error_rate=0.025,
+        duration_s=30.0,
+        started_at=T0,
+    )
+    return [
+        PhaseRecord(node="*", achieved_rps=rps * 0.98, dropped_iterations=3, **pct, **base),
+        PhaseRecord(node="n01", achieved_rps=rps * 0.49, ttft_p50_ms=20, ttft_p99_ms=80, **pct, **base),
+        PhaseRecord(node="n02", achieved_rps=rps * 0.49, **pct, **base),
+    ]
 
 
 @pytest.fixture(scope="module")
 def runs(dsn):
     """Two runs: an older success, and a newer failed one whose key and error carry markup."""
     tag = uuid.uuid4().hex[:6]
-    old = RunRecord(run_key=f"deploybench_run__manual__2026-12-02T10:00:00+00:00_{tag}", dag_id="deploybench_run",
-                    airflow_run_id=f"manual__2026-12-02T10:00:00+00:00_{tag}", status="success", started_at=T0,
-                    finished_at=T0 + timedelta(minutes=3), config={"engine": {"profile": "sim"}},
-                    fingerprint=f"aaaa{tag}" + "0" * 20, inventory="lab", node_count=2)
-    new = RunRecord(run_key=f"cli/{EVIL}_{tag}", dag_id="cli", status="failed", started_at=T0 + timedelta(hours=1),
-                    config={"engine": {"profile": "vllm"}}, fingerprint=f"bbbb{tag}" + "0" * 20, inventory="lab",
-                    node_count=2)
-    write_run(dsn, old, [
-        StageRecord(stage="preflight", status="success", started_at=T0, seconds=2.5,
-                    summary={"summary": "2/2 nodes healthy, 2 links tested"}),
-        StageRecord(stage="load", status="success", started_at=T0, seconds=31.0, summary={"summary": "7.84 req/s"}),
-    ], phases(8.0, 900.0), None)
-    write_run(dsn, new, [
-        StageRecord(stage="rollout", status="failed", started_at=T0, seconds=4.0,
-                    summary={"summary": "engine did not start"}, error=f"node n02: {EVIL} exited 1"),
-    ], phases(16.0, None), None)
+    old = RunRecord(
+        run_key=f"deploybench_run__manual__2026-12-02T10:00:00+00:00_{tag}",
+        dag_id="deploybench_run",
+        airflow_run_id=f"manual__2026-12-02T10:00:00+00:00_{tag}",
+        status="success",
+        started_at=T0,
+        finished_at=T0 + timedelta(minutes=3),
+        config={"engine": {"profile": "sim"}},
+        fingerprint=f"aaaa{tag}" + "0" * 20,
+        inventory="lab",
+        node_count=2,
+    )
+    new = RunRecord(
+        run_key=f"cli/{EVIL}_{tag}",
+        dag_id="cli",
+        status="failed",
+        started_at=T0 + timedelta(hours=1),
+        config={"engine": {"profile": "vllm"}},
+        fingerprint=f"bbbb{tag}" + "0" * 20,
+        inventory="lab",
+        node_count=2,
+    )
+    write_run(
+        dsn,
+        old,
+        [
+            StageRecord(
+                stage="preflight",
+                status="success",
+                started_at=T0,
+                seconds=2.5,
+                summary={"summary": "2/2 nodes healthy, 2 links tested"},
+            ),
+            StageRecord(
+                stage="load", status="success", started_at=T0, seconds=31.0, summary={"summary": "7.84 req/s"}
+            ),
+        ],
+        phases(8.0, 900.0),
+        None,
+    )
+    write_run(
+        dsn,
+        new,
+        [
+            StageRecord(
+                stage="rollout",
+                status="failed",
+                started_at=T0,
+                seconds=4.0,
+                summary={"summary": "engine did not start"},
+                error=f"node n02: {EVIL} exited 1",
+            ),
+        ],
+        phases(16.0, None),
+        None,
+    )
     return old, new
 
 
@@ -119,9 +173,9 @@ def test_list_shows_both_runs_newest_first(client, runs):
     assert "<script" not in r.text
     i_new, i_old = r.text.index(webapp.esc(new.run_key)), r.text.index(webapp.esc(old.run_key))
     assert i_new < i_old
-    old_row = r.text[i_old:r.text.index("</tr>", i_old)]
+    old_row = r.text[i_old : r.text.index("</tr>", i_old)]
     assert "7.84" in old_row and "900.0" in old_row and "2.50%" in old_row and "sim" in old_row
-    new_row = r.text[i_new:r.text.index("</tr>", i_new)]
+    new_row = r.text[i_new : r.text.index("</tr>", i_new)]
     assert "15.68" in new_row and "n/a" in new_row and "failed" in new_row  # no request succeeded: P99 n/a
     assert f"href='{page_url(old.run_key)}'" in r.text
 
@@ -145,7 +199,9 @@ def test_run_page_shows_stages_and_phases(client, runs):
     assert "2/2 nodes healthy, 2 links tested" in stages and "31.0" in stages
     assert "<b>cluster</b>" in phases_html and ">n01<" in phases_html and ">n02<" in phases_html
     assert phases_html.index("<b>cluster</b>") < phases_html.index(">n01<")
-    assert "900.0" in phases_html and "1,350.0" in phases_html and "80.0" in phases_html  # P99, P99.9, TTFT P99
+    assert (
+        "900.0" in phases_html and "1,350.0" in phases_html and "80.0" in phases_html
+    )  # P99, P99.9, TTFT P99
 
     failed = client.get(page_url(new.run_key))
     assert failed.status_code == 200 and "<script" not in failed.text
@@ -162,8 +218,9 @@ def test_json_api_matches_the_store(client, dsn, runs):
     assert RunRecord.model_validate({k: row[k] for k in RunRecord.model_fields}) == old
     assert PhaseRecord.model_validate(row["headline_phase"]) == phases(8.0, 900.0)[0]
     assert row["url"] == page_url(old.run_key)
-    assert [r["run_key"] for r in client.get("/deploybench/api/runs", params={"status": "failed"}).json()["runs"]] \
-        == [new.run_key]
+    assert [
+        r["run_key"] for r in client.get("/deploybench/api/runs", params={"status": "failed"}).json()["runs"]
+    ] == [new.run_key]
 
     one = client.get(f"/deploybench/api/runs/{quote(new.run_key, safe='')}").json()
     stored = load_run(dsn, new.run_key)
@@ -193,8 +250,9 @@ def test_report_is_served_when_present_and_404_when_absent(client, runs):
     assert served.headers["content-type"].startswith("text/html")
     assert "script-src" not in served.headers["content-security-policy"]
     assert f"href='{page_url(old.run_key, '/report')}'>HTML report" in client.get(page_url(old.run_key)).text
-    assert client.get(f"/deploybench/api/runs/{quote(old.run_key, safe='')}").json()["report_url"] == \
-        page_url(old.run_key, "/report")
+    assert client.get(f"/deploybench/api/runs/{quote(old.run_key, safe='')}").json()[
+        "report_url"
+    ] == page_url(old.run_key, "/report")
 
 
 def test_a_stored_key_cannot_reach_outside_the_runs_folder(client, dsn, runs):
@@ -230,8 +288,14 @@ def test_unreachable_store_is_503_with_the_reason(runs):
 def _python(code: str, **env: str) -> dict:
     """Run code in a fresh interpreter with Airflow's test environment; it prints one JSON line last."""
     full_env = {**os.environ, "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS), **env}
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
-                         text=True, timeout=SUBPROCESS_TIMEOUT_S, check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -249,7 +313,9 @@ def test_airflow_plugins_manager_loads_the_plugin():
     assert "/deploybench" in out["prefixes"]
     [info] = out["info"]
     assert [(v["name"], v["destination"], v["url_route"]) for v in info["external_views"]] == [
-        ("Benchmarks", "nav", "deploybench"), ("Benchmark results", "dag_run", "deploybench-run")]
+        ("Benchmarks", "nav", "deploybench"),
+        ("Benchmark results", "dag_run", "deploybench-run"),
+    ]
     assert info["external_views"][1]["href"] == "/deploybench/dag-runs/{DAG_ID}/{RUN_ID}"
 
 
@@ -266,15 +332,21 @@ def test_importing_the_plugin_opens_no_connection_and_starts_nothing():
         print(json.dumps({{"events": events, "new": sorted(set(sys.modules) - before)}}))
     """)
     assert out["events"] == []
-    for heavy in ("psycopg", "deploybench.store.db", "deploybench.store.reader", "deploybench.store.embedded",
-                  "deploybench.airflow_glue"):
+    for heavy in (
+        "psycopg",
+        "deploybench.store.db",
+        "deploybench.store.reader",
+        "deploybench.store.embedded",
+        "deploybench.airflow_glue",
+    ):
         assert heavy not in out["new"], heavy
 
 
 def test_inside_airflows_api_server_the_pages_need_an_airflow_user(dsn, runs, airflow_db):
     """Airflow's real FastAPI app, with this plugin mounted: no token -> 401; a token -> the pages."""
     old, _ = runs
-    out = _python(f"""
+    out = _python(
+        f"""
         import json
         from airflow.api_fastapi.app import create_app, get_auth_manager
         from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
@@ -285,13 +357,17 @@ def test_inside_airflows_api_server_the_pages_need_an_airflow_user(dsn, runs, ai
         token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="viewer", role="viewer"))
         with_header = client.get("/deploybench/", headers={{"Authorization": f"Bearer {{token}}"}})
         client.cookies.set("_token", token)  # what the UI's iframe sends
-        tab = client.get("/deploybench/dag-runs/deploybench_run/{quote(old.airflow_run_id, safe='')}")
+        tab = client.get("/deploybench/dag-runs/deploybench_run/{quote(old.airflow_run_id, safe="")}")
         plugins = client.get("/api/v2/plugins").json()
         print(json.dumps({{"anonymous": anonymous.status_code, "forged": forged.status_code,
                           "header": [with_header.status_code, with_header.text], "tab": tab.status_code,
                           "views": [v for p in plugins["plugins"] for v in p["external_views"]]}}))
-    """, DEPLOYBENCH_DSN=dsn, AIRFLOW__CORE__AUTH_MANAGER=(
-        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"))
+    """,
+        DEPLOYBENCH_DSN=dsn,
+        AIRFLOW__CORE__AUTH_MANAGER=(
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+        ),
+    )
     assert out["anonymous"] == 401
     assert out["forged"] in (401, 403)
     assert out["header"][0] == 200 and webapp.esc(old.run_key) in out["header"][1]

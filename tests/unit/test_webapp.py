@@ -18,21 +18,46 @@ EVIL = "<script>alert(1)</script>"
 
 
 def make_run(key: str = "deploybench_run__manual__1", **kw) -> RunRecord:
-    fields = dict(run_key=key, dag_id="deploybench_run", status="success", started_at=T0,
-                  finished_at=T0 + timedelta(minutes=2), config={"engine": {"profile": "sim"}},
-                  fingerprint="0123456789abcdef", inventory="lab", node_count=2)
+    fields = dict(
+        run_key=key,
+        dag_id="deploybench_run",
+        status="success",
+        started_at=T0,
+        finished_at=T0 + timedelta(minutes=2),
+        config={"engine": {"profile": "sim"}},
+        fingerprint="0123456789abcdef",
+        inventory="lab",
+        node_count=2,
+    )
     return RunRecord(**{**fields, **kw})
 
 
 def make_phase(node: str = "*", phase: str = "sustained", latency: float | None = 900.0) -> PhaseRecord:
-    pct = dict(latency_p50_ms=latency and 200.0, latency_p90_ms=latency and 400.0, latency_p99_ms=latency,
-               latency_p999_ms=latency and 1200.0)
-    return PhaseRecord(phase=phase, node=node, offered_rps=8.0, achieved_rps=1234.5678, output_tps=480.0,
-                       requests=1000, errors=10, error_rate=0.01, duration_s=30.0, started_at=T0, **pct)
+    pct = dict(
+        latency_p50_ms=latency and 200.0,
+        latency_p90_ms=latency and 400.0,
+        latency_p99_ms=latency,
+        latency_p999_ms=latency and 1200.0,
+    )
+    return PhaseRecord(
+        phase=phase,
+        node=node,
+        offered_rps=8.0,
+        achieved_rps=1234.5678,
+        output_tps=480.0,
+        requests=1000,
+        errors=10,
+        error_rate=0.01,
+        duration_s=30.0,
+        started_at=T0,
+        **pct,
+    )
 
 
 def stored(run: RunRecord, phases: list[PhaseRecord], stages: list[StageRecord] | None = None) -> StoredRun:
-    return StoredRun(run=run, stages=stages or [], phases=phases, sample_count=1500, created_at=T0, updated_at=T0)
+    return StoredRun(
+        run=run, stages=stages or [], phases=phases, sample_count=1500, created_at=T0, updated_at=T0
+    )
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -45,8 +70,10 @@ def test_numbers_are_formatted_and_missing_values_are_na():
     assert webapp.fmt_ms(899.96) == "900.0"
     assert webapp.fmt_pct(0.0123) == "1.23%"
     assert webapp.fmt_pct(None) == "n/a"
-    assert webapp.fmt_time(datetime(2026, 12, 2, 11, 0, tzinfo=timezone(timedelta(hours=1)))) == \
-        "2026-12-02 10:00:00 UTC"
+    assert (
+        webapp.fmt_time(datetime(2026, 12, 2, 11, 0, tzinfo=timezone(timedelta(hours=1))))
+        == "2026-12-02 10:00:00 UTC"
+    )
 
 
 def test_escaping_covers_attributes_and_none():
@@ -73,7 +100,7 @@ def test_list_shows_headline_numbers_and_na_without_phases():
     doc = webapp.render_run_list(rows, "")
     assert "1,234.57" in doc and "900.0" in doc and "1.00%" in doc
     assert doc.index(">a</code>") < doc.index(">b</code>")
-    row_b = doc[doc.index(">b</code>"):]
+    row_b = doc[doc.index(">b</code>") :]
     assert row_b.count("n/a") >= 4  # phase, req/s, P99, error rate
     assert "<code>0123456789ab</code>" in doc  # short fingerprint, full one in the title
     assert "No runs match" in webapp.render_run_list([], "")
@@ -82,9 +109,9 @@ def test_list_shows_headline_numbers_and_na_without_phases():
 def test_run_page_shows_none_latencies_as_na_and_report_link_only_when_given():
     run = make_run()
     doc = webapp.render_run_page(stored(run, [make_phase(), make_phase("n01", latency=None)]), "/x", None)
-    cells = doc[doc.index("<b>cluster</b>"):]
+    cells = doc[doc.index("<b>cluster</b>") :]
     assert "900.0" in cells
-    assert ">n/a<" in cells[cells.index(">n01<"):]
+    assert ">n/a<" in cells[cells.index(">n01<") :]
     assert "HTML report" not in doc
     linked = webapp.render_run_page(stored(run, []), "/x", "/x/runs/k/report")
     assert "href='/x/runs/k/report'>HTML report" in linked
@@ -99,8 +126,14 @@ def test_headline_phase_prefers_the_cluster_sustained_phase():
 
 
 def test_stage_summary_uses_the_pipeline_line_else_json():
-    assert webapp.stage_summary(StageRecord(stage="s", status="success", summary={"summary": "4 nodes"})) == "4 nodes"
-    assert webapp.stage_summary(StageRecord(stage="s", status="success", summary={"b": 1, "a": 2})) == '{"a": 2, "b": 1}'
+    assert (
+        webapp.stage_summary(StageRecord(stage="s", status="success", summary={"summary": "4 nodes"}))
+        == "4 nodes"
+    )
+    assert (
+        webapp.stage_summary(StageRecord(stage="s", status="success", summary={"b": 1, "a": 2}))
+        == '{"a": 2, "b": 1}'
+    )
     assert webapp.stage_summary(StageRecord(stage="s", status="success")) == ""
 
 
@@ -123,7 +156,9 @@ def test_dsn_order_connection_then_env_then_running_embedded(monkeypatch, no_emb
     monkeypatch.setattr(airflow_glue, "results_dsn", lambda: None)
     assert webapp.resolve_results_dsn() == "postgresql+psycopg://env@h/db"
     monkeypatch.delenv("DEPLOYBENCH_DSN")
-    monkeypatch.setattr(embedded, "running_dsn", lambda database=embedded.DATABASE: "postgresql+psycopg://emb@/db")
+    monkeypatch.setattr(
+        embedded, "running_dsn", lambda database=embedded.DATABASE: "postgresql+psycopg://emb@/db"
+    )
     assert webapp.resolve_results_dsn() == "postgresql+psycopg://emb@/db"
 
 
@@ -149,7 +184,9 @@ def test_a_broken_airflow_connection_is_reported_not_skipped(monkeypatch, no_emb
 
     monkeypatch.setattr(airflow_glue, "results_dsn", broken)
     monkeypatch.setenv("DEPLOYBENCH_DSN", "postgresql://env@h/db")
-    with pytest.raises(webapp.ResultsUnavailable, match="connection 'deploybench_results'.*extra is not JSON"):
+    with pytest.raises(
+        webapp.ResultsUnavailable, match="connection 'deploybench_results'.*extra is not JSON"
+    ):
         webapp.resolve_results_dsn()
 
 
@@ -175,7 +212,9 @@ def client(monkeypatch):
 
     def load_run(target, key):
         if target == "postgresql+psycopg://down@127.0.0.1/x":
-            raise StoreError("reading run 'k' from postgresql+psycopg://down@127.0.0.1/x failed: connection refused")
+            raise StoreError(
+                "reading run 'k' from postgresql+psycopg://down@127.0.0.1/x failed: connection refused"
+            )
         return runs.get(key)
 
     monkeypatch.setattr(webapp.store, "load_run", load_run)
@@ -199,7 +238,8 @@ def test_store_failure_is_503_with_the_reason_and_no_traceback(client):
     assert "connection refused" in r.text and "Traceback" not in r.text
     assert client.get("/down/api/runs/k").json() == {
         "detail": "the results store is unavailable: reading run 'k' from "
-                  "postgresql+psycopg://down@127.0.0.1/x failed: connection refused"}
+        "postgresql+psycopg://down@127.0.0.1/x failed: connection refused"
+    }
 
 
 def test_pages_carry_a_csp_without_scripts_and_links_under_the_mount(client):
