@@ -58,6 +58,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deploybench import paths, store
 from deploybench.errors import DeploybenchError
+from deploybench.store.errors import StoreError
 from deploybench.store.records import RunStatus  # pydantic only: no database, no SQLAlchemy
 
 if TYPE_CHECKING:
@@ -191,8 +192,8 @@ def _table(headers: list[str], rows: list[list[str]], numeric_from: int = 99) ->
 
 
 _CSS = """
-:root{color-scheme:light dark;--fg:#1d2433;--muted:#5b6475;--line:#d8dde6;--bg:#fff;--head:#f3f5f8;--ok:#11743a;
---bad:#b3261e;--run:#8a5a00;--link:#1a5fb4}
+:root{color-scheme:light dark;--fg:#1d2433;--muted:#5b6475;--line:#d8dde6;--bg:#fff;--head:#f3f5f8;
+--ok:#11743a;--bad:#b3261e;--run:#8a5a00;--link:#1a5fb4}
 @media (prefers-color-scheme:dark){:root{--fg:#e4e7ec;--muted:#a0a8b6;--line:#3a4150;--bg:#171a21;
 --head:#222733;--ok:#5fd38d;--bad:#ff8a80;--run:#ffcc66;--link:#8ab4f8}}
 body{font:14px/1.45 system-ui,sans-serif;color:var(--fg);background:var(--bg);margin:1.2em 1.5em}
@@ -468,11 +469,12 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         reasons = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
         return _error(request, 400, f"bad request: {reasons}")
 
-    @app.exception_handler(DeploybenchError)
-    async def _unavailable(request: Request, exc: DeploybenchError) -> Response:
-        # StoreError (unreachable, failed query) and ResultsUnavailable: the reason, never a traceback
-        log.warning("results pages: %s", exc)
+    async def _unavailable(request: Request, exc: Exception) -> Response:
+        log.warning("results pages: %s", exc)  # the reason, never a traceback
         return _error(request, 503, f"the results store is unavailable: {exc}")
+
+    app.add_exception_handler(StoreError, _unavailable)  # unreachable, failed migration or query
+    app.add_exception_handler(ResultsUnavailable, _unavailable)
 
     @app.get("/", response_class=HTMLResponse)
     def run_list(
@@ -505,40 +507,41 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
             "report_url": run_href(_root(request), run_key, "/report") if report else None,
         }
 
+    def _run_page(request: Request, stored: StoredRun) -> HTMLResponse:
+        root, key = _root(request), stored.run.run_key
+        report_url = run_href(root, key, "/report") if report_file(key) else None
+        return HTMLResponse(render_run_page(stored, root, report_url))
+
     # before /runs/{run_key:path}, which would take '<key>/report' for a key
     @app.get("/runs/{run_key:path}/report", response_class=FileResponse)
     def run_report(request: Request, target: Target, run_key: str) -> Response:
-        stored = store.load_run(target, run_key)
-        if stored is None and store.load_run(target, f"{run_key}/report") is not None:
-            return run_page(request, target, f"{run_key}/report")  # a key that itself ends in '/report'
-        if stored is None:
+        if store.load_run(target, run_key) is None:
+            if (whole := store.load_run(target, f"{run_key}/report")) is not None:
+                return _run_page(request, whole)  # the page of a key that itself ends in '/report'
             raise HTTPException(404, f"no run {run_key!r} in the results store")
         report = report_file(run_key)
         if report is None:
             raise HTTPException(
                 404,
-                f"run {run_key!r} has no HTML report on this server (the report task writes "
-                f"it into {paths.runs_dir()}, which the api-server must share)",
+                f"run {run_key!r} has no HTML report on this server (the report task writes it into "
+                f"{paths.runs_dir()}, which the api-server must share)",
             )
         return FileResponse(report, media_type="text/html; charset=utf-8")
 
     @app.get("/runs/{run_key:path}", response_class=HTMLResponse)
     def run_page(request: Request, target: Target, run_key: str) -> HTMLResponse:
-        stored = _load(target, run_key)
-        root = _root(request)
-        report_url = run_href(root, run_key, "/report") if report_file(run_key) else None
-        return HTMLResponse(render_run_page(stored, root, report_url))
+        return _run_page(request, _load(target, run_key))
 
     @app.get("/dag-runs/{dag_id}/{run_id:path}", response_class=HTMLResponse)
     def dag_run_page(request: Request, target: Target, dag_id: str, run_id: str) -> HTMLResponse:
-        run_key = DAG_RUN_KEY.format(dag_id=dag_id, run_id=run_id)
-        if store.load_run(target, run_key) is None:
+        stored = store.load_run(target, DAG_RUN_KEY.format(dag_id=dag_id, run_id=run_id))
+        if stored is None:
             raise HTTPException(
                 404,
-                f"no deploybench results for DAG run {run_id!r} of {dag_id!r} (they appear "
-                f"when its store task has run; other DAGs have none)",
+                f"no deploybench results for DAG run {run_id!r} of {dag_id!r} (they appear when its store "
+                f"task has run; other DAGs have none)",
             )
-        return run_page(request, target, run_key)
+        return _run_page(request, stored)
 
     return app
 

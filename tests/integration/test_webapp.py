@@ -325,9 +325,10 @@ def test_importing_the_plugin_opens_no_connection_and_starts_nothing():
         import airflow.plugins_manager  # Airflow's own import-time work is not the plugin's
         before = set(sys.modules)
         events = []
-        sys.addaudithook(lambda event, args: events.append(event) if event in (
-            "socket.connect", "socket.getaddrinfo", "subprocess.Popen", "os.posix_spawn", "os.exec") else None)
-        spec = importlib.util.spec_from_file_location("deploybench_results", {str(PLUGINS / "deploybench_results.py")!r})
+        watched = ("socket.connect", "socket.getaddrinfo", "subprocess.Popen", "os.posix_spawn", "os.exec")
+        sys.addaudithook(lambda event, args: events.append(event) if event in watched else None)
+        plugin = {str(PLUGINS / "deploybench_results.py")!r}
+        spec = importlib.util.spec_from_file_location("deploybench_results", plugin)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
         print(json.dumps({{"events": events, "new": sorted(set(sys.modules) - before)}}))
     """)

@@ -208,7 +208,7 @@ def test_report_file_stays_inside_the_runs_folder(tmp_path, monkeypatch):
 # -- HTTP behaviour with the store replaced --------------------------------------------------
 @pytest.fixture
 def client(monkeypatch):
-    runs = {"k": stored(make_run("k"), [make_phase()])}
+    runs = {key: stored(make_run(key), [make_phase()]) for key in ("k", "a/report")}
 
     def load_run(target, key):
         if target == "postgresql+psycopg://down@127.0.0.1/x":
@@ -254,3 +254,8 @@ def test_bad_query_is_400(client):
     r = client.get("/deploybench/api/runs", params={"status": "nonsense"})
     assert r.status_code == 400 and "status" in r.json()["detail"]
     assert client.get("/deploybench/", params={"limit": 0}).status_code == 400
+
+
+def test_a_key_ending_in_report_still_has_its_page(client):
+    r = client.get("/deploybench/runs/a%2Freport")  # the route sees '/runs/a/report'
+    assert r.status_code == 200 and "<h1>Run <code>a/report</code></h1>" in r.text
