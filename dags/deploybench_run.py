@@ -12,11 +12,12 @@ import pendulum
 from airflow.sdk import Param, TriggerRule, dag, get_current_context, task, task_group
 
 from deploybench import params as form
+from deploybench import paths
 
 
 def _run_key() -> str:
     ctx = get_current_context()
-    return f"{ctx['dag'].dag_id}__{ctx['run_id']}"
+    return paths.dag_run_key(ctx["dag"].dag_id, ctx["run_id"])
 
 
 def _ssh(run_key: str):

@@ -36,6 +36,11 @@ def runs_dir() -> Path:
     return path
 
 
+def dag_run_key(dag_id: str, run_id: str) -> str:
+    """The run key of an Airflow DAG run: the results store's idempotency key and the run folder's name."""
+    return f"{dag_id}__{run_id}"
+
+
 def run_dir(run_key: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_key)
     path = runs_dir() / safe

@@ -56,7 +56,7 @@ def _conf(inv: Inventory, **extra) -> dict:
 
 
 def _key(dr) -> str:
-    return f"deploybench_run__{dr.run_id}"
+    return paths.dag_run_key("deploybench_run", dr.run_id)
 
 
 def _engines_down(inv: Inventory, port: int = 8000) -> bool:

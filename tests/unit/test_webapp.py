@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from deploybench import webapp
+from deploybench import webapp_html as html_view
 from deploybench.store import PhaseRecord, RunRecord, StageRecord, StoredRun, StoreError
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
@@ -62,32 +63,32 @@ def stored(run: RunRecord, phases: list[PhaseRecord], stages: list[StageRecord] 
 
 # -- formatting ------------------------------------------------------------------------------
 def test_numbers_are_formatted_and_missing_values_are_na():
-    assert webapp.fmt_num(1234.5678) == "1,234.57"
-    assert webapp.fmt_num(1234) == "1,234"
-    assert webapp.fmt_num(0.5, 1) == "0.5"
-    assert webapp.fmt_num(None) == webapp.fmt_num(math.nan) == webapp.fmt_num(math.inf) == "n/a"
-    assert webapp.fmt_ms(None) == "n/a"
-    assert webapp.fmt_ms(899.96) == "900.0"
-    assert webapp.fmt_pct(0.0123) == "1.23%"
-    assert webapp.fmt_pct(None) == "n/a"
+    assert html_view.fmt_num(1234.5678) == "1,234.57"
+    assert html_view.fmt_num(1234) == "1,234"
+    assert html_view.fmt_num(0.5, 1) == "0.5"
+    assert html_view.fmt_num(None) == html_view.fmt_num(math.nan) == html_view.fmt_num(math.inf) == "n/a"
+    assert html_view.fmt_ms(None) == "n/a"
+    assert html_view.fmt_ms(899.96) == "900.0"
+    assert html_view.fmt_pct(0.0123) == "1.23%"
+    assert html_view.fmt_pct(None) == "n/a"
     assert (
-        webapp.fmt_time(datetime(2026, 12, 2, 11, 0, tzinfo=timezone(timedelta(hours=1))))
+        html_view.fmt_time(datetime(2026, 12, 2, 11, 0, tzinfo=timezone(timedelta(hours=1))))
         == "2026-12-02 10:00:00 UTC"
     )
 
 
 def test_escaping_covers_attributes_and_none():
-    assert webapp.esc(EVIL) == "&lt;script&gt;alert(1)&lt;/script&gt;"
-    assert webapp.esc("a'b\"c") == "a&#x27;b&quot;c"
-    assert webapp.esc(None) == ""
+    assert html_view.esc(EVIL) == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert html_view.esc("a'b\"c") == "a&#x27;b&quot;c"
+    assert html_view.esc(None) == ""
 
 
 def test_run_key_with_script_is_escaped_in_list_and_run_page():
     key = f"cli/{EVIL}'\"&"
     run = make_run(key, fingerprint=f"fp{EVIL}", tags={"who": EVIL}, config={"engine": {"profile": EVIL}})
     stage = StageRecord(stage="load", status="failed", seconds=1.5, summary={"summary": EVIL}, error=EVIL)
-    listing = webapp.render_run_list([webapp.RunRow(run, make_phase())], "/deploybench", fingerprint=EVIL)
-    page = webapp.render_run_page(stored(run, [make_phase(node=EVIL)], [stage]), "/deploybench", None)
+    listing = html_view.render_run_list([html_view.RunRow(run, make_phase())], "/deploybench", fingerprint=EVIL)
+    page = html_view.render_run_page(stored(run, [make_phase(node=EVIL)], [stage]), "/deploybench", None)
     for doc in (listing, page):
         assert "<script" not in doc
         assert html.escape(EVIL) in doc
@@ -96,45 +97,45 @@ def test_run_key_with_script_is_escaped_in_list_and_run_page():
 
 
 def test_list_shows_headline_numbers_and_na_without_phases():
-    rows = [webapp.RunRow(make_run("a"), make_phase()), webapp.RunRow(make_run("b", status="failed"), None)]
-    doc = webapp.render_run_list(rows, "")
+    rows = [html_view.RunRow(make_run("a"), make_phase()), html_view.RunRow(make_run("b", status="failed"), None)]
+    doc = html_view.render_run_list(rows, "")
     assert "1,234.57" in doc and "900.0" in doc and "1.00%" in doc
     assert doc.index(">a</code>") < doc.index(">b</code>")
     row_b = doc[doc.index(">b</code>") :]
     assert row_b.count("n/a") >= 4  # phase, req/s, P99, error rate
     assert "<code>0123456789ab</code>" in doc  # short fingerprint, full one in the title
-    assert "No runs match" in webapp.render_run_list([], "")
+    assert "No runs match" in html_view.render_run_list([], "")
 
 
 def test_run_page_shows_none_latencies_as_na_and_report_link_only_when_given():
     run = make_run()
-    doc = webapp.render_run_page(stored(run, [make_phase(), make_phase("n01", latency=None)]), "/x", None)
+    doc = html_view.render_run_page(stored(run, [make_phase(), make_phase("n01", latency=None)]), "/x", None)
     cells = doc[doc.index("<b>cluster</b>") :]
     assert "900.0" in cells
     assert ">n/a<" in cells[cells.index(">n01<") :]
     assert "HTML report" not in doc
-    linked = webapp.render_run_page(stored(run, []), "/x", "/x/runs/k/report")
+    linked = html_view.render_run_page(stored(run, []), "/x", "/x/runs/k/report")
     assert "href='/x/runs/k/report'>HTML report" in linked
     assert "No load phase was stored" in linked
 
 
 def test_headline_phase_prefers_the_cluster_sustained_phase():
     probe, sustained, node = make_phase(phase="probe"), make_phase(), make_phase("n01")
-    assert webapp.headline_phase([node, sustained, probe]) is sustained
-    assert webapp.headline_phase([node, probe]) is probe
-    assert webapp.headline_phase([node]) is None
+    assert html_view.headline_phase([node, sustained, probe]) is sustained
+    assert html_view.headline_phase([node, probe]) is probe
+    assert html_view.headline_phase([node]) is None
 
 
 def test_stage_summary_uses_the_pipeline_line_else_json():
     assert (
-        webapp.stage_summary(StageRecord(stage="s", status="success", summary={"summary": "4 nodes"}))
+        html_view.stage_summary(StageRecord(stage="s", status="success", summary={"summary": "4 nodes"}))
         == "4 nodes"
     )
     assert (
-        webapp.stage_summary(StageRecord(stage="s", status="success", summary={"b": 1, "a": 2}))
+        html_view.stage_summary(StageRecord(stage="s", status="success", summary={"b": 1, "a": 2}))
         == '{"a": 2, "b": 1}'
     )
-    assert webapp.stage_summary(StageRecord(stage="s", status="success")) == ""
+    assert html_view.stage_summary(StageRecord(stage="s", status="success")) == ""
 
 
 # -- which database --------------------------------------------------------------------------
