@@ -11,10 +11,9 @@ import sys
 import time
 from datetime import datetime, timezone
 
-
 from deploybench import paths, pipeline
 from deploybench.airflow_env import airflow_env, metadata_db_ready
-from deploybench.errors import DeploybenchError, StageFailed
+from deploybench.errors import ConfigError, DeploybenchError, StageFailed
 from deploybench.report import run_status, summary_text
 
 log = logging.getLogger(__name__)
@@ -53,13 +52,25 @@ def run_inline(run_key: str, flat: dict) -> str:
     return pipeline.finish(run_key)
 
 
+def _conf(text: str) -> dict:
+    try:
+        conf = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--conf is not valid JSON ({exc}): {text!r}") from exc
+    if not isinstance(conf, dict):
+        raise ConfigError(f"--conf must be a JSON object of parameters, got {text!r}")
+    return conf
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     key = args.key or "cli__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    conf = _conf(args.conf)
     try:
-        print(run_inline(key, json.loads(args.conf)))
+        print(run_inline(key, conf))
         return 0
     except StageFailed as exc:
-        print(pipeline.Run.open(key).dir / "report.html" if (paths.run_dir(key) / "run.json").exists() else "")
+        if (paths.run_dir(key) / "run.json").exists():
+            print(summary_text(pipeline.Run.open(key)))
         print(f"deploybench: {exc}", file=sys.stderr)
         return 1
 
@@ -90,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         subprocess.run(["airflow", "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
     # The reference scenario's load: 20 requests/s for the cluster, P99 under 2 s, under 1 % errors.
-    conf = {"inventory": str(inv_path), "nodes": args.nodes, "load_rate": 20, **json.loads(args.conf)}
+    conf = {"inventory": str(inv_path), "nodes": args.nodes, "load_rate": 20, **_conf(args.conf)}
     logf = paths.home() / "demo-airflow.log"
     print(f"[demo] airflow dags test deploybench_run (task logs: {logf}) ...", flush=True)
     since = time.time() - 1
