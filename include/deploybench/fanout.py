@@ -153,6 +153,9 @@ def copy_to(cluster: Cluster, source: Node, node: Node, model: str, manifest: Ma
             f"mv {q_staging} {q_final} && rm -rf {q_old}",
             timeout=300,
         ).check()
+        published = cluster[node].run(["cat", f"{final}/{MANIFEST_NAME}"], timeout=30)
+        if not published.ok or json.loads(published.stdout or "{}").get("digest") != manifest.digest:
+            raise StageFailed(f"node {node.name}: {final} does not hold manifest {manifest.digest[:12]} after publishing")
         copy.status, copy.verified, copy.bytes = "copied", True, manifest.total_bytes
     except DeploybenchError as exc:
         copy.error = str(exc)
