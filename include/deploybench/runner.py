@@ -32,6 +32,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--conf", default="{}", help="extra flat parameters as JSON")
     d.set_defaults(func=cmd_demo)
 
+    a = sub.add_parser("airflow", help="run an `airflow` command with this checkout's Airflow home, dags and plugins",
+                       description="e.g. `deploybench airflow standalone` (UI on :8080), `deploybench airflow dags list`")
+    a.add_argument("args", nargs=argparse.REMAINDER, help="arguments for airflow")
+    a.set_defaults(func=cmd_airflow)
+
+
+def cmd_airflow(args: argparse.Namespace) -> int:
+    env = airflow_env()
+    if not metadata_db_ready(env) and args.args[:2] != ["db", "migrate"]:
+        subprocess.run(["airflow", "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    return subprocess.run(["airflow", *args.args], env=env, check=False).returncode
+
 
 def run_inline(run_key: str, flat: dict) -> str:
     """All stages in order, teardown/store/report always; returns the summary, raises if the run failed."""
