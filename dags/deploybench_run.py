@@ -1,6 +1,7 @@
 """deploybench_run: one deploy-and-benchmark run of an inference service on a cluster.
 
-preflight -> fanout -> rollout (canary, then scale steps) -> load -> teardown -> store -> report.
+preflight -> fanout -> rollout (canary, then scale steps) -> load (probe, sustained, overload) -> teardown
+-> store -> report.
 Every box calls one function of deploybench.pipeline; this file only declares tasks,
 their order and the trigger form. Teardown, store and report run whatever failed
 before; the last task fails the run if any stage failed.
@@ -25,6 +26,15 @@ def _ssh(run_key: str):
     from deploybench.pipeline import Run
 
     return ssh_overrides(Run.open(run_key).inventory.ssh.conn_id)
+
+
+def _kube(run_key: str):
+    """Kubernetes API clients when the run's rollout backend is kubernetes, else None."""
+    from deploybench.airflow_glue import kube_clients
+    from deploybench.pipeline import Run
+
+    r = Run.open(run_key).cfg.rollout
+    return kube_clients(r.kubernetes.conn_id) if r.backend.value == "kubernetes" else None
 
 
 PARAMS = {
@@ -78,19 +88,33 @@ def deploybench_run():
         def canary_then_scale(nodes: list[str]) -> list[dict]:
             from deploybench import pipeline
 
-            return pipeline.rollout(_run_key(), nodes, _ssh(_run_key()))["endpoints"]
+            return pipeline.rollout(_run_key(), nodes, _ssh(_run_key()), _kube(_run_key()))["endpoints"]
 
         return canary_then_scale(nodes)
 
     @task_group
     def load(endpoints: list[dict]):
+        """probe (capacity search) -> sustained -> overload; a phase not in load_phases is skipped."""
+
         @task
-        def k6_sustained(endpoints: list[dict]) -> dict:
+        def probe(endpoints: list[dict]) -> dict:
             from deploybench import pipeline
 
-            return pipeline.load(_run_key(), endpoints)
+            return pipeline.load_phase(_run_key(), endpoints, "probe")
 
-        return k6_sustained(endpoints)
+        @task
+        def sustained(endpoints: list[dict], _after: dict) -> dict:
+            from deploybench import pipeline
+
+            return pipeline.load_phase(_run_key(), endpoints, "sustained")
+
+        @task
+        def overload(endpoints: list[dict], _after: dict) -> dict:
+            from deploybench import pipeline
+
+            return pipeline.load_phase(_run_key(), endpoints, "overload")
+
+        return overload(endpoints, sustained(endpoints, probe(endpoints)))
 
     # From here on every task runs whatever failed before (ALL_DONE): engines are stopped,
     # what was measured is stored and reported, and `finish` decides the run's state.
@@ -98,7 +122,7 @@ def deploybench_run():
     def teardown() -> dict:
         from deploybench import pipeline
 
-        return pipeline.teardown(_run_key(), _ssh(_run_key()))
+        return pipeline.teardown(_run_key(), _ssh(_run_key()), _kube(_run_key()))
 
     @task_group
     def store():

@@ -1,34 +1,33 @@
-// deploybench load entry script: one open-model phase at one arrival rate.
+// deploybench load entry script: one open-model phase (or one step of the capacity search).
 //
 // Everything comes from the environment (see lib/config.js); deploybench.load sets it. The phase runs
-// for DB_WARMUP_S + DB_DURATION_S at DB_RATE requests/s (constant-arrival-rate: a slow server cannot
-// slow the client down); requests started in the first DB_WARMUP_S seconds are tagged window=warmup
-// and left out of the thresholds and of the figures deploybench reports.
+// for DB_WARMUP_S + DB_DURATION_S at DB_RATE requests/s (constant-arrival-rate), or, when DB_STAGES
+// is set, DB_WARMUP_S at DB_RATE then ramps through the stages (ramping-arrival-rate, the overload
+// phase). Both are open models: a slow server cannot slow the client down. Requests started in the
+// first DB_WARMUP_S seconds are tagged window=warmup and left out of the thresholds and of the figures
+// deploybench reports. Every sample is tagged with phase, step, node and the run tags (DB_TAGS).
 import http from 'k6/http';
 import exec from 'k6/execution';
 import { SharedArray } from 'k6/data';
 
-import { arrival, loadConfig, ms } from './lib/config.js';
+import { loadConfig, ms, scenario, scheduledMs } from './lib/config.js';
 import { makePrompts } from './lib/prompts.js';
 import { buildRequest, errorKind, readinessPaths, readResponse } from './lib/requests.js';
 import { recordSample } from './lib/metrics.js';
 
 const cfg = loadConfig(__ENV);
-const prompts = new SharedArray('prompts', () => makePrompts(cfg.prompts, cfg.promptTokens, cfg.seed));
-const { rate, timeUnit } = arrival(cfg.rate);
+const prompts = new SharedArray('prompts', () =>
+  makePrompts(cfg.prompts, cfg.promptTokens, cfg.seed, cfg.outputTokens, cfg.outputSpread));
 
 export const options = {
   scenarios: {
     load: {
-      executor: 'constant-arrival-rate',
-      rate,
-      timeUnit,
-      duration: ms(cfg.warmupS + cfg.durationS),
+      ...scenario(cfg),
       preAllocatedVUs: cfg.preVUs,
       maxVUs: cfg.maxVUs,
       // let requests in flight at the end finish (they belong to the measured window)
       gracefulStop: ms(cfg.timeoutS + 1),
-      tags: { phase: cfg.phase },
+      tags: { phase: cfg.phase, step: cfg.step },
     },
   },
   tags: cfg.tags, // run tags (run_key, config cell...) on every sample
@@ -70,6 +69,7 @@ export default function () {
   const req = buildRequest(cfg, endpoint, prompt);
 
   const t0 = Date.now();
+  const lagMs = t0 - exec.scenario.startTime - scheduledMs(cfg, i);
   const window = t0 - exec.scenario.startTime < cfg.warmupS * 1000 ? 'warmup' : 'measure';
   const res = http.post(req.url, req.body, {
     headers: req.headers,
@@ -85,6 +85,7 @@ export default function () {
     node: endpoint.node,
     window,
     t0,
+    lagMs,
     // a request that got no answer has no timings; its latency is the time until k6 gave up
     latencyMs: res.status > 0 ? res.timings.duration : Date.now() - t0,
     ok: read.ok,

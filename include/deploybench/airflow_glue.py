@@ -55,3 +55,15 @@ def results_dsn() -> str | None:
     from airflow.providers.postgres.hooks.postgres import PostgresHook
 
     return PostgresHook(postgres_conn_id=RESULTS_CONN_ID).get_uri()
+
+
+def kube_clients(conn_id: str | None):
+    """Kubernetes API clients (apps/v1, core/v1) from the cncf.kubernetes provider's KubernetesHook."""
+    if not conn_id:
+        return None
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    from deploybench.rollout.kubernetes import KubeClients
+
+    hook = KubernetesHook(conn_id=conn_id)
+    return KubeClients(hook.apps_v1_client, hook.core_v1_client)

@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "deploybench.lab.cli",
     "deploybench.lab.engine_cli",
     "deploybench.store.cli",
+    "deploybench.analyse.cli",
     "deploybench.runner",
 ]
 

@@ -50,6 +50,12 @@ class Node(BaseModel):
     link_mbit: float = Field(gt=0, description="nominal link speed in Mbit/s")
     model_root: str | None = Field(None, description="overrides the inventory's model_root for this node")
     labels: dict[str, str] = Field(default_factory=dict)
+    k8s_node: str | None = Field(None, description="the Kubernetes node name (kubernetes.io/hostname); default = name")
+
+    @property
+    def kubernetes_name(self) -> str:
+        """The name the kubernetes backend pins pods to (node affinity on kubernetes.io/hostname)."""
+        return self.k8s_node or self.name
 
     @property
     def data_address(self) -> str:

@@ -129,8 +129,15 @@ def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
     from deploybench import preflight as stage_mod
 
     run = Run.open(run_key)
+    # Engines started over SSH need their port free and their binary on every node; pods do not.
+    on_nodes = run.cfg.rollout.backend.value == "ssh"
+    runtime = run.cfg.engine.runtime.value  # docker/podman: the engine runs in a container
+    binary = runtime if runtime != "process" else {
+        "sim": run.inventory.python, "vllm": "vllm", "triton": "tritonserver"}.get(run.cfg.engine.profile.value)
     with stage(run.dir, "preflight") as rec, run.cluster(ssh_overrides) as cluster:
-        res = stage_mod.run(cluster, run.nodes, run.cfg.preflight, source=run.source)
+        res = stage_mod.run(cluster, run.nodes, run.cfg.preflight, source=run.source, model_name=run.cfg.model.name,
+                            engine_port=run.cfg.rollout.port if on_nodes else None,
+                            engine_binary=binary if on_nodes else None)
         rec["result"] = res.to_dict()
         worst = min((lt for lt in res.links if lt.ratio is not None), key=lambda lt: lt.ratio, default=None)
         rec["summary"] = f"{len(res.healthy)}/{len(run.nodes)} nodes healthy, {len(res.links)} links tested" + (
@@ -143,63 +150,85 @@ def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) 
 
     run = Run.open(run_key)
     with stage(run.dir, "fanout") as rec, run.cluster(ssh_overrides) as cluster:
-        res = stage_mod.run(cluster, healthy, run.source, run.cfg.model.name, run.cfg.fanout)
+        res = stage_mod.run(cluster, healthy, run.source, run.cfg.model.name, run.cfg.fanout,
+                            policy=run.cfg.preflight.policy, min_nodes=run.cfg.preflight.min_nodes)
         rec["result"] = res.to_dict()
         copied = [c for c in res.nodes if c.status == "copied"]
         rec["summary"] = (f"{res.total_bytes / 2**20:.0f} MiB model ({res.manifest_digest[:12]}) verified on "
-                          f"{len(res.verified_nodes)} nodes: {len(copied)} copied, "
-                          f"{sum(c.status == 'skipped' for c in res.nodes)} already held it")
+                          f"{len(res.verified_nodes)} nodes by {res.strategy} in {res.seconds:.1f} s: "
+                          f"{len(copied)} copied, {sum(c.status == 'repaired' for c in res.nodes)} repaired, "
+                          f"{sum(c.status == 'skipped' for c in res.nodes)} already held it"
+                          + (f", {len(res.nodes) - len(res.verified_nodes)} left out" if
+                             len(res.verified_nodes) < len(res.nodes) else ""))
     return {"nodes": res.verified_nodes}
 
 
-def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None) -> dict:
+def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, kube: Any = None) -> dict:
+    """Canary, then scale steps, each gated (deploybench.rollout). ``kube``: Kubernetes API clients
+    for rollout.backend=kubernetes (deploybench.airflow_glue.kube_clients)."""
     from deploybench import rollout as stage_mod
 
     run = Run.open(run_key)
     with stage(run.dir, "rollout") as rec, run.cluster(ssh_overrides) as cluster:
-        res = stage_mod.run(cluster, nodes, run.cfg)
+        res = stage_mod.run(cluster, nodes, run.cfg, out_dir=run.dir / "rollout", kube=kube)
         rec["result"] = res.to_dict()
-        rec["summary"] = f"{res.profile} engine on {len(res.endpoints)} nodes in steps " + " -> ".join(
-            f"{s.nodes}" for s in res.steps) + f" (slowest ready {max(max(s.ready_s.values()) for s in res.steps):.1f} s)"
+        slowest = max((v for s in res.steps for v in s.ready_s.values()), default=0.0)
+        rec["summary"] = (f"{res.profile} engine ({res.backend}) on {len(res.endpoints)} nodes in steps "
+                          + " -> ".join(f"{s.nodes}" for s in res.steps)
+                          + f" (slowest ready {slowest:.1f} s), every gate passed")
     return {"endpoints": res.endpoints}
 
 
 def load(run_key: str, endpoints: list[dict]) -> dict:
+    """Every phase of ``load.phases`` in order (probe -> sustained -> overload); the CLI's load stage."""
+    out: dict = {}
+    for phase in ("probe", "sustained", "overload"):
+        out = load_phase(run_key, endpoints, phase)
+    return out
+
+
+def load_phase(run_key: str, endpoints: list[dict], phase: str) -> dict:
+    """One load phase (a DAG task each); a phase not in ``load.phases`` is skipped. The stage record
+    'load' is rebuilt from every phase run so far (deploybench.load.phases.assemble): its result is
+    the headline phase's LoadResult with ``phases``, ``capacity`` and ``series`` added."""
     from deploybench import load as stage_mod
+    from deploybench.load import phases
 
     run = Run.open(run_key)
+    out_dir = run.dir / "load"
+    wanted = [p.value for p in run.cfg.load.phases]
+    if phase not in wanted:
+        return {"phase": phase, "skipped": True, "slo_ok": None}
+    if phase == wanted[0]:
+        for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
+            old.unlink()  # the first phase of a (re-)run starts clean
     with stage(run.dir, "load") as rec:
         eps = [stage_mod.Endpoint(e["node"], e["url"], e["model"]) for e in endpoints]
-        res = stage_mod.run_load(eps, run.cfg.load, run.cfg.slo, run.dir / "load", phase="sustained",
-                                 tags={"run": run_key})
-        data = res.model_dump(mode="json")
-        rec["result"] = data
-        rec["summary"] = load_summary(data)
-    return {"phase": data.get("phase"), "slo_ok": data.get("slo_ok")}
+        try:
+            phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run_key})
+        finally:
+            data = phases.assemble(out_dir, run.cfg.load)
+            rec["result"] = data
+            rec["summary"] = phases.summary(data)
+    done = data["phases"][phase]
+    return {"phase": phase, "slo_ok": (done.get("result") or {}).get("slo_ok"),
+            "capacity_rps": (data.get("capacity") or {}).get("capacity_rps")}
 
 
-def load_summary(d: dict) -> str:
-    def ms(key: str) -> str:
-        return "n/a" if d.get(key) is None else f"{d[key]:.0f} ms"
-
-    return (f"{d.get('achieved_rps', 0):.2f} req/s of {d.get('offered_rps', 0):g} offered, "
-            f"{d.get('output_tps', 0):.0f} output tok/s, P50 {ms('latency_p50_ms')}, "
-            f"P99 {ms('latency_p99_ms')}, errors {d.get('error_rate', 0):.2%}, "
-            f"SLO {'met' if d.get('slo_ok') else 'not met'}")
-
-
-def teardown(run_key: str, ssh_overrides: dict | None = None) -> dict:
-    """Stop the engine on every node of the run. Always runs; safe to run twice."""
+def teardown(run_key: str, ssh_overrides: dict | None = None, kube: Any = None) -> dict:
+    """Stop the engine on every node of the run (or delete its Kubernetes objects). Always runs; safe to run twice."""
     from deploybench import rollout as stage_mod
 
     run = _open_or_none(run_key)
     if run is None:
         return {}
     with stage(run.dir, "teardown") as rec, run.cluster(ssh_overrides) as cluster:
-        stopped = stage_mod.teardown(cluster, run.nodes, run.cfg)
+        stopped = stage_mod.teardown(cluster, run.nodes, run.cfg, kube=kube)
         rec["result"] = stopped
-        errors = {n: s for n, s in stopped.items() if s != "stopped"}
-        rec["summary"] = f"engines stopped on {len(stopped) - len(errors)}/{len(stopped)} nodes"
+        errors = {n: s for n, s in stopped.items() if s.startswith("error")}
+        what = "objects deleted" if run.cfg.rollout.backend.value == "kubernetes" else "engines stopped on"
+        rec["summary"] = f"{what} {len(stopped) - len(errors)}/{len(stopped)}" + (
+            "" if run.cfg.rollout.backend.value == "kubernetes" else " nodes")
         if errors:
             raise StageFailed("teardown: " + "; ".join(f"{n}: {s}" for n, s in errors.items()), stopped)
     return stopped
@@ -224,9 +253,10 @@ def report(run_key: str, dsn: str | None = None) -> dict:
     if run is None:
         return {"path": "", "text": f"run {run_key}: validation failed, nothing ran (see the validate task's log)"}
     with stage(run.dir, "report") as rec:
-        path = stage_mod.write_html(run)
-        rec["result"] = {"path": str(path)}
-        rec["summary"] = f"report at {path}"
+        history = stage_mod.history_for(run, dsn)  # change points of the run's series; None if not stored
+        path = stage_mod.write_html(run, history)
+        rec["result"] = {"path": str(path), "verdicts": history.verdicts if history else None}
+        rec["summary"] = f"report at {path}" + (f"; {stage_mod.verdict_line(history)}" if history else "")
     return {"path": str(path), "text": stage_mod.summary_text(Run.open(run_key))}
 
 

@@ -67,6 +67,10 @@ export function loadConfig(env) {
     preVUs: num(env, 'DB_PRE_VUS', 0),
     maxVUs: num(env, 'DB_MAX_VUS', 0),
     phase: str(env, 'DB_PHASE', 'sustained'),
+    step: str(env, 'DB_STEP', '0'),
+    // a ramp (overload): [[target rate, seconds], ...] from DB_RATE; empty = constant DB_RATE
+    stages: json(env, 'DB_STAGES', []),
+    outputSpread: num(env, 'DB_OUTPUT_SPREAD', 0),
     tags: json(env, 'DB_TAGS', {}),
     promptTokens: num(env, 'DB_PROMPT_TOKENS', 200),
     outputTokens: num(env, 'DB_OUTPUT_TOKENS', 64),
@@ -83,6 +87,14 @@ export function loadConfig(env) {
   if (cfg.warmupS < 0) throw new Error(`DB_WARMUP_S=${cfg.warmupS} must be >= 0`);
   if (cfg.maxVUs <= 0) cfg.maxVUs = Math.max(2, Math.ceil(cfg.rate * 2));
   if (cfg.preVUs <= 0 || cfg.preVUs > cfg.maxVUs) cfg.preVUs = cfg.maxVUs;
+  if (!Array.isArray(cfg.stages)) throw new Error('DB_STAGES must be a JSON list of [rate, seconds]');
+  for (const st of cfg.stages) {
+    if (!Array.isArray(st) || st.length !== 2 || !(st[0] >= 0) || !(st[1] > 0)) {
+      throw new Error(`DB_STAGES entry ${JSON.stringify(st)} must be [rate >= 0, seconds > 0]`);
+    }
+  }
+  if (cfg.stages.length) cfg.durationS = cfg.stages.reduce((a, st) => a + st[1], 0);
+  if (cfg.outputSpread < 0 || cfg.outputSpread >= 1) throw new Error(`DB_OUTPUT_SPREAD=${cfg.outputSpread} must be in [0, 1)`);
   if (typeof cfg.tags !== 'object' || Array.isArray(cfg.tags)) throw new Error('DB_TAGS must be a JSON object');
   return cfg;
 }
@@ -96,4 +108,44 @@ export function ms(seconds) {
 export function arrival(rate) {
   if (Number.isInteger(rate)) return { rate, timeUnit: '1s' };
   return { rate: Math.round(rate * 1000), timeUnit: '1000s' };
+}
+
+// The load shape as a k6 scenario: constant-arrival-rate, or ramping-arrival-rate when stages are set.
+// Rates are per 1000 s so that fractional rates stay exact.
+export function scenario(cfg) {
+  if (!cfg.stages.length) {
+    const { rate, timeUnit } = arrival(cfg.rate);
+    return { executor: 'constant-arrival-rate', rate, timeUnit, duration: ms(cfg.warmupS + cfg.durationS) };
+  }
+  const stages = [];
+  if (cfg.warmupS > 0) stages.push({ target: Math.round(cfg.rate * 1000), duration: ms(cfg.warmupS) });
+  for (const [target, seconds] of cfg.stages) stages.push({ target: Math.round(target * 1000), duration: ms(seconds) });
+  return { executor: 'ramping-arrival-rate', startRate: Math.round(cfg.rate * 1000), timeUnit: '1000s', stages };
+}
+
+// When iteration i (0-based, in start order) was due, in ms after the scenario start: the inverse of
+// the integral of the rate over time (piecewise linear, as k6 ramps it). Its difference to the
+// actual start is the schedule lag; after a dropped iteration it is over-stated.
+export function scheduledMs(cfg, i) {
+  const segs = [];
+  if (!cfg.stages.length) return (1000 * i) / cfg.rate;
+  let from = cfg.rate;
+  if (cfg.warmupS > 0) segs.push([cfg.rate, cfg.rate, cfg.warmupS]);
+  for (const [target, seconds] of cfg.stages) {
+    segs.push([from, target, seconds]);
+    from = target;
+  }
+  let t = 0;
+  let left = i;
+  for (const [a, b, d] of segs) {
+    const n = ((a + b) / 2) * d; // iterations in this segment
+    if (left <= n) {
+      const k = (b - a) / d; // rate slope per second
+      const s = Math.abs(k) < 1e-12 ? left / a : (-a + Math.sqrt(Math.max(0, a * a + 2 * k * left))) / k;
+      return 1000 * (t + s);
+    }
+    left -= n;
+    t += d;
+  }
+  return 1000 * t;
 }

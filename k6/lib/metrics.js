@@ -6,7 +6,7 @@
 //     node, phase, window (warmup|measure), ok (true|false), status, error_kind, plus run tags
 //   metadata (per-VU, high cardinality, creates no time series; written by the JSON output as
 //   data.metadata, verified with k6 1.1.0):
-//     t0 (request start, epoch ms), prompt_tokens, output_tokens
+//     t0 (request start, epoch ms), lag_ms (start - when it was due), prompt_tokens, output_tokens
 // deploybench.load parses these points into the samples DataFrame.
 import exec from 'k6/execution';
 import { Rate, Trend } from 'k6/metrics';
@@ -18,6 +18,7 @@ export const outputTokens = new Trend('db_output_tokens');
 export function recordSample(sample) {
   const md = exec.vu.metrics.metadata;
   md.t0 = String(sample.t0);
+  md.lag_ms = String(sample.lagMs);
   md.prompt_tokens = String(sample.promptTokens);
   md.output_tokens = String(sample.outputTokens);
   const tags = {
@@ -31,6 +32,7 @@ export function recordSample(sample) {
   requestFailed.add(!sample.ok, { node: sample.node, window: sample.window });
   if (sample.ok) outputTokens.add(sample.outputTokens, { node: sample.node, window: sample.window });
   delete md.t0;
+  delete md.lag_ms;
   delete md.prompt_tokens;
   delete md.output_tokens;
 }

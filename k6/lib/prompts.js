@@ -25,15 +25,20 @@ export function rng(seed) {
   };
 }
 
-// Returns [{text, tokens}] with `count` prompts whose lengths average `meanTokens`.
-export function makePrompts(count, meanTokens, seed) {
+// Returns [{text, tokens, maxTokens}] with `count` prompts whose lengths average `meanTokens`; the
+// output length asked for averages `outTokens`, spread uniformly over [1 - outSpread, 1 + outSpread]
+// x `outTokens` (drawn from a second stream, so the prompts do not change with the output spread).
+export function makePrompts(count, meanTokens, seed, outTokens = 0, outSpread = 0) {
   const next = rng(seed);
+  const nextOut = rng(seed ^ 0x5bd1e995);
   const out = [];
   for (let i = 0; i < count; i++) {
     const tokens = Math.max(1, Math.round(meanTokens * (0.5 + next())));
     const words = new Array(tokens);
     for (let w = 0; w < tokens; w++) words[w] = WORDS[Math.floor(next() * WORDS.length)];
-    out.push({ text: words.join(' '), tokens });
+    const draw = nextOut();
+    const maxTokens = outTokens > 0 ? Math.max(1, Math.round(outTokens * (1 - outSpread + 2 * outSpread * draw))) : 0;
+    out.push({ text: words.join(' '), tokens, maxTokens });
   }
   return out;
 }

@@ -8,6 +8,7 @@
 // first token (k6 cannot see it; timings.waiting is the time to the response headers).
 
 export function buildRequest(cfg, endpoint, prompt) {
+  const maxTokens = prompt.maxTokens || cfg.outputTokens;
   const headers = { 'Content-Type': 'application/json' };
   if (cfg.stream) headers.Accept = 'text/event-stream';
   if (cfg.api === 'triton') {
@@ -16,12 +17,12 @@ export function buildRequest(cfg, endpoint, prompt) {
       url: `${endpoint.url}/v2/models/${encodeURIComponent(endpoint.model)}/${path}`,
       body: JSON.stringify({
         text_input: prompt.text,
-        parameters: { max_tokens: cfg.outputTokens, stream: cfg.stream, ignore_eos: cfg.ignoreEos },
+        parameters: { max_tokens: maxTokens, stream: cfg.stream, ignore_eos: cfg.ignoreEos },
       }),
       headers,
     };
   }
-  const payload = { model: endpoint.model, max_tokens: cfg.outputTokens, temperature: 0, stream: cfg.stream };
+  const payload = { model: endpoint.model, max_tokens: maxTokens, temperature: 0, stream: cfg.stream };
   if (cfg.ignoreEos) payload.ignore_eos = true; // vLLM extension: always produce max_tokens
   if (cfg.stream) payload.stream_options = { include_usage: true };
   if (cfg.api === 'chat') {

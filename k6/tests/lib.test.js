@@ -1,7 +1,7 @@
 // Checks of k6/lib that need no server: run by tests/unit/test_load_k6lib.py with the real k6.
 // Every check must pass (thresholds: checks rate==1); a failed check exits 99.
 import { check } from 'k6';
-import { arrival, loadConfig, ms } from '../lib/config.js';
+import { arrival, loadConfig, ms, scenario, scheduledMs } from '../lib/config.js';
 import { makePrompts } from '../lib/prompts.js';
 import { buildRequest, errorKind, parseSSE, readResponse } from '../lib/requests.js';
 
@@ -32,6 +32,31 @@ export default function () {
     'config: fractional rate per 1000s': () => arrival(2.5).rate === 2500 && arrival(2.5).timeUnit === '1000s',
     'config: integer rate per second': () => arrival(20).rate === 20 && arrival(20).timeUnit === '1s',
     'config: ms': () => ms(1.5) === '1500ms',
+  });
+
+  const ramp = loadConfig(Object.assign({}, base, { DB_RATE: '10', DB_WARMUP_S: '2', DB_STAGES: '[[30, 4], [5, 0.001], [5, 3]]' }));
+  const sc = scenario(ramp);
+  const flat = loadConfig(Object.assign({}, base, { DB_RATE: '10', DB_WARMUP_S: '1' }));
+  check(null, {
+    'shape: constant rate': () => scenario(flat).executor === 'constant-arrival-rate' && scenario(flat).duration === '7000ms',
+    'shape: ramp with warm-up stage': () =>
+      sc.executor === 'ramping-arrival-rate' && sc.startRate === 10000 && sc.stages.length === 4 &&
+      sc.stages[1].target === 30000 && sc.stages[1].duration === '4000ms',
+    'shape: ramp duration is the stages': () => Math.abs(ramp.durationS - 7.001) < 1e-9,
+    'shape: bad stage throws': () => throws(() => loadConfig(Object.assign({}, base, { DB_STAGES: '[[5]]' }))),
+    'schedule: constant': () => scheduledMs(flat, 25) === 2500,
+    // 20 iterations in the 2 s warm-up at 10/s; then the rate climbs 5/s per s: 10 t + 2.5 t^2 = 30 at t = 2
+    'schedule: ramp': () => scheduledMs(ramp, 20) === 2000 && Math.abs(scheduledMs(ramp, 50) - 4000) < 1e-6,
+  });
+
+  const spread = makePrompts(400, 50, 3, 100, 0.5);
+  const outs = spread.map((p) => p.maxTokens);
+  const outMean = outs.reduce((x, y) => x + y, 0) / outs.length;
+  check(null, {
+    'prompts: output spread within [0.5, 1.5] x target': () => Math.min(...outs) >= 50 && Math.max(...outs) <= 150,
+    'prompts: output mean near target': () => Math.abs(outMean - 100) < 6,
+    'prompts: fixed output without spread': () => makePrompts(10, 50, 3, 16, 0).every((p) => p.maxTokens === 16),
+    'prompts: output spread leaves the prompts alone': () => makePrompts(5, 50, 3)[4].text === spread[4].text,
   });
 
   const a = makePrompts(200, 100, 7);

@@ -24,7 +24,8 @@ def test_stages_are_task_groups_in_order():
     for group in ("preflight", "fanout", "rollout", "load", "store", "report"):
         assert any(t.startswith(group + ".") for t in ids), group
     order = ["validate", "preflight.nodes_and_links", "fanout.copy_and_verify", "rollout.canary_then_scale",
-             "load.k6_sustained", "teardown", "store.write_results", "report.render", "finish"]
+             "load.probe", "load.sustained", "load.overload", "teardown", "store.write_results", "report.render",
+             "finish"]
     for a, b in zip(order, order[1:]):
         assert b in dag.get_task(a).get_flat_relative_ids(upstream=False), f"{a} must come before {b}"
 

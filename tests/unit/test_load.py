@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from deploybench import load
+from deploybench.load import samples as samples_mod
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
 from deploybench.load import (
@@ -88,7 +89,7 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     base = {"ts": 0, "phase": "sustained", "node": "n1", "status": 200, "error_kind": None,
             "latency_ms": 1.0, "ttft_ms": None, "prompt_tokens": 10, "output_tokens": 4, "warmup": False}
     df = pd.DataFrame([{**base, **r} for r in rows], columns=[*load.SAMPLE_COLUMNS, "warmup"])
-    return load._typed(df, ts_unit="ms")
+    return samples_mod._typed(df, ts_unit="ms")
 
 
 @pytest.fixture
@@ -111,7 +112,10 @@ def test_percentiles_and_rates_known_answers(synthetic):
     assert fig.errors_by_kind == {"http_500": 8, "timeout": 2}
     # successful latencies are 1..100 ms; linear interpolation
     assert (fig.latency_p50_ms, fig.latency_p90_ms, fig.latency_p99_ms, fig.latency_p999_ms) == (50.5, 90.1, 99.01, 99.901)
-    assert fig.achieved_rps == pytest.approx(11.0)
+    assert fig.sent_rps == pytest.approx(11.0)
+    # answered within the 10 s window: 100 successes and 8 fast 500s; the 30 s timeouts answer after it
+    assert fig.achieved_rps == pytest.approx(10.8)
+    assert fig.goodput_rps == pytest.approx(10.0) and fig.goodput_ratio == pytest.approx(100 / 108)
     assert fig.output_tps == pytest.approx(100 * 4 / 10)
 
 
@@ -166,7 +170,7 @@ def test_slo_edge_cases():
 # -- the real k6 output fixture ---------------------------------------------------------------------
 def test_fixture_parses_into_samples():
     df, dropped = read_k6_json(FIXTURES / "k6-out.json.gz")
-    assert list(df.columns) == [*load.SAMPLE_COLUMNS, "warmup"]
+    assert list(df.columns) == [*load.SAMPLE_COLUMNS, *samples_mod.EXTRA_COLUMNS]
     assert len(df) == 19 and int(df["warmup"].sum()) == 6
     assert str(df["ts"].dt.tz) == "UTC" and df["ts"].is_monotonic_increasing
     assert set(df["phase"]) == {"sustained"} and df["ttft_ms"].isna().all()
@@ -183,9 +187,10 @@ def test_fixture_parses_into_samples():
 def test_fixture_figures_and_thresholds():
     df, _ = read_k6_json(FIXTURES / "k6-out.json.gz")
     fig = figures(df, duration_s=3)
-    assert (fig.requests, fig.errors) == (13, 3)
+    # 13 measured requests, the last started by k6 exactly at the window's end: not in [start, start + 3 s)
+    assert (fig.requests, fig.errors) == (12, 3)
     assert fig.errors_by_kind == {"http_500": 1, "timeout": 2}
-    assert fig.output_tps == pytest.approx(10 * 8 / 3)
+    assert fig.output_tps == pytest.approx(9 * 8 / 3)
     assert 50 < fig.latency_p50_ms < fig.latency_p99_ms < 100  # the two 502 ms timeouts are errors, not latencies
     summary = json.loads((FIXTURES / "k6-summary.json").read_text())
     assert thresholds_crossed(summary) == ["db_request_failed{window:measure}: rate<=0.01"]
@@ -193,7 +198,7 @@ def test_fixture_figures_and_thresholds():
 
 
 def test_samples_round_trip_as_csv_gz(tmp_path, monkeypatch, synthetic):
-    monkeypatch.setattr(load, "_parquet_available", lambda: False)
+    monkeypatch.setattr(samples_mod, "_parquet_available", lambda: False)
     frame = synthetic[load.SAMPLE_COLUMNS]
     path = save_samples(frame, tmp_path, "sustained.samples")
     assert path.name == "sustained.samples.csv.gz"

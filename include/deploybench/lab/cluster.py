@@ -359,3 +359,28 @@ def start_node(name: str, node: str) -> None:
         proc = _start_node_sshd(names, files, state, node)
         netns.wait_ssh(state.address(node), proc, files.node_dir(node) / "sshd.log", SSHD_WAIT_S)
     log.info("lab %s: node %s started", name, node)
+
+
+def hide_binary(name: str, node: str, binary: str) -> None:
+    """Make ``binary`` (e.g. iperf3) unusable on ``node`` only: an empty, non-executable file is
+    bind-mounted over it inside the node's private mount namespace. ``show_binary`` undoes it."""
+    _, files = _netns_state(name)
+    path = shutil.which(binary) or binary
+    blank = files.root / "hidden-binary"
+    blank.touch(mode=0o644)
+    netns.sh(["nsenter", "-t", _sshd_pid(files, node), "-m", "--", "mount", "--bind", str(blank), path])
+    log.info("lab %s: %s hidden on %s", name, path, node)
+
+
+def show_binary(name: str, node: str, binary: str) -> None:
+    """Undo ``hide_binary`` (idempotent)."""
+    _, files = _netns_state(name)
+    path = shutil.which(binary) or binary
+    netns.sh(["nsenter", "-t", _sshd_pid(files, node), "-m", "--", "umount", path], check=False)
+
+
+def _sshd_pid(files: LabFiles, node: str) -> str:
+    try:
+        return files.node_dir(node).joinpath("sshd.pid").read_text().strip()
+    except OSError as exc:
+        raise LabError(f"lab {files.name}: node {node} has no running sshd ({exc}); start it with start_node") from exc

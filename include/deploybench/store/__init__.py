@@ -4,7 +4,11 @@ Public API (what the DAG's store task and the report call)::
 
     from deploybench.store import RunRecord, StageRecord, PhaseRecord, write_run, load_run
 
-    write_run(dsn_or_engine_or_None, run, stages, phases, samples_frame_or_path)
+    write_run(dsn_or_engine_or_None, run, stages, phases, samples_frame_or_path, facts=RunFacts(...))
+
+``facts`` (revision 0002) carries the run's identities — cluster, software, model artifact,
+serving config, workload, each unique on a canonical hash, and the series over them — and
+the facts of every stage. ``query`` selects runs (by key or filter) for ``deploybench.analyse``.
 
 The DSN is resolved by ``deploybench.store.db`` (argument > DEPLOYBENCH_DSN > embedded
 PostgreSQL); the schema is the Alembic migrations in ``migrations/``, applied by every
@@ -35,6 +39,14 @@ _EXPORTS = {
     "StoredRun": "records",
     "WriteResult": "writer",
     "write_run": "writer",
+    "RunFacts": "facts",
+    "RunIdentity": "identity",
+    "identity_of": "identity",
+    "RunFilter": "query",
+    "EmptySelection": "query",
+    "UnknownRuns": "query",
+    "select_runs": "query",
+    "set_excluded": "query",
 }
 
 if TYPE_CHECKING:
@@ -43,6 +55,9 @@ if TYPE_CHECKING:
     from deploybench.store.reader import count_samples, latest_runs, load_run, load_samples
     from deploybench.store.records import CLUSTER, SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord, StoredRun
     from deploybench.store.writer import WriteResult, write_run
+    from deploybench.store.facts import RunFacts
+    from deploybench.store.identity import RunIdentity, identity_of
+    from deploybench.store.query import EmptySelection, RunFilter, UnknownRuns, select_runs, set_excluded
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +71,14 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CLUSTER",
+    "EmptySelection",
+    "RunFacts",
+    "RunFilter",
+    "RunIdentity",
+    "UnknownRuns",
+    "identity_of",
+    "select_runs",
+    "set_excluded",
     "SAMPLE_COLUMNS",
     "PhaseRecord",
     "RunRecord",

@@ -20,6 +20,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     runs.add_argument("-n", "--limit", type=int, default=20)
     runs.set_defaults(func=_runs)
     sub.add_parser("stop", help="stop the embedded PostgreSQL (data is kept)").set_defaults(func=_stop)
+    exclude = sub.add_parser("exclude", help="leave a run out of comparisons and history (with a reason)")
+    exclude.add_argument("run_key")
+    exclude.add_argument("--reason", required=True, help="why, e.g. 'n03 was thermally throttling'")
+    exclude.set_defaults(func=_exclude, excluded=True)
+    include = sub.add_parser("include", help="take an excluded run back into the analysis")
+    include.add_argument("run_key")
+    include.set_defaults(func=_exclude, excluded=False, reason=None)
+
+
+def _exclude(args: argparse.Namespace) -> int:
+    from deploybench.store.query import set_excluded
+
+    set_excluded(args.dsn, args.run_key, args.excluded, args.reason)
+    state = f"excluded ({args.reason})" if args.excluded else "included again"
+    sys.stdout.write(f"run {args.run_key} {state}\n")
+    return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Double,
@@ -65,6 +66,7 @@ class Run(Base):
         CheckConstraint(f"status IN {RUN_STATUSES!r}", name="status"),
         Index(None, "fingerprint"),
         Index(None, "started_at"),
+        Index(None, "series_id", "started_at"),
     )
 
     run_key: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -80,6 +82,11 @@ class Run(Base):
     tags: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
     created_at: Mapped[datetime] = _ts(server_default=text("now()"))
     updated_at: Mapped[datetime] = _ts(server_default=text("now()"))
+    # revision 0002
+    trigger: Mapped[str | None] = mapped_column(Text)  # manual | scheduled | backfill | asset | cli | ...
+    series_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("series.id", ondelete="SET NULL"))
+    excluded: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    exclude_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class StageResult(Base):
@@ -138,3 +145,223 @@ class RequestSample(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Double)
     prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
     output_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+# -- revision 0002: identities, series, facts of every stage, analysis written back -----------------
+def _id_col() -> Any:
+    return mapped_column(BigInteger, Identity(), primary_key=True)
+
+
+def _jsonb(default: str = "'{}'::jsonb") -> Any:
+    return mapped_column(JSONB, nullable=False, server_default=text(default))
+
+
+class _IdentityMixin:
+    """An identity row: unique on the canonical hash of ``attrs`` (deploybench.store.identity)."""
+
+    id: Mapped[int] = _id_col()
+    hash: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    attrs: Mapped[dict[str, Any]] = _jsonb()
+    created_at: Mapped[datetime] = _ts(server_default=text("now()"))
+
+
+class Cluster(_IdentityMixin, Base):
+    __tablename__ = "clusters"
+
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    node_count: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class Software(_IdentityMixin, Base):
+    __tablename__ = "software"
+
+    engine: Mapped[str] = mapped_column(Text, nullable=False)
+    image: Mapped[str | None] = mapped_column(Text)
+    version: Mapped[str | None] = mapped_column(Text)
+
+
+class ModelArtifact(_IdentityMixin, Base):
+    __tablename__ = "model_artifacts"
+
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    manifest_digest: Mapped[str | None] = mapped_column(Text)
+    total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    files: Mapped[list[Any]] = _jsonb("'[]'::jsonb")
+
+
+class ServingConfig(_IdentityMixin, Base):
+    __tablename__ = "serving_configs"
+
+
+class Workload(_IdentityMixin, Base):
+    __tablename__ = "workloads"
+
+
+def _fk(table: str, ondelete: str = "RESTRICT", nullable: bool = False) -> Any:
+    return mapped_column(BigInteger, ForeignKey(f"{table}.id", ondelete=ondelete), nullable=nullable)
+
+
+class Series(Base):
+    """Results of the same thing: one row per combination of the five identities."""
+
+    __tablename__ = "series"
+
+    id: Mapped[int] = _id_col()
+    fingerprint: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    cluster_id: Mapped[int] = _fk("clusters")
+    software_id: Mapped[int] = _fk("software")
+    model_id: Mapped[int] = _fk("model_artifacts")
+    serving_id: Mapped[int] = _fk("serving_configs")
+    workload_id: Mapped[int] = _fk("workloads")
+    created_at: Mapped[datetime] = _ts(server_default=text("now()"))
+
+
+class PreflightNode(Base):
+    __tablename__ = "preflight_nodes"
+    __table_args__ = (UniqueConstraint("run_key", "node"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    node: Mapped[str] = mapped_column(Text, nullable=False)
+    ok: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    reasons: Mapped[list[Any]] = _jsonb("'[]'::jsonb")
+    facts: Mapped[dict[str, Any]] = _jsonb()
+
+
+class PreflightLink(Base):
+    __tablename__ = "preflight_links"
+    __table_args__ = (UniqueConstraint("run_key", "src", "dst", "round"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    src: Mapped[str] = mapped_column(Text, nullable=False)
+    dst: Mapped[str] = mapped_column(Text, nullable=False)
+    round: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    nominal_mbit: Mapped[float] = mapped_column(Double, nullable=False)
+    mbit: Mapped[float | None] = mapped_column(Double)
+    ratio: Mapped[float | None] = mapped_column(Double)
+    retransmits: Mapped[int | None] = mapped_column(BigInteger)
+    rtt_ms: Mapped[float | None] = mapped_column(Double)
+    ok: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    directions: Mapped[list[Any]] = _jsonb("'[]'::jsonb")  # bidirectional tests: [{src, dst, mbit, ratio, ...}]
+
+
+class FanoutNode(Base):
+    __tablename__ = "fanout_nodes"
+    __table_args__ = (UniqueConstraint("run_key", "node"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    node: Mapped[str] = mapped_column(Text, nullable=False)
+    status: Mapped[str] = mapped_column(Text, nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    seconds: Mapped[float] = mapped_column(Double, nullable=False)
+    verified: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    started_s: Mapped[float] = mapped_column(Double, nullable=False, server_default=text("0"))
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class RolloutStep(Base):
+    __tablename__ = "rollout_steps"
+    __table_args__ = (UniqueConstraint("run_key", "step"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    step: Mapped[int] = mapped_column(Integer, nullable=False)
+    nodes: Mapped[int] = mapped_column(Integer, nullable=False)
+    added: Mapped[list[Any]] = _jsonb("'[]'::jsonb")
+    ready_s: Mapped[dict[str, Any]] = _jsonb()
+    smoke: Mapped[dict[str, Any]] = _jsonb()
+    seconds: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class CapacityStep(Base):
+    """One step of the probe phase's capacity search."""
+
+    __tablename__ = "capacity_steps"
+    __table_args__ = (UniqueConstraint("run_key", "step"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    step: Mapped[int] = mapped_column(Integer, nullable=False)
+    offered_rps: Mapped[float] = mapped_column(Double, nullable=False)
+    achieved_rps: Mapped[float | None] = mapped_column(Double)
+    latency_p99_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Double)
+    error_rate: Mapped[float | None] = mapped_column(Double)
+    dropped_iterations: Mapped[int | None] = mapped_column(BigInteger)
+    slo_ok: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    detail: Mapped[dict[str, Any]] = _jsonb()
+
+
+class ServerMetric(Base):
+    """One scraped point of an engine's /metrics series (written with COPY, like the samples)."""
+
+    __tablename__ = "server_metrics"
+    __table_args__ = (Index(None, "run_key", "metric"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    phase: Mapped[str] = mapped_column(Text, nullable=False, server_default=text("''"))
+    node: Mapped[str] = mapped_column(Text, nullable=False)
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    labels: Mapped[str] = mapped_column(Text, nullable=False, server_default=text("''"))
+    ts: Mapped[datetime] = _ts()
+    value: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class Comparison(Base):
+    """A comparison as it was made: the runs, the baseline, the parameters and what came out."""
+
+    __tablename__ = "comparisons"
+    __table_args__ = (Index(None, "created_at"),)
+
+    id: Mapped[int] = _id_col()
+    created_at: Mapped[datetime] = _ts(server_default=text("now()"))
+    run_keys: Mapped[list[Any]] = _jsonb("'[]'::jsonb")
+    baseline_run_key: Mapped[str | None] = mapped_column(Text)
+    method: Mapped[str] = mapped_column(Text, nullable=False)
+    params: Mapped[dict[str, Any]] = _jsonb()
+    result: Mapped[dict[str, Any]] = _jsonb()
+
+
+class ChangePoint(Base):
+    """A change in one metric of one series, at ``run_key`` (the first run after the change)."""
+
+    __tablename__ = "change_points"
+    __table_args__ = (UniqueConstraint("series_id", "metric", "run_key", "method"), Index(None, "series_id", "metric"))
+
+    id: Mapped[int] = _id_col()
+    series_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("series.id", ondelete="CASCADE"), nullable=False)
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    run_key: Mapped[str] = _fk_run()
+    method: Mapped[str] = mapped_column(Text, nullable=False)
+    params: Mapped[dict[str, Any]] = _jsonb()
+    direction: Mapped[str] = mapped_column(Text, nullable=False)
+    mean_before: Mapped[float] = mapped_column(Double, nullable=False)
+    mean_after: Mapped[float] = mapped_column(Double, nullable=False)
+    magnitude: Mapped[float] = mapped_column(Double, nullable=False)
+    p_value: Mapped[float | None] = mapped_column(Double)
+    detected_at: Mapped[datetime] = _ts(server_default=text("now()"))
+
+
+class Verdict(Base):
+    """The history's verdict on one run for one metric: regression, improvement or no change."""
+
+    __tablename__ = "verdicts"
+    __table_args__ = (
+        UniqueConstraint("run_key", "metric", "method"),
+        CheckConstraint("verdict IN ('regression', 'improvement', 'no change')", name="verdict"),
+    )
+
+    id: Mapped[int] = _id_col()
+    series_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("series.id", ondelete="CASCADE"), nullable=False)
+    run_key: Mapped[str] = _fk_run()
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    method: Mapped[str] = mapped_column(Text, nullable=False)
+    params: Mapped[dict[str, Any]] = _jsonb()
+    verdict: Mapped[str] = mapped_column(Text, nullable=False)
+    magnitude: Mapped[float | None] = mapped_column(Double)
+    p_value: Mapped[float | None] = mapped_column(Double)
+    created_at: Mapped[datetime] = _ts(server_default=text("now()"))

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from deploybench.store.db import open_store, redact
 from deploybench.store.errors import StoreError
-from deploybench.store.models import LoadPhase, RequestSample, Run, StageResult
+from deploybench.store.models import LoadPhase, RequestSample, Run, Series, StageResult
 from deploybench.store.records import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord, StoredRun
 
 _RUN_FIELDS = tuple(RunRecord.model_fields)
@@ -41,7 +41,9 @@ def load_run(target: Engine | str | None, run_key: str) -> StoredRun | None:
     try:
         with engine.connect() as conn:
             row = conn.execute(
-                select(*_cols(Run, _RUN_FIELDS), Run.created_at, Run.updated_at).where(Run.run_key == run_key)
+                select(*_cols(Run, _RUN_FIELDS), Run.created_at, Run.updated_at, Run.series_id, Run.excluded,
+                       Run.exclude_reason, Series.fingerprint.label("series_fingerprint"))
+                .outerjoin(Series, Series.id == Run.series_id).where(Run.run_key == run_key)
             ).mappings().first()
             if row is None:
                 return None
@@ -65,6 +67,10 @@ def load_run(target: Engine | str | None, run_key: str) -> StoredRun | None:
         sample_count=n,
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        series_id=row["series_id"],
+        series_fingerprint=row["series_fingerprint"],
+        excluded=row["excluded"],
+        exclude_reason=row["exclude_reason"],
     )
 
 

@@ -53,6 +53,7 @@ class RunRecord(_Record):
     inventory: str = Field(min_length=1)
     node_count: int = Field(ge=0)
     tags: dict[str, str] = Field(default_factory=dict)
+    trigger: str | None = Field(None, max_length=64, description="manual, scheduled, backfill, asset, cli, ...")
 
     @model_validator(mode="after")
     def _times(self) -> "RunRecord":
@@ -138,3 +139,7 @@ class StoredRun(_Record):
     sample_count: int
     created_at: datetime
     updated_at: datetime
+    series_id: int | None = None  # None: stored without identities (before revision 0002, or no config)
+    series_fingerprint: str | None = None
+    excluded: bool = False
+    exclude_reason: str | None = None

@@ -29,7 +29,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from deploybench.store.db import open_store
 from deploybench.store.errors import StoreError
 from deploybench.store.models import LoadPhase, RequestSample, Run, StageResult
+from deploybench.store.facts import RunFacts
 from deploybench.store.records import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord
+from deploybench.store.writer_facts import prepare_metrics, write_facts
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class WriteResult:
     phases: int
     samples: int
     seconds: float
+    facts: dict[str, int] | None = None  # rows per fact table (server_metrics included)
 
 
 def read_samples(source: pd.DataFrame | str | Path) -> pd.DataFrame:
@@ -188,16 +191,20 @@ def write_run(
     stages: Sequence[StageRecord] = (),
     phases: Sequence[PhaseRecord] = (),
     samples: Samples = None,
+    facts: RunFacts | None = None,
 ) -> WriteResult:
     """Write (or replace) one run with its stages, load phases and raw samples, in one transaction.
 
     ``target`` is an Engine, a DSN, or None (DEPLOYBENCH_DSN, else the embedded server).
-    Everything is validated before the transaction starts; a database error inside it
+    ``facts`` adds the run's identities (linking it to its series) and the facts of every
+    stage (preflight nodes and links, fanout nodes, rollout steps, capacity-search steps,
+    server metrics). Everything is validated before the transaction starts; a database error inside it
     rolls back and raises StoreError, and the run's previous version stays intact.
     """
     t0 = time.monotonic()
     _check_unique(stages, phases, run.run_key)
     frame = prepare_samples(read_samples(samples)) if samples is not None else None
+    metrics = prepare_metrics(facts.server_metrics) if facts is not None and facts.server_metrics is not None else None
     engine = open_store(target)
 
     run_row = run.model_dump()
@@ -216,13 +223,15 @@ def write_run(
                 conn.execute(insert(StageResult), [{"run_key": run.run_key, **s.model_dump()} for s in stages])
             if phases:
                 conn.execute(insert(LoadPhase), [{"run_key": run.run_key, **p.model_dump()} for p in phases])
+            fact_counts = write_facts(conn, run.run_key, facts, metrics)
             n_samples = _copy_samples(conn, frame, run.run_key) if frame is not None and len(frame) else 0
     # TypeError/ValueError/OverflowError: psycopg refusing a value while encoding a COPY row
     except (SQLAlchemyError, psycopg.Error, OSError, TypeError, ValueError, OverflowError) as exc:
         raise StoreError(
             f"writing run {run.run_key!r} failed and was rolled back; its previous version, if any, is unchanged: {exc}"
         ) from exc
-    result = WriteResult(run.run_key, replaced, len(stages), len(phases), n_samples, time.monotonic() - t0)
+    result = WriteResult(run.run_key, replaced, len(stages), len(phases), n_samples, time.monotonic() - t0,
+                         fact_counts)
     log.info(
         "stored run %s (%s): %d stages, %d phases, %d samples in %.2f s",
         run.run_key, "replaced" if replaced else "new", result.stages, result.phases, result.samples, result.seconds,

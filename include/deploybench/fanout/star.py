@@ -1,10 +1,10 @@
-"""Model fan-out: every node ends up with a verified copy of the model, published atomically.
+"""The ``star`` strategy: rsync over SSH from the source to every node — the seeds' method.
 
-This first strategy is ``star``: rsync over SSH from the source node to each node,
-several at once. A node writes into a staging folder, checks every file's sha256
-against the source's manifest and only then renames the folder into place, so an
-engine never sees a partial model. A node that already holds a verified copy of the
-same manifest is skipped, so a re-run moves no bytes.
+Kept as the baseline the benchmark compares with, and as the fallback that needs no relay
+on the targets (only rsync and sha256sum). A node receives into its staging folder (rsync
+``--partial`` resumes an interrupted file), is checked with ``sha256sum -c`` — a second read
+of what was written, the cost of this baseline — and renamed into place only when every
+file matched. A node already holding a verified copy of the manifest is skipped.
 """
 
 from __future__ import annotations
@@ -14,51 +14,16 @@ import logging
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 
-from deploybench.config import FanoutSpec
+from deploybench.config import FanoutSpec, Policy
 from deploybench.errors import DeploybenchError, StageFailed
+from deploybench.fanout.relays import Relays
+from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.inventory import Inventory, Node, TransportKind
 from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest
 from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class NodeCopy:
-    node: str
-    status: str  # "copied" | "skipped" (already verified) | "source" | "failed"
-    bytes: int = 0
-    seconds: float = 0.0
-    verified: bool = False
-    error: str | None = None
-    started_at: float = 0.0  # seconds after the stage began (for the timeline)
-
-    @property
-    def mbit_s(self) -> float:
-        return self.bytes * 8 / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class FanoutResult:
-    model: str
-    manifest_digest: str
-    total_bytes: int
-    files: list[dict]
-    source: str
-    strategy: str
-    nodes: list[NodeCopy] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def verified_nodes(self) -> list[str]:
-        return [c.node for c in self.nodes if c.verified]
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["verified_nodes"] = self.verified_nodes
-        return d
 
 
 # -- pure parts ------------------------------------------------------------------------------
@@ -90,7 +55,7 @@ def checklist(manifest: Manifest) -> bytes:
 def rsync_argv(cluster: Cluster, src_dir: str, dst: Node, dst_dir: str) -> list[str]:
     """rsync from the source node's model folder into ``dst_dir`` on ``dst`` (run on the source node)."""
     inv = cluster.inventory
-    argv = ["rsync", "-a", "--delete", "--partial", "--inplace", f"{src_dir.rstrip('/')}/"]
+    argv = ["rsync", "-a", "--delete", "--partial", "--inplace", f"--exclude={MANIFEST_NAME}", f"{src_dir.rstrip('/')}/"]
     if inv.transport is TransportKind.LOCAL:
         return argv + [f"{dst_dir.rstrip('/')}/"]
     ssh = shlex.join(cluster.ssh_command())
@@ -98,20 +63,6 @@ def rsync_argv(cluster: Cluster, src_dir: str, dst: Node, dst_dir: str) -> list[
 
 
 # -- the stage -------------------------------------------------------------------------------
-def source_manifest(cluster: Cluster, source: Node, model_dir: str) -> Manifest:
-    res = cluster[source].run(manifest_script(model_dir), timeout=3600)
-    if not res.ok or not res.stdout.strip():
-        raise StageFailed(
-            f"fanout: model folder {model_dir!r} on source node {source.name} is missing or empty "
-            f"({res.stderr.strip()[-200:] or 'no files'}); put the model there or choose another source_node"
-        )
-    m = parse_manifest_listing(res.stdout)
-    cluster[source].run(
-        f"cat > {shlex.quote(model_dir + '/' + MANIFEST_NAME)}", stdin=m.to_json().encode(), timeout=30
-    ).check()
-    return m
-
-
 def holds_verified_copy(cluster: Cluster, node: Node, model_dir: str, manifest: Manifest) -> bool:
     """True when ``node`` already has this exact manifest published and every file matches."""
     d = shlex.quote(model_dir)
@@ -127,17 +78,21 @@ def holds_verified_copy(cluster: Cluster, node: Node, model_dir: str, manifest: 
     return check.ok
 
 
+def free_bytes(cluster: Cluster, node: Node) -> int:
+    root = shlex.quote(cluster.inventory.model_root_of(node))
+    res = cluster[node].run(f"mkdir -p {root} && df -PB1 {root} | awk 'NR==2{{print $4}}'", timeout=30).check()
+    return int(res.stdout.strip() or 0)
+
+
 def copy_to(cluster: Cluster, source: Node, node: Node, model: str, manifest: Manifest, t_stage: float) -> NodeCopy:
     inv: Inventory = cluster.inventory
     final = f"{inv.model_root_of(node).rstrip('/')}/{model}"
     staging = f"{inv.model_root_of(node).rstrip('/')}/.staging/{model}"
     src_dir = f"{inv.model_root_of(source).rstrip('/')}/{model}"
     t0 = time.monotonic()
-    copy = NodeCopy(node.name, "failed", started_at=t0 - t_stage)
+    copy = NodeCopy(node.name, "failed", started_at=t0 - t_stage, strategy="star", attempts=1,
+                    upstream=[source.name])
     try:
-        if holds_verified_copy(cluster, node, final, manifest):
-            copy.status, copy.verified = "skipped", True
-            return copy
         cluster[node].run(["mkdir", "-p", staging], timeout=30).check()
         cluster[source].run(rsync_argv(cluster, src_dir, node, staging), timeout=3600).check()
         check = cluster[node].run(
@@ -146,7 +101,9 @@ def copy_to(cluster: Cluster, source: Node, node: Node, model: str, manifest: Ma
         if not check.ok:
             bad = (check.stdout + check.stderr).strip().splitlines()[:5]
             raise StageFailed(f"node {node.name}: copy does not match the manifest: {'; '.join(bad)}")
-        # Publish: the verified staging folder replaces the old copy in one rename.
+        # Publish: the verified staging folder, with the manifest, replaces the old copy by renames.
+        cluster[node].run(f"cat > {shlex.quote(staging + '/' + MANIFEST_NAME)}", stdin=manifest.to_json().encode(),
+                          timeout=30).check()
         q_final, q_staging, q_old = shlex.quote(final), shlex.quote(staging), shlex.quote(final + ".old")
         cluster[node].run(
             f"rm -rf {q_old} && if [ -e {q_final} ]; then mv {q_final} {q_old}; fi && "
@@ -165,27 +122,42 @@ def copy_to(cluster: Cluster, source: Node, node: Node, model: str, manifest: Ma
     return copy
 
 
-def run(cluster: Cluster, names: list[str], source: str, model: str, spec: FanoutSpec) -> FanoutResult:
-    """Copy ``model`` from ``source`` to every node of ``names``; raise StageFailed if any node fails."""
+def run_star(cluster: Cluster, names: list[str], source: str, model: str, spec: FanoutSpec,
+             policy: Policy = Policy.ABORT, min_nodes: int = 1) -> FanoutResult:
+    """Copy ``model`` from ``source`` to every node of ``names`` with rsync, ``spec.parallel`` at a time."""
+    from deploybench.fanout.stage import source_manifest
+
     t0 = time.monotonic()
     inv = cluster.inventory
     src = inv.node(source)
-    src_dir = f"{inv.model_root_of(src).rstrip('/')}/{model}"
-    manifest = source_manifest(cluster, src, src_dir)
-    log.info("fanout: %s is %d files, %.1f MiB, manifest %s", model, len(manifest.files),
-             manifest.total_bytes / 2**20, manifest.digest[:12])
-    result = FanoutResult(model, manifest.digest, manifest.total_bytes, [asdict(f) for f in manifest.files],
-                          source, "star")
-    result.nodes.append(NodeCopy(source, "source", verified=True))
+    relays = Relays(cluster, model, spec)
+    manifest, hashed = source_manifest(relays, source, relays.final(source))
+    result = FanoutResult(model, manifest.digest, manifest.total_bytes,
+                          [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in manifest.files],
+                          source, "star", source_hashed_bytes=hashed, rounds=1)
+    result.nodes.append(NodeCopy(source, "source", verified=True, strategy="star"))
     targets = [inv.node(n) for n in names if n != source]
+    held = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
+        for n, ok in zip(targets, pool.map(lambda n: holds_verified_copy(cluster, n, relays.final(n.name), manifest),
+                                           targets)):
+            held[n.name] = ok
+        spaces = dict(zip([n.name for n in targets], pool.map(lambda n: free_bytes(cluster, n), targets)))
+    short = {n: f for n, f in spaces.items() if not held[n] and f < manifest.total_bytes}
+    if short:
+        raise StageFailed("fanout: not enough free space, nothing was copied: " + "; ".join(
+            f"{n}: {f / 2**30:.2f} GiB free under {inv.model_root_of(n)}, the model needs "
+            f"{manifest.total_bytes / 2**30:.2f} GiB" for n, f in short.items()), result.to_dict())
+    todo = [n for n in targets if not held[n.name]]
+    result.nodes += [NodeCopy(n, "skipped", verified=True, strategy="star") for n, ok in held.items() if ok]
     with ThreadPoolExecutor(max_workers=spec.parallel) as pool:
-        result.nodes.extend(pool.map(lambda n: copy_to(cluster, src, n, model, manifest, t0), targets))
+        result.nodes.extend(pool.map(lambda n: copy_to(cluster, src, n, model, manifest, t0), todo))
+    order = {n: i for i, n in enumerate(names)}
+    result.nodes.sort(key=lambda c: order.get(c.node, -1) if c.node != source else -1)
     result.seconds = time.monotonic() - t0
     failed = [c for c in result.nodes if not c.verified]
     for c in result.nodes:
         log.info("fanout %s: %s %.1f MiB in %.1f s (%.0f Mbit/s)", c.node, c.status, c.bytes / 2**20, c.seconds, c.mbit_s)
-    if failed:
-        raise StageFailed(
-            "fanout: " + "; ".join(f"{c.node}: {c.error}" for c in failed), result.to_dict()
-        )
+    if failed and (policy is Policy.ABORT or len(result.verified_nodes) < min_nodes):
+        raise StageFailed("fanout: " + "; ".join(f"{c.node}: {c.error}" for c in failed), result.to_dict())
     return result

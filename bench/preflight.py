@@ -1,0 +1,81 @@
+"""Preflight benchmark: a full iperf3 mesh in rounds of disjoint pairs against the same pairs one by one.
+
+    python bench/preflight.py [--nodes 16] [--seconds 1] [--lab pfbench] [--keep]
+
+Both schedules test the same N(N-1)/2 pairs with the same test duration on the same lab,
+side by side in one run; the ratio of their wall times is printed (expected: about
+N(N-1)/2 / (N-1) = N/2, i.e. >= 7x for 16 nodes, less the per-test overhead that both pay).
+Needs root (netns lab). Uses its own lab, removed at the end unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+
+from deploybench.config import LinkMode, PreflightSpec
+from deploybench.lab import cluster
+from deploybench.preflight import link_pairs, schedule_rounds
+from deploybench.preflight.links import run_rounds
+from deploybench.transport import Cluster
+
+
+def measure(c: Cluster, rounds: list, spec: PreflightSpec, concurrent: bool) -> tuple[float, list]:
+    t0 = time.monotonic()
+    links = run_rounds(c, rounds, spec, concurrent=concurrent)
+    return time.monotonic() - t0, links
+
+
+def describe(label: str, seconds: float, rounds: list, links: list) -> str:
+    mbit = [d.mbit for lt in links for d in lt.directions]
+    failed = sum(1 for lt in links if lt.error)
+    med = statistics.median(mbit) if mbit else float("nan")
+    low = min(mbit) if mbit else float("nan")
+    return (f"{label:<22} {len(links):4d} tests in {len(rounds):3d} rounds: {seconds:7.1f} s wall, "
+            f"per direction median {med:5.0f} Mbit/s, min {low:5.0f} Mbit/s, {failed} errors")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=1.0, help="iperf3 test duration, the same for both schedules")
+    ap.add_argument("--link-mbit", type=float, default=100.0,
+                    help="lab link speed; low enough that 8 concurrent tests do not saturate a 2-core machine's "
+                         "CPU, which would measure the CPU, not the schedule")
+    ap.add_argument("--lab", default="pfbench")
+    ap.add_argument("--keep", action="store_true", help="leave the lab running")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if os.geteuid() != 0:
+        print("bench/preflight.py needs root (netns lab)", file=sys.stderr)
+        return 2
+
+    inv = cluster.up(args.lab, nodes=args.nodes, link_mbit=args.link_mbit, mode="netns", model_mb=1)
+    spec = PreflightSpec(link_mode=LinkMode.MESH, iperf_seconds=args.seconds, link_threshold=0.5)
+    pairs = link_pairs(inv.names, LinkMode.MESH)
+    in_rounds = schedule_rounds(pairs)
+    one_by_one = [[p] for p in pairs]
+    print(f"lab {args.lab}: {args.nodes} nodes at {args.link_mbit:g} Mbit/s, {len(pairs)} pairs, "
+          f"iperf3 -t {args.seconds:g} --bidir; load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    try:
+        with Cluster(inv) as c:
+            t_rounds, l_rounds = measure(c, in_rounds, spec, concurrent=True)
+            print(describe("mesh in rounds", t_rounds, in_rounds, l_rounds), flush=True)
+            t_seq, l_seq = measure(c, one_by_one, spec, concurrent=False)
+            print(describe("sequential pairs", t_seq, one_by_one, l_seq), flush=True)
+    finally:
+        if not args.keep:
+            cluster.down(args.lab)
+    ideal = len(one_by_one) / len(in_rounds)
+    print(f"ratio sequential / rounds: {t_seq / t_rounds:.1f}x (ideal {ideal:.1f}x = {len(one_by_one)} tests / "
+          f"{len(in_rounds)} rounds); per-test wall: rounds {t_rounds / len(in_rounds):.2f} s, "
+          f"sequential {t_seq / len(one_by_one):.2f} s; load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

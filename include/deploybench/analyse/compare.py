@@ -1,0 +1,201 @@
+"""Compare stored runs: configurations x figures, the best one meeting the SLO, changes against a
+baseline with their significance, and the throughput-latency Pareto front.
+
+Significance comes from the per-request samples, never from a bare percentage: end-to-end
+latency and time to first token with a two-sided Mann-Whitney U test (scipy) on the
+successful requests' values; achieved req/s and output tokens/s with the same test on their
+per-second counts; the error rate with Fisher's exact test on (errors, successes). Capacity
+is one number per run (the capacity search), so it has no p-value.
+
+Runs of different workloads (prompt/output lengths, API, SLO) measure different things: they
+are put in separate groups, each with its own best configuration and Pareto front, and a
+baseline only yields changes for runs of its own workload.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from sqlalchemy import Engine, case, func, insert, select
+
+from deploybench.analyse import AnalysisError
+from deploybench.analyse.figures import FIGURES, HIGHER_IS_BETTER, run_figures
+from deploybench.analyse.pareto import pareto_front
+from deploybench.store.db import open_store
+from deploybench.store.models import Comparison as ComparisonRow
+from deploybench.store.models import RequestSample
+from deploybench.store.query import RunFilter, UnknownRuns, select_runs
+
+log = logging.getLogger(__name__)
+
+METHOD = "mannwhitneyu-two-sided+fisher-exact"
+_SAMPLE_TESTS = {"latency_p50_ms": "latency_ms", "latency_p99_ms": "latency_ms", "ttft_p99_ms": "ttft_ms"}
+_RATE_TESTS = {"achieved_rps": "requests", "output_tps": "output_tokens", "goodput_rps": "requests"}
+
+
+@dataclass
+class Comparison:
+    table: pd.DataFrame  # one row per run: identity columns + FIGURES + slo_met + pareto + group
+    groups: dict[str, list[str]]  # workload hash (or "unknown") -> run keys
+    best: dict[str, str | None]  # workload -> best run key meeting the SLO (None if none meets it)
+    pareto: dict[str, list[str]]  # workload -> run keys on the front, by throughput
+    baseline: str | None = None
+    changes: pd.DataFrame = field(default_factory=pd.DataFrame)  # run_key, figure, baseline, value, change, p
+    params: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None  # set once saved
+
+    def run_keys(self) -> list[str]:
+        return list(self.table["run_key"])
+
+
+def compare(target: Engine | str | None, flt: RunFilter, baseline: str | None = None, *, alpha: float = 0.05,
+            save: bool = True) -> Comparison:
+    """Compare the runs ``flt`` selects (by key or filter); see the module doc."""
+    target = open_store(target)  # resolve once: every query below reuses the engine
+    runs = select_runs(target, flt)
+    if baseline is not None and baseline not in set(runs["run_key"]):
+        try:
+            extra = select_runs(target, RunFilter(run_keys=(baseline,)))
+        except UnknownRuns as exc:
+            raise UnknownRuns(f"baseline {baseline!r} is not a stored run; list runs with `deploybench store runs`") \
+                from exc
+        runs = pd.concat([extra, runs], ignore_index=True)
+    table = run_figures(target, runs)
+    table["group"] = table["workload"].fillna("unknown")
+    groups = {g: list(t["run_key"]) for g, t in table.groupby("group", sort=False)}
+    best, front = {}, {}
+    table["pareto"] = False
+    for g, keys in groups.items():
+        sub = table[table["run_key"].isin(keys)]
+        ok = sub[sub["slo_met"]]
+        rank = ok["capacity_rps"].fillna(ok["goodput_rps"]).fillna(ok["achieved_rps"]) if len(ok) else None
+        best[g] = None if rank is None or rank.isna().all() else str(ok.loc[rank.idxmax(), "run_key"])
+        front[g] = [str(k) for k in pareto_front(
+            (r["run_key"], r["capacity_rps"] if pd.notna(r["capacity_rps"]) else r["achieved_rps"],
+             r["latency_p99_ms"]) for _, r in sub.iterrows())]
+        table.loc[table["run_key"].isin(front[g]), "pareto"] = True
+    result = Comparison(table=table, groups=groups, best=best, pareto=front, baseline=baseline,
+                        params={"alpha": alpha, "method": METHOD, "filter": flt.describe()})
+    if baseline is not None:
+        result.changes = _changes(target, table, baseline, alpha)
+    if save:
+        result.id = save_comparison(target, result)
+    return result
+
+
+def _changes(target: Engine | str | None, table: pd.DataFrame, baseline: str, alpha: float) -> pd.DataFrame:
+    base = table[table["run_key"] == baseline].iloc[0]
+    same = table[(table["group"] == base["group"]) & (table["run_key"] != baseline)]
+    if same.empty:
+        others = ", ".join(table.loc[table["run_key"] != baseline, "run_key"])
+        raise AnalysisError(
+            f"baseline {baseline!r} has another workload than every compared run ({others}); changes against a "
+            f"baseline need the same workload; choose a baseline among runs of the same prompt set, lengths and SLO")
+    rows = []
+    for _, run in same.iterrows():
+        for fig in FIGURES:
+            b, v = base[fig], run[fig]
+            if b is None or v is None or pd.isna(b) or pd.isna(v):
+                continue
+            change = (v - b) / b if b else (0.0 if v == b else None)
+            p = _p_value(target, fig, baseline, run, base)
+            better = (v > b) == (fig in HIGHER_IS_BETTER)
+            significant = p is not None and p < alpha
+            rows.append({"run_key": run["run_key"], "figure": fig, "baseline": float(b), "value": float(v),
+                         "change": change, "p_value": p, "significant": significant,
+                         "direction": "same" if v == b else ("better" if better else "worse")})
+    return pd.DataFrame(rows)
+
+
+def _p_value(target: Engine | str | None, fig: str, baseline: str, run: pd.Series, base: pd.Series) -> float | None:
+    engine = open_store(target)
+    with engine.connect() as conn:
+        if fig in _SAMPLE_TESTS:
+            col = getattr(RequestSample, _SAMPLE_TESTS[fig])
+            a, b = (_values(conn, col, k, ph) for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
+            if len(a) < 2 or len(b) < 2:
+                return None
+            return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+        if fig in _RATE_TESTS:
+            a, b = (_per_second(conn, _RATE_TESTS[fig], k, ph)
+                    for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
+            if len(a) < 2 or len(b) < 2:
+                return None
+            return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+        if fig == "error_rate":
+            a, b = (_error_counts(conn, k, ph) for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
+            if a[0] + b[0] == 0 or sum(a) == 0 or sum(b) == 0:  # no error on either side: nothing to test
+                return None
+            return float(stats.fisher_exact([a, b]).pvalue)
+    return None
+
+
+def _values(conn, col, run_key: str, phase: str) -> np.ndarray:
+    rows = conn.execute(select(col).where(RequestSample.run_key == run_key, RequestSample.phase == phase,
+                                          RequestSample.status == 200, col.is_not(None))).scalars().all()
+    return np.asarray(rows, dtype=float)
+
+
+def _per_second(conn, what: str, run_key: str, phase: str) -> np.ndarray:
+    """Per-second totals (requests, or output tokens) of successful requests, full seconds only."""
+    sec = func.date_trunc("second", RequestSample.ts)
+    agg = func.count() if what == "requests" else func.sum(RequestSample.output_tokens)
+    rows = conn.execute(select(sec, agg).where(RequestSample.run_key == run_key, RequestSample.phase == phase,
+                                               RequestSample.status == 200).group_by(sec).order_by(sec)).all()
+    values = np.asarray([r[1] for r in rows], dtype=float)
+    return values[1:-1] if len(values) > 2 else values  # the first and last second are partial
+
+
+def _error_counts(conn, run_key: str, phase: str) -> list[int]:
+    errors = func.sum(case((RequestSample.status != 200, 1), else_=0))
+    row = conn.execute(select(errors, func.count()).where(RequestSample.run_key == run_key,
+                                                          RequestSample.phase == phase)).one()
+    return [int(row[0] or 0), int(row[1] or 0) - int(row[0] or 0)]
+
+
+def save_comparison(target: Engine | str | None, cmp: Comparison) -> int:
+    """Write the comparison back (runs, baseline, parameters, what came out); returns its id."""
+    summary = {
+        "best": cmp.best, "pareto": cmp.pareto, "groups": cmp.groups,
+        "table": _jsonable(cmp.table.drop(columns=["config", "serving"], errors="ignore")),
+        "changes": _jsonable(cmp.changes),
+    }
+    engine = open_store(target)
+    with engine.begin() as conn:
+        return int(conn.execute(insert(ComparisonRow).values(
+            run_keys=cmp.run_keys(), baseline_run_key=cmp.baseline, method=METHOD, params=cmp.params,
+            result=summary).returning(ComparisonRow.id)).scalar_one())
+
+
+def _jsonable(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    if frame.empty:
+        return []
+    return [{k: (None if _isna(v) else (v.isoformat() if hasattr(v, "isoformat") else
+                                          (v.item() if hasattr(v, "item") else v)))
+             for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def _isna(v: Any) -> bool:
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def curves(target: Engine | str | None, run_keys: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """run_key -> (achieved req/s, P99 ms) of each capacity-search step, for throughput-latency curves."""
+    from deploybench.store.query import capacity_figures
+
+    steps = capacity_figures(target, run_keys)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key, g in steps.groupby("run_key") if not steps.empty else []:
+        pts = [(float(a), float(p)) for a, p in zip(g["achieved_rps"], g["latency_p99_ms"]) if pd.notna(a)
+               and pd.notna(p)]
+        if pts:
+            out[str(key)] = pts
+    return out

@@ -1,0 +1,237 @@
+"""The controller's side of the relay: install it on nodes, call it, run one round of streams.
+
+A round is a set of paths ``[feeder, node1, node2, ...]``. For each path the relays are
+started detached on every receiving node (listening on its backend address, accepting only
+the previous node of the path with this round's token), then the feeder. The controller
+watches the last node of each path, collects every node's status, and always stops every
+relay it started, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from deploybench import relay as relay_module
+from deploybench.config import FanoutSpec
+from deploybench.errors import DeploybenchError, NodeUnreachable, TransportError
+from deploybench.fanout.plan import NodeState, header_files
+from deploybench.inventory import Node
+from deploybench.manifest import Manifest
+from deploybench.transport import Cluster, alive_script, spawn_script, stop_script
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+DEAD_AFTER = 2  # consecutive failed polls (each bounded) before a node counts as dead
+
+
+def relay_source() -> bytes:
+    return Path(relay_module.__file__).read_bytes()
+
+
+class Relays:
+    """Paths and calls of the relay on every node of one fan-out."""
+
+    def __init__(self, cluster: Cluster, model: str, spec: FanoutSpec):
+        self._dead: dict[str, str] = {}
+        self.cluster = cluster
+        self.inv = cluster.inventory
+        self.model = model
+        self.spec = spec
+        self._installed: set[str] = set()
+
+    # -- where things are on a node ----------------------------------------------------------
+    def workdir(self, node: str) -> str:
+        return f"{self.inv.run_root.rstrip('/')}/{node}/fanout"
+
+    def program(self, node: str) -> str:
+        return f"{self.workdir(node)}/relay.py"
+
+    def final(self, node: str) -> str:
+        return f"{self.inv.model_root_of(node).rstrip('/')}/{self.model}"
+
+    def staging(self, node: str) -> str:
+        return f"{self.inv.model_root_of(node).rstrip('/')}/.staging/{self.model}"
+
+    def cache(self, node: str) -> str:
+        """The node's hash cache (see relay.HashCache), beside the model folders, never inside them."""
+        return f"{self.inv.model_root_of(node).rstrip('/')}/.deploybench/{self.model}.hashes.json"
+
+    # -- calls -------------------------------------------------------------------------------
+    def install(self, node: str) -> None:
+        if node in self._installed:
+            return
+        wd, prog = shlex.quote(self.workdir(node)), shlex.quote(self.program(node))
+        self.cluster[node].run(f"mkdir -p {wd} && cat > {prog}.tmp && mv {prog}.tmp {prog}",
+                               stdin=relay_source(), timeout=30).check()
+        self._installed.add(node)
+
+    def call(self, node: str, args: list[str], stdin: bytes | None = None, timeout: float = 3600) -> dict:
+        self.install(node)
+        res = self.cluster[node].run([self.inv.python, self.program(node), *args], stdin=stdin, timeout=timeout)
+        if not res.ok:
+            raise TransportError(f"node {node}: relay {args[0]} failed (exit {res.rc}): {res.stderr.strip()[-400:]}; "
+                                 f"preflight requires python3 on every node (inventory python: {self.inv.python})")
+        try:
+            return json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError) as exc:
+            raise TransportError(f"node {node}: relay {args[0]} printed no result: {res.stdout[-200:]!r}") from exc
+
+    def manifest(self, node: str, model_dir: str) -> dict:
+        return self.call(node, ["manifest", model_dir, "--cache", self.cache(node)])
+
+    def inspect(self, node: str, manifest: Manifest) -> NodeState:
+        data = self.call(node, ["inspect", "--final", self.final(node), "--staging", self.staging(node),
+                                "--cache", self.cache(node)], stdin=manifest.to_json().encode())
+        return NodeState.from_inspect(node, data)
+
+    # -- one round ---------------------------------------------------------------------------
+    def run_round(self, paths: list[list[str]], manifest: Manifest, states: dict[str, NodeState],
+                  deadline: float) -> dict[str, dict]:
+        """Stream to every path at once; returns each receiver's status (``{"dead": why}`` for a lost node,
+        ``{"error": ...}`` for a relay that ended without one). Every relay started here is stopped."""
+        jobs = []  # (token, path)
+        self._dead: dict[str, str] = {}
+        started: list[tuple[str, str]] = []
+        port = self.spec.port
+        try:
+            spawns = []
+            for path in paths:
+                token = secrets.token_hex(8)
+                feeder, receivers = path[0], path[1:]
+                header = {"manifest": json.loads(manifest.to_json()),
+                          "files": header_files(manifest, [states[n] for n in receivers])}
+                self.install(feeder)
+                self.cluster[feeder].run(f"cat > {shlex.quote(self._file(feeder, token, 'plan.json'))}",
+                                         stdin=json.dumps(header).encode(), timeout=30).check()
+                for i, node in enumerate(receivers):
+                    up = self.inv.node(path[i])
+                    down = self.inv.node(receivers[i + 1]) if i + 1 < len(receivers) else None
+                    argv = self._common(node, token) + [
+                        "serve", "--listen", self.inv.node(node).data_address, "--port", str(port),
+                        "--upstream", up.data_address, "--staging", self.staging(node), "--final", self.final(node),
+                        "--cache", self.cache(node)] + self._timeouts(token, node, down)
+                    spawns.append((node, token, argv))
+                first = self.inv.node(receivers[0])
+                argv = self._common(feeder, token) + [
+                    "send", "--plan", self._file(feeder, token, "plan.json"), "--dir", self.final(feeder),
+                    "--bind", self.inv.node(feeder).data_address] + self._timeouts(token, feeder, first)
+                spawns.append((feeder, token, argv))
+                jobs.append((token, path))
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(max_workers=min(16, len(spawns))) as pool:
+                list(pool.map(lambda s: self._spawn(*s, started), spawns))
+            t1 = time.monotonic()
+            out = self._watch(jobs, deadline)
+            log.debug("round: %d relays started in %.2f s, streams done after %.2f s", len(spawns), t1 - t0,
+                      time.monotonic() - t1)
+            return out
+        finally:
+            t2 = time.monotonic()
+            self._stop(started)
+            log.debug("round: relays stopped in %.2f s", time.monotonic() - t2)
+
+    def _file(self, node: str, token: str, what: str) -> str:
+        return f"{self.workdir(node)}/{token}.{what}"
+
+    def _common(self, node: str, token: str) -> list[str]:
+        self.install(node)
+        return [self.inv.python, self.program(node)]
+
+    def _timeouts(self, token: str, node: str, down: Node | None) -> list[str]:
+        return ["--token", token, "--status", self._file(node, token, "status.json"),
+                "--io-timeout", f"{self.spec.io_timeout_s:g}", "--accept-timeout", f"{max(30.0, self.spec.io_timeout_s):g}",
+                "--downstream", f"{down.data_address}:{self.spec.port}" if down else ""]
+
+    def _spawn(self, node: str, token: str, argv: list[str], started: list) -> None:
+        script = spawn_script(argv, self._file(node, token, "log"), self._file(node, token, "pid"))
+        started.append((node, token))
+        self.cluster[node].run(script, timeout=30).check()
+
+    def _poll(self, node: str, token: str) -> dict:
+        s, pid = shlex.quote(self._file(node, token, "status.json")), self._file(node, token, "pid")
+        res = self.cluster[node].run(
+            # the status file is checked again after the liveness test: the relay may write it and exit between the two
+            f"if [ -f {s} ]; then cat {s}; elif {alive_script(pid)}; then echo '{{\"running\": true}}'; "
+            f"elif [ -f {s} ]; then cat {s}; else echo '{{\"gone\": true}}'; fi", timeout=5).check()
+        return json.loads(res.stdout)
+
+    def _watch(self, jobs: list[tuple[str, list[str]]], deadline: float) -> dict[str, dict]:
+        """Watch the last node of every path until it is done (the others finish with it), then collect all."""
+        out: dict[tuple[str, str], dict] = {}
+        misses: dict[str, int] = {}
+        dead: dict[str, str] = {}
+
+        def unresolved(tails_only: bool) -> list[tuple[str, str]]:
+            todo = []
+            for token, path in jobs:
+                nodes = [n for n in path if (token, n) not in out and n not in dead]
+                todo += [(nodes[-1], token)] if tails_only and nodes and nodes[-1] == path[-1] else []
+                todo += [] if tails_only else [(n, token) for n in nodes]
+            return todo
+
+        def poll(item: tuple[str, str]) -> None:
+            node, token = item
+            try:
+                st = self._poll(node, token)
+                misses[node] = 0
+            except NodeUnreachable as exc:
+                dead[node] = str(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - paramiko raises its own types for a half-dead link
+                misses[node] = misses.get(node, 0) + 1
+                if misses[node] >= DEAD_AFTER:
+                    dead[node] = f"node {node} stopped answering: {exc}"
+                return
+            if st.get("gone"):
+                out[(token, node)] = {"error": f"node {node}: the relay ended without a status "
+                                               f"(see {self._file(node, token, 'log')})"}
+            elif not st.get("running"):
+                out[(token, node)] = st
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            for tails_only in (True, False):
+                while todo := unresolved(tails_only):
+                    if time.monotonic() > deadline:
+                        for node, token in todo:
+                            out[(token, node)] = {"error": f"node {node}: transfer timed out "
+                                                           f"(fanout timeout_s={self.spec.timeout_s:g})"}
+                        break
+                    list(pool.map(poll, todo))
+                    if unresolved(tails_only):
+                        time.sleep(POLL_S)
+        result: dict[str, dict] = {}
+        for token, path in jobs:
+            for n in path[1:]:
+                result[n] = {"dead": dead[n]} if n in dead else out.get((token, n), {})
+                result[n]["feeder"] = path[0]
+                result[n]["upstream_node"] = path[path.index(n) - 1]
+            fst = out.get((token, path[0])) or {}
+            if fst.get("error"):
+                log.warning("feeder %s of %s: %s", path[0], "->".join(path), fst["error"])
+        self._dead = dead
+        return result
+
+    def _stop(self, started: list[tuple[str, str]]) -> None:
+        dead = self._dead
+
+        def stop(item: tuple[str, str]) -> None:
+            node, token = item
+            if node in dead:
+                return
+            try:
+                pid, wd = self._file(node, token, "pid"), self.workdir(node)
+                rm = " ".join(shlex.quote(f"{wd}/{token}.{x}") for x in ("plan.json", "status.json", "status.json.tmp"))
+                self.cluster[node].run(stop_script(pid, 2) + f"; rm -f {rm}", timeout=15)
+            except DeploybenchError as exc:
+                log.warning("node %s: could not stop relay %s: %s", node, token, exc)
+
+        if started:
+            with ThreadPoolExecutor(max_workers=min(16, len(started))) as pool:
+                list(pool.map(stop, started))

@@ -1,0 +1,25 @@
+"""The load stage: open-model load with k6, in three phases (see DESIGN.md "Measuring honestly").
+
+* ``runner.run_load`` — one k6 run (a phase, or one step of the search) with the TTFT sampler and the
+  /metrics scraper beside it; the building block the others use, and what the rollout's canary gate calls.
+* ``probe.search`` — the capacity: doubling then bisection, each step judged by the SLO, achieved ÷
+  offered and dropped iterations.
+* ``sustained.run`` — a fraction of the capacity held for the configured time; per-window figures, drift.
+* ``overload.run`` — a ramp past the capacity, then recovery at half of it; where each objective broke,
+  errors by kind, recovery time.
+* ``phases.run_phases`` — the three in order, as the pipeline's load stage runs them.
+"""
+
+from deploybench.load.figures import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
+from deploybench.load.records import (
+    Endpoint, EndpointNotReady, Figures, LoadError, LoadResult, NodeFigures, SloVerdict, WindowFigures,
+)
+from deploybench.load.runner import build_env, find_k6, k6_command, k6_timeout_s, run_load, size_vus
+from deploybench.load.samples import SAMPLE_COLUMNS, SAMPLE_METRIC, load_samples, read_k6_json, save_samples
+
+__all__ = [
+    "Endpoint", "EndpointNotReady", "Figures", "LoadError", "LoadResult", "NodeFigures", "SAMPLE_COLUMNS",
+    "SAMPLE_METRIC", "SloVerdict", "WindowFigures", "build_env", "figures", "find_k6", "k6_command",
+    "k6_timeout_s", "load_samples", "node_figures", "read_k6_json", "run_load", "save_samples", "size_vus",
+    "slo_verdict", "thresholds_crossed", "window_figures",
+]

@@ -1,0 +1,143 @@
+"""The three phases as the pipeline runs them, one call per phase, results kept in the run's folder.
+
+Each phase writes ``<out_dir>/<phase>.result.json`` (``PhaseOutcome``); ``assemble`` turns the files
+present into the load stage's result::
+
+    {**<the headline LoadResult: sustained, else overload, else the probe's capacity step>,
+     "phases":   {"probe": {...}, "sustained": {...}, "overload": {...}},   # those that ran
+     "capacity": {"capacity_rps", "bracket", "converged", "reason", "steps": [ProbeStep...], "seconds"}
+                 | {"capacity_rps": <load.rate>, "source": "config"} when the probe did not run,
+     "series":   [paths of the scraped /metrics series, NDJSON.gz, one per k6 run]}
+
+``phases[p]`` is ``{"status": "success"|"failed", "result": LoadResult dump | None, "error": str | None,
+"analysis": {...}}``; analysis is the probe's CapacityResult, sustained's Drift or overload's
+OverloadAnalysis. The sustained and overload phases take the probe's capacity when it ran, else
+``load.rate``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from deploybench.config import SLO, LoadSpec
+from deploybench.load import overload, probe, sustained
+from deploybench.load.records import Endpoint, LoadError
+from deploybench.load.runner import run_load
+
+LOG = logging.getLogger(__name__)
+ORDER = ("probe", "sustained", "overload")
+LB_NODE = "lb"
+
+
+def targets(endpoints: list[Endpoint], spec: LoadSpec) -> tuple[list[Endpoint], list[Endpoint]]:
+    """(where the load goes, whose /metrics are scraped): every node, or one load-balanced URL in front of them."""
+    if not spec.target_url:
+        return endpoints, endpoints
+    model = endpoints[0].model if endpoints else "model"
+    return [Endpoint(LB_NODE, spec.target_url, model)], endpoints
+
+
+def _path(out_dir: Path, phase: str) -> Path:
+    return Path(out_dir) / f"{phase}.result.json"
+
+
+def read_outcomes(out_dir: Path) -> dict[str, dict]:
+    return {p: json.loads(_path(out_dir, p).read_text()) for p in ORDER if _path(out_dir, p).is_file()}
+
+
+def _write(out_dir: Path, phase: str, outcome: dict) -> None:
+    path = _path(out_dir, phase)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(outcome, indent=1, default=str))
+    tmp.replace(path)
+
+
+def capacity_of(out_dir: Path, spec: LoadSpec) -> tuple[float, str]:
+    """The capacity sustained/overload work from: the probe's, else ``spec.rate``."""
+    got = read_outcomes(out_dir).get("probe")
+    if got is None:
+        return spec.rate, "config"
+    cap = ((got.get("analysis") or {}).get("capacity_rps"))
+    if got.get("status") != "success" or not cap:
+        raise LoadError(f"the probe found no capacity ({(got.get('analysis') or {}).get('reason') or got.get('error')}); "
+                        "lower probe_start_rps, loosen the SLO, or run without the probe at a fixed load_rate")
+    return float(cap), "probe"
+
+
+def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
+              tags: dict | None = None, api: str | None = None) -> dict:
+    """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    load_eps, scrape_eps = targets(endpoints, spec)
+    outcome: dict[str, Any] = {"phase": phase, "status": "failed", "result": None, "error": None, "analysis": None}
+    try:
+        if phase == "probe":
+            steps: dict[int, Any] = {}
+
+            def step(n: int, rate: float):
+                res = run_load(load_eps, spec, slo, out_dir, phase="probe", tags=tags, rate=rate,
+                               duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api, step=n,
+                               seed=n, scrape_endpoints=scrape_eps)
+                steps[n] = res
+                return res
+
+            found = probe.search(step, spec, slo)
+            outcome["analysis"] = found.model_dump(mode="json")
+            best = max((s for s in found.steps if s.passed), key=lambda s: s.rate, default=found.steps[-1])
+            outcome["result"] = steps[best.step].model_dump(mode="json")
+            outcome["series"] = [r.metrics_path for r in steps.values() if r.metrics_path]
+        else:
+            cap, source = capacity_of(out_dir, spec)
+            mod = sustained if phase == "sustained" else overload
+            res, analysis = mod.run(load_eps, spec, slo, out_dir, cap, tags=tags, api=api,
+                                    scrape_endpoints=scrape_eps)
+            outcome["result"] = res.model_dump(mode="json")
+            outcome["analysis"] = {**analysis.model_dump(mode="json"), "capacity_rps": cap, "capacity_source": source}
+            outcome["series"] = [res.metrics_path] if res.metrics_path else []
+        outcome["status"] = "success"
+    except Exception as exc:
+        outcome["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        _write(out_dir, phase, outcome)
+    return outcome
+
+
+def assemble(out_dir: Path, spec: LoadSpec) -> dict:
+    """The load stage's result from the phase files present (see the module doc)."""
+    got = read_outcomes(out_dir)
+    head = next((got[p]["result"] for p in ("sustained", "overload", "probe") if p in got and got[p].get("result")),
+                None)
+    pr = got.get("probe")
+    capacity = ((pr.get("analysis") or {"capacity_rps": None, "reason": pr.get("error")}) if pr
+                else {"capacity_rps": spec.rate, "source": "config"})
+    return {**(head or {}), "phases": got, "capacity": capacity,
+            "series": [s for p in got.values() for s in p.get("series") or []]}
+
+
+def summary(data: dict) -> str:
+    """One line per phase for the stage record."""
+    parts = []
+    cap = data.get("capacity") or {}
+    for name, ph in (data.get("phases") or {}).items():
+        res, an = ph.get("result") or {}, ph.get("analysis") or {}
+        if ph.get("status") != "success":
+            parts.append(f"{name}: FAILED ({(ph.get('error') or '')[:120]})")
+        elif name == "probe":
+            parts.append(f"probe: capacity {an.get('capacity_rps') or 0:.2f} req/s in {len(an.get('steps') or [])} "
+                         f"steps ({an.get('reason')})")
+        elif name == "sustained":
+            parts.append(f"sustained: {res.get('achieved_rps', 0):.2f} of {res.get('offered_rps', 0):.2f} req/s, "
+                         f"P99 {res.get('latency_p99_ms') or 0:.0f} ms, SLO {'met' if res.get('slo_ok') else 'not met'}"
+                         + (", DRIFT " + "; ".join(an.get("reasons") or []) if an.get("drifted") else ""))
+        else:
+            broke = {k: round(v["rate"], 2) for k, v in (an.get("broke_at") or {}).items() if v}
+            parts.append(f"overload: broke at {broke or 'nothing'}, "
+                         + (f"recovered in {an.get('recovery_s')} s" if an.get("recovered") else "did NOT recover"))
+    if not parts:
+        parts.append(f"capacity {cap.get('capacity_rps')}")
+    return " | ".join(parts)

@@ -1,0 +1,119 @@
+"""The load stage's typed results: what one k6 run (a phase, or one step of the capacity search) measured.
+
+Every latency figure names where it comes from (``LoadResult.sources``): ``client`` figures are
+measured by deploybench's own load generators on every request they sent, ``engine`` figures are read
+from the engine's Prometheus histograms. ``model_dump(mode="json")`` is what goes to XCom, the stage
+record and the results store; fields are only ever added, so older readers keep working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from deploybench.errors import DeploybenchError
+
+
+class LoadError(DeploybenchError):
+    """k6 could not run the phase: a script error, a crash, a missing binary, an overrun, unreadable output."""
+
+
+class EndpointNotReady(LoadError):
+    """An endpoint did not answer its readiness path when k6's setup() checked it."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One serving endpoint: the node it runs on, its base URL (http://10.0.0.11:8000), its model name."""
+
+    node: str
+    url: str
+    model: str
+
+
+class Figures(BaseModel):
+    """What a phase (or a window, or a node) measured over its measured window (warm-up excluded).
+
+    ``requests``/``errors``/latencies are over requests *started* in the window; ``achieved_rps`` and
+    ``goodput_rps`` count requests *answered* in the window (so a server that falls behind shows as
+    achieved < offered even though the open-model client keeps sending on time)."""
+
+    requests: int
+    errors: int
+    error_rate: float
+    errors_by_kind: dict[str, int]
+    achieved_rps: float
+    output_tps: float
+    latency_p50_ms: float | None  # None when no request succeeded
+    latency_p90_ms: float | None
+    latency_p99_ms: float | None
+    latency_p999_ms: float | None
+    ttft_p50_ms: float | None = None  # client: the SSE sampler's streamed requests (see ttft.py)
+    ttft_p99_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p999_ms: float | None = None
+    ttft_samples: int = 0
+    itl_p50_ms: float | None = None  # client: gaps between the sampler's streamed tokens
+    itl_p90_ms: float | None = None
+    itl_p99_ms: float | None = None
+    itl_p999_ms: float | None = None
+    sent_rps: float = 0.0  # requests started per second (what the client offered, as it managed)
+    goodput_rps: float = 0.0  # answered in the window, succeeded, within the SLO's latency limits
+    goodput_ratio: float | None = None  # goodput / requests answered in the window
+    lag_p50_ms: float | None = None  # schedule lag of k6's requests: start - when it was due
+    lag_p99_ms: float | None = None
+    lag_max_ms: float | None = None
+
+
+class NodeFigures(Figures):
+    node: str
+
+
+class WindowFigures(Figures):
+    """Figures of one time window of a phase (``start_s`` after the measured window's start)."""
+
+    start_s: float
+    duration_s: float
+    offered_rps: float
+    dropped_iterations: int = 0
+
+
+class SloVerdict(BaseModel):
+    passed: bool
+    reasons: list[str]
+
+
+class LoadResult(Figures):
+    """One k6 run's result (a phase, or one probe step)."""
+
+    phase: str
+    offered_rps: float
+    duration_s: float
+    warmup_s: float
+    started_at: datetime  # start of the measured window (the first request after the warm-up)
+    warmup_excluded: int
+    dropped_iterations: int
+    slo_ok: bool
+    slo: SloVerdict
+    nodes: list[NodeFigures]
+    samples_path: str
+    warmup_samples_path: str | None
+    summary_path: str
+    k6_exit_code: int
+    k6_thresholds_crossed: list[str]
+    k6_cpu_s: float
+    vus_pre: int
+    vus_max: int
+    tags: dict[str, str]
+    notes: list[str]
+    # added with the phases (issue 6); defaults keep older stage records readable
+    step: int = 0
+    k6_rps: float = 0.0  # the part of offered_rps k6 sent (the rest: the TTFT sampler)
+    ttft_sample_rps: float = 0.0
+    stages: list[tuple[float, float]] = Field(default_factory=list)  # a ramp: (target rate, seconds)
+    windows: list[WindowFigures] = Field(default_factory=list)
+    engine: dict = Field(default_factory=dict)  # per node: figures from the engine's /metrics (scrape.py)
+    metrics_path: str | None = None  # the scraped /metrics series (NDJSON, see scrape.py)
+    sources: dict[str, str] = Field(default_factory=dict)

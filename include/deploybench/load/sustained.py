@@ -1,0 +1,61 @@
+"""Sustained: a constant arrival rate at ``sustained_fraction`` x the capacity, held for ``duration_s``.
+
+Figures per window (``window_s``) come with the result (``LoadResult.windows``); drift compares the
+first and the last full window: throughput (requests answered per second) and P99 end-to-end latency
+moving by more than ``drift_threshold`` (relative) is reported, with the values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from deploybench.config import SLO, LoadSpec
+from deploybench.load.records import Endpoint, LoadResult, WindowFigures
+from deploybench.load.runner import run_load
+
+
+class Drift(BaseModel):
+    drifted: bool
+    threshold: float
+    achieved_rps: tuple[float, float] | None  # (first window, last window)
+    achieved_change: float | None
+    latency_p99_ms: tuple[float, float] | None
+    latency_p99_change: float | None
+    reasons: list[str]
+
+
+def _change(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or a == 0:
+        return None
+    return round((b - a) / a, 4)
+
+
+def drift(windows: list[WindowFigures], threshold: float) -> Drift:
+    """Drift between the first and the last window (needs two windows; else not drifted, with a reason)."""
+    if len(windows) < 2:
+        return Drift(drifted=False, threshold=threshold, achieved_rps=None, achieved_change=None,
+                     latency_p99_ms=None, latency_p99_change=None,
+                     reasons=[f"{len(windows)} window(s): drift needs two; make duration_s >= 2 x window_s"])
+    first, last = windows[0], windows[-1]
+    thr = _change(first.achieved_rps, last.achieved_rps)
+    p99 = _change(first.latency_p99_ms, last.latency_p99_ms)
+    reasons = []
+    if thr is not None and abs(thr) > threshold:
+        reasons.append(f"throughput moved {thr:+.1%} ({first.achieved_rps:.2f} -> {last.achieved_rps:.2f} req/s)")
+    if p99 is not None and abs(p99) > threshold:
+        reasons.append(f"P99 latency moved {p99:+.1%} ({first.latency_p99_ms:.0f} -> {last.latency_p99_ms:.0f} ms)")
+    both = first.latency_p99_ms is not None and last.latency_p99_ms is not None
+    return Drift(drifted=bool(reasons), threshold=threshold, achieved_rps=(first.achieved_rps, last.achieved_rps),
+                 achieved_change=thr, latency_p99_ms=(first.latency_p99_ms, last.latency_p99_ms) if both else None,
+                 latency_p99_change=p99, reasons=reasons)
+
+
+def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
+        tags: dict | None = None, api: str | None = None, seed: int = 0,
+        scrape_endpoints: list[Endpoint] | None = None) -> tuple[LoadResult, Drift]:
+    res = run_load(endpoints, spec, slo, out_dir, phase="sustained", tags=tags,
+                   rate=spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,
+                   scrape_endpoints=scrape_endpoints)
+    return res, drift(res.windows, spec.drift_threshold)

@@ -1,0 +1,263 @@
+"""Time to first token and inter-token latency, measured by a client that reads the stream as it comes.
+
+k6's HTTP client buffers a whole response, and ``timings.waiting`` is the time to the response headers,
+which a streaming server (vLLM, Triton, any FastAPI/uvicorn ``StreamingResponse``) sends at once: it is
+not the time to the first token (../shared/NOTES.md). So beside k6 a small asyncio client sends a share
+of the offered load itself (``ttft_sample_rps``, open model: requests start on schedule whatever the
+server does), always streamed, and times each SSE event as it arrives:
+
+* ``ttft_ms``: from the request's start (before connecting) to the first event that carries text;
+* ``itl_ms``: the gaps between consecutive text events (one token per event for vLLM and Triton);
+* ``latency_ms``: to the end of the stream, as for k6's requests.
+
+Its rows join k6's in the phase's samples (``ttft_ms`` set marks them), and its rate is taken off k6's,
+so the offered rate is the sum. It speaks OpenAI completions and chat (``stream_options.include_usage``)
+and Triton's ``generate_stream``; HTTP/1.1 with keep-alive connections (as k6's), plain ``asyncio``
+(uvloop when installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+import time
+from urllib.parse import quote, urlsplit
+
+from deploybench.config import LoadSpec
+from deploybench.load.records import Endpoint
+
+LOG = logging.getLogger(__name__)
+
+WORDS = ("the of and to in is it you that he was for on are as with his they at be this have from or one had by "
+         "word but not what all were we when your can said there use an each which she do how their if will up "
+         "other about out many then them these so some her would make like him into time has look two more").split()
+MAX_HEAD = 64 << 10
+
+
+def make_prompt(rng: random.Random, spec: LoadSpec) -> tuple[str, int, int]:
+    """(text, prompt tokens, max_tokens): lengths spread like k6's prompt set (lib/prompts.js)."""
+    tokens = max(1, round(spec.prompt_tokens * (0.5 + rng.random())))
+    out = max(1, round(spec.output_tokens * (1 - spec.output_spread + 2 * spec.output_spread * rng.random())))
+    return " ".join(rng.choice(WORDS) for _ in range(tokens)), tokens, out
+
+
+def request_body(api: str, model: str, text: str, max_tokens: int) -> tuple[str, bytes]:
+    """(path, JSON body) of one streamed request."""
+    if api == "triton":
+        body = {"text_input": text, "parameters": {"max_tokens": max_tokens, "stream": True, "ignore_eos": True}}
+        return f"/v2/models/{quote(model, safe='')}/generate_stream", json.dumps(body).encode()
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+        return "/v1/chat/completions", json.dumps(body).encode()
+    body["prompt"] = text
+    return "/v1/completions", json.dumps(body).encode()
+
+
+def event_text(data: str) -> tuple[str, dict | None]:
+    """(text carried, usage) of one SSE ``data:`` payload; ('', None) for [DONE] or an unreadable one."""
+    try:
+        evt = json.loads(data)
+    except ValueError:
+        return "", None
+    if not isinstance(evt, dict):
+        return "", None
+    if "text_output" in evt:
+        return str(evt["text_output"] or ""), evt.get("usage")
+    choice = (evt.get("choices") or [{}])[0] or {}
+    piece = choice.get("text")
+    if piece is None:
+        piece = (choice.get("delta") or {}).get("content")
+    return str(piece or ""), evt.get("usage")
+
+
+class _Stream:
+    """Feeds body bytes, yields SSE data payloads line by line (CRLF or LF)."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        self.buf += data
+        out = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            line = line.rstrip(b"\r")
+            if line.startswith(b"data:"):
+                out.append(line[5:].strip().decode("utf-8", "replace"))
+        return out
+
+
+async def _body_parts(reader: asyncio.StreamReader, headers: dict[str, str]):
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, then the end
+                    pass
+                return
+            yield await reader.readexactly(size)
+            await reader.readexactly(2)
+    else:
+        left = int(headers.get("content-length", "-1"))
+        while left != 0:
+            part = await reader.read(65536 if left < 0 else min(left, 65536))
+            if not part:
+                return
+            left -= len(part) if left > 0 else 0
+            yield part
+
+
+def _reusable(headers: dict[str, str]) -> bool:
+    """The body had a known end and the server keeps the connection open."""
+    framed = "chunked" in headers.get("transfer-encoding", "").lower() or "content-length" in headers
+    return framed and "close" not in headers.get("connection", "").lower()
+
+
+async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max_tokens: int,
+                      timeout_s: float, pool: list | None = None) -> dict:
+    """One streamed request; a row of the samples (times in ms, ``ts`` in epoch ms).
+
+    ``pool`` holds idle keep-alive connections to ``ep`` (as k6 and real clients keep them): one is
+    taken if there is one, and given back after a complete answer; else a new one is opened."""
+    ts, t0 = time.time() * 1000.0, time.perf_counter()
+    row = {"ts": ts, "node": ep.node, "status": 0, "error_kind": None, "latency_ms": None, "ttft_ms": None,
+           "prompt_tokens": prompt_tokens, "output_tokens": 0, "itl_ms": None}
+    url = urlsplit(ep.url)
+    prefix = url.path.rstrip("/")
+    path, body = request_body(api, ep.model, text, max_tokens)
+    writer, keep = None, False
+    try:
+        async with asyncio.timeout(timeout_s):
+            head = None
+            while pool:  # an idle connection may have been closed by the server meanwhile: then a new one
+                reader, writer = pool.pop()
+                try:
+                    head = await _send(reader, writer, url.netloc, prefix + path, body)
+                    break
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    writer.close()
+                    writer = None
+            if head is None:
+                reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=MAX_HEAD)
+                head = await _send(reader, writer, url.netloc, prefix + path, body)
+            row["status"] = int(head[0].split(" ")[1])
+            headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+            if not 200 <= row["status"] < 300:
+                row["error_kind"] = f"http_{row['status']}"
+                return row
+            sse, times, usage, done = _Stream(), [], None, False
+            async for part in _body_parts(reader, headers):
+                now = time.perf_counter()
+                for data in sse.feed(part):
+                    if data == "[DONE]":
+                        done = True
+                        continue
+                    text_out, u = event_text(data)
+                    usage = u or usage
+                    if text_out:
+                        times.append(now)
+            end = time.perf_counter()
+            row["latency_ms"] = (end - t0) * 1000.0
+            if not times:
+                row["error_kind"] = "bad_response"
+            elif api != "triton" and not done:
+                row["error_kind"] = "stream_incomplete"
+            else:
+                keep = _reusable(headers)
+                row["ttft_ms"] = (times[0] - t0) * 1000.0
+                row["itl_ms"] = [(b - a) * 1000.0 for a, b in zip(times, times[1:])]
+                row["output_tokens"] = int((usage or {}).get("completion_tokens") or len(times))
+                row["prompt_tokens"] = int((usage or {}).get("prompt_tokens") or prompt_tokens)
+    except TimeoutError:
+        row["error_kind"] = "timeout"
+    except ConnectionRefusedError:
+        row["error_kind"] = "connection_refused"
+    except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
+        row["error_kind"] = "connection_reset"
+    except (OSError, ValueError, IndexError, asyncio.LimitOverrunError) as exc:
+        row["error_kind"] = "network"
+        LOG.debug("sampler request to %s failed: %r", ep.url, exc)
+    finally:
+        if writer is not None:
+            if keep and pool is not None:
+                pool.append((reader, writer))
+            else:
+                writer.close()
+        if row["latency_ms"] is None:
+            row["latency_ms"] = (time.perf_counter() - t0) * 1000.0
+    return row
+
+
+async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str,
+                body: bytes) -> list[str]:
+    """Write one request, read the response head: its lines."""
+    writer.write((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                  f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1") + body)
+    await writer.drain()
+    return (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+
+
+class TtftSampler:
+    """Sends ``rate`` streamed requests/s round-robin over ``endpoints`` for ``duration_s``, in a thread.
+
+    ``start()`` returns at once; ``stop()`` stops the schedule, lets requests in flight finish (each is
+    bounded by ``spec.request_timeout_s``) and returns the rows."""
+
+    def __init__(self, endpoints: list[Endpoint], spec: LoadSpec, api: str, rate: float, duration_s: float,
+                 seed: int = 0) -> None:
+        self.endpoints, self.spec, self.api = endpoints, spec, api
+        self.rate, self.duration_s = rate, duration_s
+        self.rng = random.Random(seed + 7919)
+        self.rows: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        try:  # uvloop when installed: less time per event, so the timestamps sit closer to the bytes
+            import uvloop
+
+            runner = uvloop.run
+        except ImportError:
+            runner = asyncio.run
+        self._thread = threading.Thread(target=lambda: runner(self._main()), name="ttft-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.spec.request_timeout_s + 10)
+            if self._thread.is_alive():
+                LOG.warning("the TTFT sampler did not stop within %.0f s; its rows so far are kept",
+                            self.spec.request_timeout_s + 10)
+        return list(self.rows)
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        tasks, i = set(), 0
+        pools: dict[str, list] = {}
+        while not self._stop.is_set():
+            due = t0 + i / self.rate
+            if due - t0 >= self.duration_s:
+                break
+            await asyncio.sleep(max(0.0, due - loop.time()) if due > loop.time() else 0)
+            if self._stop.is_set():
+                break
+            ep = self.endpoints[i % len(self.endpoints)]
+            text, ptoks, out = make_prompt(self.rng, self.spec)
+            pool = pools.setdefault(ep.node, [])
+            task = loop.create_task(stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s, pool))
+            task.add_done_callback(lambda t: self.rows.append(t.result()))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            i += 1
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.spec.request_timeout_s + 5)
+        for idle in pools.values():
+            for _, writer in idle:
+                writer.close()

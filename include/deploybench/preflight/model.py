@@ -1,0 +1,117 @@
+"""What preflight measures, as plain dataclasses (stored as JSON with the run).
+
+The field names other stages read are kept stable: ``links[].{src, dst, mbit, ratio,
+nominal_mbit, ok, error}`` for the report's table and matrix, ``healthy`` for fan-out.
+Everything else is added beside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Status = Literal["pass", "warn", "fail"]
+
+
+def node_errors() -> tuple[type[BaseException], ...]:
+    """What talking to one node can raise: ours, the OS's, and paramiko's own (a channel refused
+    mid-session is not wrapped by the transport). One node's trouble must never crash the stage."""
+    from deploybench.errors import DeploybenchError
+
+    try:
+        from paramiko import SSHException
+    except ImportError:  # the local transport needs no paramiko
+        return (DeploybenchError, OSError, EOFError)
+    return (DeploybenchError, OSError, EOFError, SSHException)
+_RANK = {"pass": 0, "warn": 1, "fail": 2}
+
+
+def worst_status(statuses: list[str]) -> Status:
+    return max(statuses, key=_RANK.__getitem__, default="pass")  # type: ignore[return-value]
+
+
+@dataclass
+class CheckItem:
+    """One check on one node: its verdict, the measured value, and a sentence for people."""
+
+    name: str
+    status: Status
+    value: object = None
+    detail: str = ""
+
+
+@dataclass
+class NodeCheck:
+    node: str
+    ok: bool
+    reasons: list[str] = field(default_factory=list)  # why it failed (one sentence per failed check)
+    facts: dict = field(default_factory=dict)  # what the node reported, raw
+    status: Status = "pass"
+    warnings: list[str] = field(default_factory=list)
+    checks: list[CheckItem] = field(default_factory=list)
+
+    def add(self, item: CheckItem) -> None:
+        """Record a check; a failure makes the node fail, a warning is kept beside it."""
+        self.checks.append(item)
+        if item.status == "fail":
+            self.reasons.append(item.detail)
+        elif item.status == "warn":
+            self.warnings.append(item.detail)
+        self.status = worst_status([c.status for c in self.checks])
+        self.ok = self.status != "fail"
+
+    @property
+    def reachable(self) -> bool:
+        return any(c.name == "ssh" and c.status == "pass" for c in self.checks)
+
+    def can_run_iperf3(self) -> bool:
+        return self.reachable and self.facts.get("bins", {}).get("iperf3", "missing") != "missing"
+
+
+@dataclass
+class Direction:
+    """One direction of a link test: a cell of the bandwidth matrix."""
+
+    src: str
+    dst: str
+    mbit: float
+    ratio: float
+    retransmits: int | None = None
+
+
+@dataclass
+class LinkTest:
+    src: str
+    dst: str
+    round: int
+    nominal_mbit: float
+    mbit: float | None = None  # the slower direction (what the link can be relied on for)
+    ratio: float | None = None  # mbit / nominal_mbit
+    retransmits: int | None = None  # both directions together
+    rtt_ms: float | None = None
+    ok: bool = False
+    error: str | None = None
+    threshold: float | None = None
+    directions: list[Direction] = field(default_factory=list)
+    port: int | None = None
+    seconds: float | None = None  # wall time of the whole test, server start to stop
+
+
+@dataclass
+class PreflightResult:
+    nodes: list[NodeCheck]
+    links: list[LinkTest]
+    healthy: list[str]
+    excluded: dict[str, str]
+    decision: str
+    seconds: float
+    policy: str = "abort"
+    link_mode: str = "ring"
+    threshold: float = 0.9
+    rounds: int = 0
+    findings: list[str] = field(default_factory=list)  # cluster-wide: inconsistencies between nodes
+    worst_links: list[str] = field(default_factory=list)  # the weakest directions, worst first, in words
+    matrix: dict[str, dict[str, float]] = field(default_factory=dict)  # src -> dst -> ratio of nominal
+
+    def to_dict(self) -> dict:
+        return asdict(self)

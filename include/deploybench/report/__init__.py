@@ -1,0 +1,111 @@
+"""The reports: a readable summary for the terminal, one self-contained HTML file per run
+(``write_html``, sections and plots in ``run_html``) and per comparison (``compare_html``).
+
+The run report is built from the run's stage records and files in its folder, so a failed
+run gets a report too: it shows which stage failed and why, beside everything measured
+before, and it does not depend on the store having worked.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deploybench.analyse.history import History
+    from deploybench.pipeline import Run
+
+log = logging.getLogger(__name__)
+
+ORDER = ("validate", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
+
+
+def run_status(records: dict[str, dict]) -> str:
+    """failed if any stage failed or a work stage never ran; else success."""
+    if any(r.get("status") == "failed" for r in records.values()):
+        return "failed"
+    if not all(s in records for s in ("validate", "preflight", "fanout", "rollout", "load")):
+        return "failed"
+    return "success"
+
+
+def summary_text(run: "Run") -> str:
+    recs = run.stage_records()
+    lines = [f"deploybench run {run.key}: {run_status(recs).upper()}",
+             f"  config {run.cfg.fingerprint()[:12]}  nodes {len(run.nodes)}  engine {run.cfg.engine.profile.value}",
+             "", f"  {'stage':<10} {'status':<8} {'seconds':>8}  what happened"]
+    for s in ORDER:
+        r = recs.get(s)
+        if r is None:
+            lines.append(f"  {s:<10} {'skipped':<8} {'':>8}")
+            continue
+        lines.append(f"  {s:<10} {r['status']:<8} {r.get('seconds', 0):>8.1f}  {r.get('summary', '')}")
+    ld = (recs.get("load") or {}).get("result") or {}
+    if ld:
+        lines += ["", f"  load result, phase {ld.get('phase')} (warm-up of {ld.get('warmup_s', 0):g} s excluded; "
+                  "end-to-end latency measured by k6 on the client):",
+                  f"    requests/s     {ld.get('achieved_rps', 0):.2f} (offered {ld.get('offered_rps', 0):g}, "
+                  f"{ld.get('requests', 0)} requests in {ld.get('duration_s', 0):g} s)",
+                  f"    output tok/s   {ld.get('output_tps', 0):.1f}",
+                  f"    latency P50    {_ms(ld.get('latency_p50_ms'))}",
+                  f"    latency P99    {_ms(ld.get('latency_p99_ms'))}",
+                  f"    error rate     {ld.get('error_rate', 0):.2%} {ld.get('errors_by_kind') or ''}",
+                  f"    dropped        {ld.get('dropped_iterations', 0)} iterations",
+                  "    SLO            " + ("met" if ld.get("slo_ok") else
+                                            "NOT met: " + "; ".join((ld.get("slo") or {}).get("reasons") or []))]
+    truth = sim_capacity(run)
+    if truth:
+        lines += [f"    ground truth   the simulated engine saturates at {truth[0]:.2f} req/s per node, "
+                  f"{truth[0] * truth[1]:.1f} req/s for {truth[1]} nodes (closed form; SLO not considered)"]
+    rep = (recs.get("report") or {}).get("result") or {}
+    if rep.get("path"):
+        lines += ["", f"  report: {rep['path']}"]
+    return "\n".join(lines)
+
+
+def sim_capacity(run: "Run") -> tuple[float, int] | None:
+    """(saturation req/s per engine, engines) for the simulated engine, from its closed form."""
+    if run.cfg.engine.profile.value != "sim":
+        return None
+    from deploybench.lab.service_model import ServiceParams, capacity
+
+    endpoints = ((run.stage_record("rollout") or {}).get("result") or {}).get("endpoints") or []
+    cap = capacity(ServiceParams.from_config(run.cfg.engine), run.cfg.load.prompt_tokens, run.cfg.load.output_tokens)
+    return cap.requests_per_s, len(endpoints) or len(run.nodes)
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v:.0f} ms"
+
+
+def history_for(run: "Run", dsn: str | None = None) -> "History | None":
+    """Change points of the run's series and the verdict on its newest run (written back to the store).
+
+    None, with a warning, when the run is not in the store (its store stage failed): the
+    report is then written from the run folder alone.
+    """
+    from deploybench.analyse.history import analyse_series
+    from deploybench.errors import DeploybenchError
+
+    try:
+        return analyse_series(dsn, run.key)
+    except DeploybenchError as exc:
+        log.warning("report of %s: no history (%s)", run.key, exc)
+        return None
+
+
+def verdict_line(history: "History") -> str:
+    parts = [f"{m} {v['verdict']} ({v['magnitude']:+.1%})" for m, v in history.verdicts.items()]
+    return f"history of {len(history.runs)} runs: " + ", ".join(parts)
+
+
+def write_html(run: "Run", history: "History | None" = None) -> Path:
+    """The run's report, ``<run folder>/report.html``: one file, plots inline as SVG."""
+    from deploybench.report.run_html import render
+
+    path = run.dir / "report.html"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render(run, history))
+    tmp.replace(path)
+    return path

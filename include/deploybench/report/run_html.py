@@ -1,0 +1,135 @@
+"""The run report's sections: stages, load figures and plots, preflight, fan-out, rollout, errors.
+
+Read from the run folder only (stage records, samples and metric files the stages wrote).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from deploybench.report import ORDER, run_status
+from deploybench.report import plots
+from deploybench.report.html import document, esc, figure, table
+
+if TYPE_CHECKING:
+    from deploybench.analyse.history import History
+    from deploybench.pipeline import Run
+
+log = logging.getLogger(__name__)
+
+
+def _samples(load: dict[str, Any]) -> pd.DataFrame:
+    from deploybench.results import samples_source as sample_source
+    from deploybench.store.writer import read_samples
+
+    src = sample_source(load)
+    if src is None:
+        return pd.DataFrame()
+    try:
+        return read_samples(src)
+    except Exception as exc:  # noqa: BLE001 - a report must render even when a samples file is unreadable
+        log.warning("report: samples unreadable (%s); plots over time are left out", exc)
+        return pd.DataFrame()
+
+
+def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
+    from deploybench.results import capacity_steps, load_phases
+
+    phases = load_phases(ld)
+    parts = ["<h2>Load</h2>", table(
+        ["phase", "offered req/s", "achieved req/s", "output tok/s", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms",
+         "TTFT P99 ms", "errors", "dropped", "SLO"],
+        [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), p.get("output_tps"), p.get("latency_p50_ms"),
+          p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"), p.get("ttft_p99_ms"),
+          f"{p.get('error_rate', 0):.2%}", p.get("dropped_iterations"),
+          "met" if p.get("slo_ok") else "not met: " + "; ".join((p.get("slo") or {}).get("reasons") or [])]
+         for p in phases])]
+    samples = _samples(ld)
+    steps = [s.model_dump() for s in capacity_steps(ld)]
+    cap = (ld.get("capacity") or {}).get("capacity_rps") if isinstance(ld.get("capacity"), dict) else None
+    parts.append("<h3>Throughput and latency</h3>")
+    curve = [(s["achieved_rps"], s["latency_p99_ms"]) for s in steps
+             if s.get("achieved_rps") is not None and s.get("latency_p99_ms") is not None]
+    if not curve:
+        curve = [(p["achieved_rps"], p["latency_p99_ms"]) for p in phases if p.get("latency_p99_ms") is not None]
+    parts.append(figure(plots.throughput_latency({"this configuration": curve}, "Throughput vs P99 latency", slo_ms),
+                        "throughput-latency curve (capacity-search steps, else the phases)"))
+    parts.append("<h3>Capacity search</h3>")
+    parts.append(figure(plots.capacity_steps(steps, cap), "capacity-search steps (green: SLO held)"))
+    for name, title in (("sustained", "Sustained phase over time"), ("overload", "Overload ramp and recovery")):
+        parts.append(f"<h3>{esc(title)}</h3>")
+        sub = samples[samples["phase"] == name] if not samples.empty else samples
+        if name == "sustained" and sub.empty and not samples.empty and len(phases) == 1:
+            sub = samples  # the foundation's single phase
+        parts.append(figure(plots.over_time(sub, title, slo_ms), title.lower()))
+    nodes = next((p.get("nodes") for p in phases if p.get("phase") == "sustained"), None) or (
+        phases[0].get("nodes") if phases else None) or []
+    if nodes:
+        parts += ["<h3>Per node</h3>", figure(plots.per_node_bars(nodes), "requests/s and P99 latency per node"),
+                  table(["node", "requests", "req/s", "output tok/s", "P50 ms", "P99 ms", "errors"],
+                        [[v["node"], v.get("requests"), v.get("achieved_rps"), v.get("output_tps"),
+                          v.get("latency_p50_ms"), v.get("latency_p99_ms"), v.get("errors")] for v in nodes])]
+    notes = [n for p in phases for n in p.get("notes") or []]
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in dict.fromkeys(notes)) + "</ul>")
+    return parts
+
+
+def _history_section(hist: "History") -> list[str]:
+    parts = ["<h2>History of this series</h2>",
+             f"<p>Series <code>{esc(hist.fingerprint[:12])}</code>: {len(hist.runs)} runs (excluded and failed runs "
+             f"left out); method {esc(hist.params)}.</p>",
+             table(["metric", "verdict on the newest run", "magnitude", "p-value", "against"],
+                   [[m, v["verdict"], f"{v['magnitude']:+.1%}", "n/a" if v["p_value"] is None else f"{v['p_value']:.3g}",
+                     v["against"]] for m, v in hist.verdicts.items()],
+                   [v["verdict"] for v in hist.verdicts.values()])]
+    if hist.changes:
+        parts.append(table(["metric", "change point at run", "direction", "before", "after", "magnitude", "p-value"],
+                           [[c.metric, c.run_key, c.direction, c.mean_before, c.mean_after, f"{c.magnitude:+.1%}",
+                             f"{c.p_value:.3g}"] for c in hist.changes]))
+    else:
+        parts.append("<p>No change point in this series.</p>")
+    return parts
+
+
+def render(run: "Run", history: "History | None" = None) -> str:
+    recs = run.stage_records()
+    status = run_status(recs)
+    parts = [f"<h1>deploybench run <code>{esc(run.key)}</code></h1>",
+             f"<p class='{status}'>Status: <b>{status}</b> &middot; {len(run.nodes)} nodes &middot; engine "
+             f"{esc(run.cfg.engine.profile.value)} &middot; config {run.cfg.fingerprint()[:12]}</p>",
+             "<h2>Stages</h2>",
+             table(["stage", "status", "seconds", "what happened"],
+                   [[s, recs[s]["status"], recs[s].get("seconds"), recs[s].get("summary")] for s in ORDER if s in recs])]
+    ld = (recs.get("load") or {}).get("result") or {}
+    if ld:
+        parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
+    if history is not None:
+        parts += _history_section(history)
+    pf = (recs.get("preflight") or {}).get("result") or {}
+    if pf.get("links"):
+        parts += ["<h2>Preflight links</h2>", f"<p>{esc(pf.get('decision', ''))}</p>",
+                  figure(plots.bandwidth_matrix(pf["links"]), "preflight bandwidth matrix"),
+                  table(["from", "to", "Mbit/s", "nominal", "ratio", "retransmits", "RTT ms", "ok", "error"],
+                        [[lt["src"], lt["dst"], lt.get("mbit"), lt.get("nominal_mbit"), lt.get("ratio"),
+                          lt.get("retransmits"), lt.get("rtt_ms"), lt.get("ok"), lt.get("error")]
+                         for lt in pf["links"]])]
+    fo = (recs.get("fanout") or {}).get("result") or {}
+    if fo.get("nodes"):
+        parts += ["<h2>Fan-out</h2>", figure(plots.fanout_timeline(fo["nodes"]), "fan-out timeline"),
+                  table(["node", "status", "MiB", "seconds", "verified", "error"],
+                        [[c["node"], c["status"], (c.get("bytes") or 0) / 2**20, c.get("seconds"), c.get("verified"),
+                          c.get("error")] for c in fo["nodes"]])]
+    ro = (recs.get("rollout") or {}).get("result") or {}
+    if ro.get("steps"):
+        parts += ["<h2>Rollout</h2>", table(
+            ["step", "nodes", "added", "slowest ready s", "seconds"],
+            [[s["step"], s["nodes"], ", ".join(s["added"]), max(s["ready_s"].values() or [0]), s["seconds"]]
+             for s in ro["steps"]])]
+    errors = [(s, r["error"]) for s, r in recs.items() if r.get("error")]
+    if errors:
+        parts += ["<h2>Errors</h2>"] + [f"<h3>{esc(s)}</h3><pre>{esc(e)}</pre>" for s, e in errors]
+    return document(f"deploybench {run.key}", parts)

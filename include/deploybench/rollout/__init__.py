@@ -1,0 +1,62 @@
+"""Rollout: the engine on a canary first, checked, then on more nodes step by step.
+
+``run(cluster, names, cfg)`` builds the deployer the run's ``rollout.backend`` names and
+executes the plan (``plan.py``): canary, gate, scale steps, gate each, endpoints.
+``teardown(cluster, names, cfg)`` stops whatever the rollout may have started; it is
+idempotent and always safe to call. Parts:
+
+- ``base``: the Deployer interface and the result records (RolloutResult, StepResult);
+- ``ssh``: engines as supervised processes (or containers) on the nodes;
+- ``kubernetes`` + ``manifests``: Deployments, Services and a canary Deployment through the
+  Kubernetes API (the cncf.kubernetes provider's hook supplies the clients);
+- ``gate``: the smoke check and the gate load (the real k6 through deploybench.load);
+- ``plan``: the step loop, failure attribution and the rollback/teardown policy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deploybench import engines
+from deploybench.config import RolloutBackend, RunConfig
+from deploybench.rollout.base import Deployer, NodeFailure, RolloutResult, StepResult
+from deploybench.rollout.gate import SMOKE_PROMPT, SMOKE_TOKENS
+from deploybench.transport import Cluster
+
+if TYPE_CHECKING:
+    from deploybench.rollout.kubernetes import KubeClients
+
+__all__ = ["Deployer", "NodeFailure", "RolloutResult", "StepResult", "SMOKE_PROMPT", "SMOKE_TOKENS",
+           "deployer", "run", "teardown"]
+
+
+def deployer(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClients | None" = None) -> Deployer:
+    """The backend the config names; refuses bad knobs (engine profile, Triton config) before anything starts."""
+    engines.check(cfg.engine, cfg.model.name)
+    if cfg.rollout.backend is RolloutBackend.KUBERNETES:
+        from deploybench.rollout.kubernetes import KubernetesDeployer
+
+        return KubernetesDeployer(kube, cluster.inventory, names, cfg)
+    from deploybench.rollout.ssh import SSHDeployer
+
+    return SSHDeployer(cluster, cfg)
+
+
+def run(cluster: Cluster, names: list[str], cfg: RunConfig, out_dir: Path | None = None,
+        kube: "KubeClients | None" = None, **checks: Any) -> RolloutResult:
+    """Canary, then each scale step, each gated; StageFailed (with the result so far) on any failure."""
+    from deploybench.rollout.plan import execute
+
+    return execute(deployer(cluster, names, cfg, kube), names, cfg, out_dir, **checks)
+
+
+def teardown(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClients | None" = None) -> dict[str, str]:
+    """Stop the engine on every node of ``names`` (ssh) or delete the run's objects (kubernetes). Idempotent."""
+    if cfg.rollout.backend is RolloutBackend.KUBERNETES:
+        from deploybench.rollout.kubernetes import KubernetesDeployer
+
+        return KubernetesDeployer(kube, cluster.inventory, names, cfg).teardown()
+    from deploybench.rollout.ssh import SSHDeployer
+
+    return SSHDeployer(cluster, cfg).teardown(names)

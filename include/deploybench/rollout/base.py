@@ -1,0 +1,90 @@
+"""The deployer interface both backends implement, and the rollout's result records.
+
+A deployer owns the engines of one run on a set of nodes. The plan (``plan.py``) only
+speaks this interface: deploy the canary, scale to a larger node set, wait until the new
+engines are ready, list endpoints, roll back to an earlier node set, tear everything down.
+A backend reports a broken engine as ``NodeFailure`` naming the node (or pod), the reason,
+and the engine's log tail, so the plan can attribute, store and undo it the same way for
+ssh and kubernetes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from deploybench.errors import StageFailed
+
+
+class NodeFailure(StageFailed):
+    """One node's engine failed (did not start, died, unreachable, not ready in time, failed its smoke check)."""
+
+    def __init__(self, node: str, reason: str, log_tail: str = "", pod: str | None = None):
+        where = f"node {node}" + (f" (pod {pod})" if pod else "")
+        super().__init__(f"{where}: {reason}" + (f"; log tail:\n{log_tail}" if log_tail else ""))
+        self.node, self.reason, self.log_tail, self.pod = node, reason, log_tail, pod
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "pod": self.pod, "reason": self.reason, "log_tail": self.log_tail}
+
+
+@dataclass
+class StepResult:
+    step: int
+    nodes: int
+    added: list[str]
+    ready_s: dict[str, float]
+    smoke: dict[str, str]
+    seconds: float
+    status: str = "ok"  # ok | failed
+    gate: dict[str, Any] | None = None  # requests, errors, error_rate, latency_p99_ms, slo_ok, passed, reasons
+
+
+@dataclass
+class RolloutResult:
+    profile: str
+    steps: list[StepResult] = field(default_factory=list)
+    endpoints: list[dict] = field(default_factory=list)  # {"node", "url", "model"}
+    seconds: float = 0.0
+    backend: str = "ssh"
+    plan: list[int] = field(default_factory=list)
+    failure: dict[str, Any] | None = None  # {step, nodes: [{node, pod, reason, log_tail}], action, serving}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Deployer(ABC):
+    """The engines of one run. Node sets are inventory node names, in rollout order."""
+
+    backend: str = ""
+    exact_placement: bool = True  # False: the backend decides which allowed node a new engine lands on
+
+    @abstractmethod
+    def deploy(self, nodes: list[str]) -> None:
+        """Start the engine on ``nodes`` (the canary). Returns once started, not once ready."""
+
+    @abstractmethod
+    def scale(self, nodes: list[str]) -> None:
+        """Make the engine run on exactly ``nodes`` (a superset of the serving set when growing)."""
+
+    @abstractmethod
+    def wait_ready(self, nodes: list[str], timeout_s: float) -> dict[str, float]:
+        """Seconds until each of ``nodes`` is ready; NodeFailure for the first that cannot become ready."""
+
+    @abstractmethod
+    def endpoints(self) -> list[dict]:
+        """One {"node", "url", "model"} per serving engine."""
+
+    @abstractmethod
+    def check_alive(self, nodes: list[str]) -> list[NodeFailure]:
+        """The engines of ``nodes`` that are no longer serving (crashed after they were ready)."""
+
+    @abstractmethod
+    def rollback(self, nodes: list[str]) -> None:
+        """Back to the engines of ``nodes`` (an earlier, good step): stop every other engine."""
+
+    @abstractmethod
+    def teardown(self) -> dict[str, str]:
+        """Stop every engine this run may have started. Idempotent; per node/object: "stopped" or an error."""

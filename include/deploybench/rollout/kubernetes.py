@@ -1,0 +1,242 @@
+"""The kubernetes deployer: a canary Deployment, then the stable Deployment scaled step by step.
+
+Objects are applied with server-side apply (``fieldManager=deploybench``, forced), so a
+re-run updates instead of failing with 409; a step patches the stable Deployment's scale
+subresource. Readiness follows ``kubectl rollout status``: the controller has observed the
+current generation, no ProgressDeadlineExceeded, updated replicas reach the spec, no old
+replicas left, and every updated replica available. Failures name the pod, its node, the
+reason from its container status, and the pod's log tail. The API clients come from the
+cncf.kubernetes provider's KubernetesHook (``deploybench.airflow_glue.kube_clients``); any
+``kubernetes.client`` ApiClient works, which is how the tests drive a local fake API server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from deploybench import engines
+from deploybench.config import RunConfig
+from deploybench.errors import ConfigError, DeploybenchError
+from deploybench.inventory import Inventory
+from deploybench.rollout import manifests
+from deploybench.rollout.base import Deployer, NodeFailure
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "deploybench"
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class KubeClients:
+    apps: Any  # kubernetes.client.AppsV1Api
+    core: Any  # kubernetes.client.CoreV1Api
+
+    @classmethod
+    def from_api_client(cls, api_client: Any) -> "KubeClients":
+        from kubernetes import client
+
+        return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client))
+
+
+def rollout_status(dep: dict[str, Any]) -> tuple[bool, bool, str]:
+    """(done, failed, message) for a Deployment, by the rules of ``kubectl rollout status``."""
+    meta, spec, st = dep.get("metadata", {}), dep.get("spec", {}), dep.get("status") or {}
+    name = meta.get("name", "?")
+    if meta.get("generation", 0) > st.get("observedGeneration", 0):
+        return False, False, f"deployment {name}: waiting for the controller to observe the new spec"
+    for c in st.get("conditions") or []:
+        if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded":
+            return False, True, f"deployment {name} exceeded its progress deadline: {c.get('message', '')}"
+    want = spec.get("replicas", 1)
+    updated, replicas, available = (st.get(k, 0) or 0 for k in ("updatedReplicas", "replicas", "availableReplicas"))
+    if updated < want:
+        return False, False, f"deployment {name}: {updated} of {want} new replicas updated"
+    if replicas > updated:
+        return False, False, f"deployment {name}: {replicas - updated} old replicas pending termination"
+    if available < updated:
+        return False, False, f"deployment {name}: {available} of {updated} updated replicas available"
+    return True, False, f"deployment {name} successfully rolled out"
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _pod_problem(pod: dict[str, Any]) -> str:
+    """Why a pod is not serving, from its phase, conditions and container statuses."""
+    st = pod.get("status") or {}
+    for c in st.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return f"not scheduled: {c.get('reason', '')} {c.get('message', '')}".strip()
+    for cs in st.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        restarts = cs.get("restartCount", 0)
+        if "waiting" in state:
+            w = state["waiting"]
+            return f"container {cs.get('name')} waiting: {w.get('reason', '')} {w.get('message', '')} " \
+                   f"(restarts: {restarts})".replace("  ", " ")
+        if "terminated" in state:
+            t = state["terminated"]
+            return f"container {cs.get('name')} terminated with exit code {t.get('exitCode')} ({t.get('reason', '')})"
+        if restarts:
+            return f"container {cs.get('name')} restarted {restarts} times"
+    return f"not ready (phase {st.get('phase', 'unknown')})"
+
+
+class KubernetesDeployer(Deployer):
+    backend = "kubernetes"
+    exact_placement = False  # the scheduler picks which allowed node a new stable pod lands on
+
+    def __init__(self, kube: KubeClients | None, inventory: Inventory, names: list[str], cfg: RunConfig):
+        if kube is None:
+            raise ConfigError("rollout.backend=kubernetes needs Kubernetes API clients; in Airflow they come from "
+                              f"the connection {cfg.rollout.kubernetes.conn_id!r} (rollout.kubernetes.conn_id)")
+        self.kube, self.inv, self.names, self.cfg = kube, inventory, list(names), cfg
+        self.profile = engines.profile(cfg.engine.profile)
+        self.ns = cfg.rollout.kubernetes.namespace
+        self.obj = manifests.Names.of(cfg.model.name)
+        self.canary: list[str] = []
+        self._by_host = {inventory.node(n).kubernetes_name: n for n in names}
+        self._ready_at: dict[str, float] = {}  # pod -> when this deployer first saw it ready
+        self._restarts: dict[str, int] = {}
+
+    # -- API helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _json(resp: Any) -> dict[str, Any]:
+        data = resp.data if hasattr(resp, "data") else resp
+        return json.loads(data) if data else {}
+
+    def _apply(self, obj: dict[str, Any]) -> None:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        fn = {"Deployment": self.kube.apps.patch_namespaced_deployment,
+              "Service": self.kube.core.patch_namespaced_service,
+              "ConfigMap": self.kube.core.patch_namespaced_config_map}[kind]
+        fn(name, self.ns, obj, field_manager=FIELD_MANAGER, force=True,
+           _content_type="application/apply-patch+yaml", _preload_content=False)
+        log.info("applied %s %s/%s", kind, self.ns, name)
+
+    def _deployment(self, name: str) -> dict[str, Any]:
+        return self._json(self.kube.apps.read_namespaced_deployment(name, self.ns, _preload_content=False))
+
+    def _pods(self) -> list[dict[str, Any]]:
+        resp = self.kube.core.list_namespaced_pod(self.ns, label_selector=f"{manifests.INSTANCE}={self.obj.stable}",
+                                                  _preload_content=False)
+        return self._json(resp).get("items", [])
+
+    def _log_tail(self, pod: str, lines: int = 20) -> str:
+        try:
+            resp = self.kube.core.read_namespaced_pod_log(pod, self.ns, tail_lines=lines, _preload_content=False)
+            return resp.data.decode(errors="replace").strip()
+        except Exception as exc:  # noqa: BLE001 - kubernetes ApiException or a connection error
+            return f"(log unavailable: {exc})"
+
+    def _node_of(self, pod: dict[str, Any]) -> str:
+        host = (pod.get("spec") or {}).get("nodeName")
+        return self._by_host.get(host, host or "(unscheduled)")
+
+    def _failure(self, pod: dict[str, Any], reason: str | None = None) -> NodeFailure:
+        name = pod["metadata"]["name"]
+        return NodeFailure(self._node_of(pod), reason or _pod_problem(pod), self._log_tail(name), pod=name)
+
+    # -- the interface ----------------------------------------------------------------------------
+    def manifests(self, canary_replicas: int, stable_replicas: int) -> list[dict[str, Any]]:
+        objs = manifests.render_all(self.cfg, self.inv, self.canary, self.names[len(self.canary):],
+                                    canary_replicas, stable_replicas)
+        for o in objs:
+            manifests.validate(o)
+        return objs
+
+    def deploy(self, nodes: list[str]) -> None:
+        self.canary = list(nodes)
+        objs = self.manifests(len(nodes), 0)  # every manifest is valid before the first API call
+        try:
+            for o in objs:
+                self._apply(o)
+        except Exception as exc:  # noqa: BLE001 - ApiException, connection errors
+            raise DeploybenchError(f"kubernetes: applying the engine objects in namespace {self.ns!r} failed: "
+                                   f"{exc}") from exc
+
+    def _scale_stable(self, replicas: int) -> None:
+        self.kube.apps.patch_namespaced_deployment_scale(
+            self.obj.stable, self.ns, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER,
+            _content_type="application/merge-patch+json", _preload_content=False)
+        log.info("scaled deployment %s/%s to %d replicas", self.ns, self.obj.stable, replicas)
+
+    def scale(self, nodes: list[str]) -> None:
+        self._scale_stable(max(0, len(nodes) - len(self.canary)))
+
+    def wait_ready(self, nodes: list[str], timeout_s: float) -> dict[str, float]:
+        """Both Deployments rolled out; returns seconds-to-ready for the pods that became ready meanwhile."""
+        t0 = time.monotonic()
+        new: dict[str, float] = {}
+        while True:
+            done = []
+            for name in (self.obj.canary, self.obj.stable):
+                ok, failed, msg = rollout_status(self._deployment(name))
+                if failed:
+                    raise self._first_unready(msg)
+                done.append(ok)
+            now = time.monotonic()
+            for pod in self._pods():
+                pname = pod["metadata"]["name"]
+                if _pod_ready(pod) and pname not in self._ready_at:
+                    self._ready_at[pname] = now
+                    new[self._node_of(pod)] = round(now - t0, 3)
+            if all(done):
+                return new
+            if now - t0 > timeout_s:
+                raise self._first_unready(f"not rolled out after {timeout_s:g} s (rollout.ready_timeout_s)")
+            time.sleep(POLL_S)
+
+    def _first_unready(self, why: str) -> NodeFailure | DeploybenchError:
+        for pod in self._pods():
+            if not _pod_ready(pod):
+                return self._failure(pod, f"{_pod_problem(pod)}; {why}")
+        return DeploybenchError(f"kubernetes: {why}")
+
+    def endpoints(self) -> list[dict]:
+        eps = []
+        for pod in self._pods():
+            ip = (pod.get("status") or {}).get("podIP")
+            if _pod_ready(pod) and ip:
+                eps.append({"node": self._node_of(pod), "url": f"http://{ip}:{self.cfg.rollout.port}",
+                            "model": self.cfg.model.name, "pod": pod["metadata"]["name"]})
+        order = {n: i for i, n in enumerate(self.names)}
+        return sorted(eps, key=lambda e: order.get(e["node"], len(order)))
+
+    def check_alive(self, nodes: list[str]) -> list[NodeFailure]:
+        out = []
+        for pod in self._pods():
+            name = pod["metadata"]["name"]
+            restarts = sum(cs.get("restartCount", 0) for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+            was_ready = name in self._ready_at
+            if was_ready and (not _pod_ready(pod) or restarts > self._restarts.get(name, 0)):
+                out.append(self._failure(pod, f"the engine stopped serving after it was ready ({_pod_problem(pod)})"))
+            self._restarts.setdefault(name, restarts)
+        return out
+
+    def rollback(self, nodes: list[str]) -> None:
+        self._scale_stable(max(0, len(nodes) - len(self.canary)))
+
+    def teardown(self) -> dict[str, str]:
+        """Delete both Deployments, both Services and the ConfigMap; absent objects count as done."""
+        calls = [("deployment", self.obj.canary, self.kube.apps.delete_namespaced_deployment),
+                 ("deployment", self.obj.stable, self.kube.apps.delete_namespaced_deployment),
+                 ("service", self.obj.service, self.kube.core.delete_namespaced_service),
+                 ("service", self.obj.headless, self.kube.core.delete_namespaced_service),
+                 ("configmap", self.obj.config, self.kube.core.delete_namespaced_config_map)]
+        out = {}
+        for kind, name, fn in calls:
+            try:
+                fn(name, self.ns, propagation_policy="Foreground", _preload_content=False)
+                out[f"{kind}/{name}"] = "stopped"
+            except Exception as exc:  # noqa: BLE001 - 404 is fine, anything else is reported
+                out[f"{kind}/{name}"] = "stopped" if getattr(exc, "status", None) == 404 else f"error: {exc}"
+        self._ready_at.clear()
+        return out

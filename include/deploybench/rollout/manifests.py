@@ -1,0 +1,178 @@
+"""Kubernetes manifests for the engine, as plain dicts (pure functions, tested without mocks).
+
+One run serves from two Deployments with a shared ``app.kubernetes.io/instance`` label:
+``<name>-canary`` pinned to the canary nodes, and ``<name>`` over the run's other nodes,
+scaled step by step. A required pod anti-affinity on that label and the node's hostname
+keeps one engine per node; a required node affinity keeps pods on the inventory's nodes.
+The model comes read-only from the node's local model root (hostPath); the engine gets its
+GPU limit and startup/readiness/liveness probes on the profile's health path. A Service
+fronts both tracks, a headless Service gives per-pod endpoints, and a ConfigMap carries the
+files a profile generates (Triton's config.pbtxt). ``validate`` checks every manifest
+against the Kubernetes OpenAPI schema shipped offline in ``kubernetes-validate``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from deploybench import engines
+from deploybench.config import RunConfig
+from deploybench.errors import ConfigError
+from deploybench.inventory import Inventory
+
+K8S_VERSION = "1.33.0"  # the schema manifests are validated against (kubernetes-validate ships it offline)
+HOSTNAME = "kubernetes.io/hostname"
+INSTANCE = "app.kubernetes.io/instance"
+TRACK = "deploybench/track"
+POD_WORK_DIR = "/var/run/deploybench"
+PROBE_PERIOD_S = 5
+
+
+def resource_name(model: str) -> str:
+    """A DNS-1123 name for the run's objects, from the model name: ``deploybench-<model>``."""
+    base = re.sub(r"[^a-z0-9-]+", "-", f"deploybench-{model}".lower()).strip("-")
+    return base[:50].rstrip("-")
+
+
+@dataclass(frozen=True)
+class Names:
+    stable: str
+    canary: str
+    service: str
+    headless: str
+    config: str
+
+    @classmethod
+    def of(cls, model: str) -> "Names":
+        n = resource_name(model)
+        return cls(n, f"{n}-canary", n, f"{n}-pods", f"{n}-files")
+
+
+def _labels(names: Names, track: str | None = None) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "deploybench-engine", INSTANCE: names.stable,
+           "app.kubernetes.io/managed-by": "deploybench"}
+    return {**out, TRACK: track} if track else out
+
+
+def _probe(path: str, port: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 2,
+            "failureThreshold": failures}
+
+
+def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], replicas: int) -> dict[str, Any]:
+    """The engine Deployment of ``track`` ("canary" or "stable"), its pods allowed on ``nodes`` only."""
+    k, r = cfg.rollout.kubernetes, cfg.rollout
+    names = Names.of(cfg.model.name)
+    prof = engines.profile(cfg.engine.profile)
+    image = engines.image_of(cfg.engine, k.image)
+    node_objs = [inv.node(n) for n in nodes]
+    roots = {inv.model_root_of(n).rstrip("/") for n in node_objs} or {inv.model_root.rstrip("/")}
+    if len(roots) != 1:
+        raise ConfigError(f"the kubernetes backend mounts one hostPath model root, but nodes {nodes} use "
+                          f"{sorted(roots)}; give them the same model_root")
+    ctx = engines.LaunchContext(inv, node_objs[0] if node_objs else inv.nodes[0],
+                                f"{engines.CONTAINER_MODEL_ROOT}/{cfg.model.name}", cfg.model.name, r.port,
+                                cfg.engine, POD_WORK_DIR, host="0.0.0.0")
+    container: dict[str, Any] = {
+        "name": "engine", "image": image, "args": prof.container_args(ctx),
+        "ports": [{"name": "http", "containerPort": r.port, "protocol": "TCP"}],
+        "volumeMounts": [{"name": "models", "mountPath": engines.CONTAINER_MODEL_ROOT, "readOnly": True}],
+        "startupProbe": _probe(prof.health_path, r.port, max(1, math.ceil(r.ready_timeout_s / PROBE_PERIOD_S))),
+        "readinessProbe": _probe(prof.health_path, r.port, 2),
+        "livenessProbe": _probe(prof.health_path, r.port, 3),
+    }
+    if k.gpus_per_pod:
+        container["resources"] = {"limits": {k.gpu_resource: str(k.gpus_per_pod)}}
+    volumes: list[dict[str, Any]] = [{"name": "models", "hostPath": {"path": roots.pop(), "type": "Directory"}}]
+    files = prof.files(ctx)
+    if files:
+        container["volumeMounts"].append({"name": "files", "mountPath": f"{POD_WORK_DIR}/triton-repo",
+                                          "readOnly": True})
+        volumes.append({"name": "files", "configMap": {"name": names.config, "items": [
+            {"key": _key(p), "path": p.removeprefix(f"{POD_WORK_DIR}/triton-repo/")} for p in files]}})
+    hostnames = [n.kubernetes_name for n in node_objs]
+    spec_nodes = hostnames or ["__none__"]
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": names.canary if track == "canary" else names.stable, "namespace": k.namespace,
+                     "labels": _labels(names, track)},
+        "spec": {
+            "replicas": replicas,
+            "progressDeadlineSeconds": k.progress_deadline_s,
+            "selector": {"matchLabels": {INSTANCE: names.stable, TRACK: track}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": _labels(names, track)},
+                "spec": {
+                    "terminationGracePeriodSeconds": int(math.ceil(r.stop_grace_s)),
+                    "affinity": {
+                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": spec_nodes}]}]}},
+                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"labelSelector": {"matchLabels": {INSTANCE: names.stable}}, "topologyKey": HOSTNAME}]},
+                    },
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def _key(path: str) -> str:
+    """A ConfigMap key for a generated file's path (keys allow [-._a-zA-Z0-9])."""
+    return re.sub(r"[^-._a-zA-Z0-9]", "_", path.rsplit("/triton-repo/", 1)[-1])
+
+
+def config_map(cfg: RunConfig, inv: Inventory) -> dict[str, Any] | None:
+    """The profile's generated files (Triton's model repository), or None when it has none."""
+    prof = engines.profile(cfg.engine.profile)
+    ctx = engines.LaunchContext(inv, inv.nodes[0], f"{engines.CONTAINER_MODEL_ROOT}/{cfg.model.name}",
+                                cfg.model.name, cfg.rollout.port, cfg.engine, POD_WORK_DIR, host="0.0.0.0")
+    files = prof.files(ctx)
+    if not files:
+        return None
+    names = Names.of(cfg.model.name)
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": names.config, "namespace": cfg.rollout.kubernetes.namespace,
+                         "labels": _labels(names)},
+            "data": {_key(p): text for p, text in files.items()}}
+
+
+def service(cfg: RunConfig, headless: bool = False) -> dict[str, Any]:
+    """The Service in front of every engine pod (both tracks); ``headless`` for per-pod endpoints."""
+    names = Names.of(cfg.model.name)
+    spec: dict[str, Any] = {"selector": {INSTANCE: names.stable},
+                            "ports": [{"name": "http", "port": cfg.rollout.port, "targetPort": "http",
+                                       "protocol": "TCP"}]}
+    if headless:
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": names.headless if headless else names.service,
+                         "namespace": cfg.rollout.kubernetes.namespace, "labels": _labels(names)},
+            "spec": spec}
+
+
+def render_all(cfg: RunConfig, inv: Inventory, canary: list[str], stable: list[str],
+               canary_replicas: int, stable_replicas: int) -> list[dict[str, Any]]:
+    objs = [config_map(cfg, inv), service(cfg), service(cfg, headless=True),
+            deployment(cfg, inv, "canary", canary, canary_replicas),
+            deployment(cfg, inv, "stable", stable, stable_replicas)]
+    return [o for o in objs if o is not None]
+
+
+def validate(obj: dict[str, Any], version: str = K8S_VERSION) -> None:
+    """Check ``obj`` against the official Kubernetes OpenAPI schema (strict: unknown fields are errors)."""
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = ".".join(str(p) for p in exc.path)
+        raise ConfigError(f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}: invalid at {path or '(top)'}: "
+                          f"{exc.message}") from exc
+    except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
+        raise ConfigError(f"no Kubernetes {version} schema for {obj.get('kind')}: {exc}") from exc

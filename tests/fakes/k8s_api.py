@@ -1,0 +1,304 @@
+"""A FAKE Kubernetes API server for tests: a small, local stand-in for apps/v1 and core/v1.
+
+It is not Kubernetes. No real API server can run on this machine, so this fake answers the
+few REST calls the kubernetes deployer makes, over real HTTP, to the real ``kubernetes``
+Python client: server-side apply (PATCH application/apply-patch+yaml, fieldManager
+required) of Deployments, Services and ConfigMaps; merge-patches of a Deployment's scale
+subresource; GET of Deployments; pod lists by label selector; pod logs; DELETE.
+
+A tiny "controller" runs on every request: each Deployment gets ``spec.replicas`` pods,
+scheduled like the real scheduler under the manifests' rules (a required node affinity
+``kubernetes.io/hostname In [...]`` and a required pod anti-affinity on the instance label:
+at most one pod of the instance per node; no allowed free node = Pending/Unschedulable).
+A pod turns Ready ``ready_after_s`` after it was created, unless its node is in ``broken``
+(CrashLoopBackOff, restarts counting up, never ready) or in ``crash_after_ready`` (ready,
+then restarting). Deployment status follows the controller's fields (observedGeneration,
+replicas, updatedReplicas, readyReplicas, availableReplicas) and a Progressing condition
+that turns ProgressDeadlineExceeded after ``progressDeadlineSeconds * deadline_scale``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+HOSTNAME = "kubernetes.io/hostname"
+
+
+class FakeCluster:
+    def __init__(self, nodes: list[str], ready_after_s: float = 0.3, deadline_scale: float = 0.01):
+        self.nodes = list(nodes)
+        self.ready_after_s = ready_after_s
+        self.deadline_scale = deadline_scale
+        self.broken: dict[str, str] = {}  # node -> log text of an engine that never starts
+        self.crash_after_ready: set[str] = set()
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> object
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}  # (ns, name) -> pod
+        self.calls: list[tuple[str, str, str]] = []  # (method, path, content-type)
+        self.lock = threading.Lock()
+        self._seq = 0
+
+    # -- the controller -------------------------------------------------------------------------
+    def _allowed(self, dep: dict) -> list[str]:
+        terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return [v for t in terms for e in t["matchExpressions"] if e["key"] == HOSTNAME for v in e["values"]]
+
+    def _instance(self, obj: dict) -> str:
+        return obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"]
+
+    def reconcile(self) -> None:
+        now = time.monotonic()
+        for (kind, ns, name), dep in list(self.objects.items()):
+            if kind != "Deployment":
+                continue
+            owned = sorted((p for (pns, _), p in self.pods.items() if pns == ns and p["_owner"] == name),
+                           key=lambda p: p["_seq"])
+            want = dep["spec"].get("replicas", 1)
+            for p in owned[want:]:
+                del self.pods[(ns, p["metadata"]["name"])]
+            for _ in range(want - len(owned)):
+                self._seq += 1
+                pname = f"{name}-{self._seq:05d}"
+                self.pods[(ns, pname)] = {"_owner": name, "_seq": self._seq, "_created": now,
+                                          "metadata": {"name": pname, "namespace": ns,
+                                                       "labels": dict(dep["spec"]["template"]["metadata"]["labels"])},
+                                          "spec": {}, "status": {"phase": "Pending"}}
+            self._schedule(ns, dep)
+            self._status(ns, name, dep, now)
+
+    def _schedule(self, ns: str, dep: dict) -> None:
+        inst = self._instance(dep)
+        taken = {p["spec"].get("nodeName") for (pns, _), p in self.pods.items()
+                 if pns == ns and p["metadata"]["labels"].get("app.kubernetes.io/instance") == inst}
+        for (pns, _), p in sorted(self.pods.items(), key=lambda kv: kv[1]["_seq"]):
+            if pns != ns or p["_owner"] != dep["metadata"]["name"] or p["spec"].get("nodeName"):
+                continue
+            free = [n for n in self._allowed(dep) if n in self.nodes and n not in taken]
+            if not free:
+                p["status"] = {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": "0/%d nodes are available: didn't match pod anti-affinity or node affinity"
+                                % len(self.nodes)}]}
+                continue
+            p["spec"]["nodeName"] = free[0]
+            taken.add(free[0])
+            p["_scheduled"] = time.monotonic()
+
+    def _pod_state(self, p: dict, now: float) -> None:
+        node = p["spec"].get("nodeName")
+        if not node:
+            return
+        age = now - p["_scheduled"]
+        idx = int(re.sub(r"\D", "", node) or 0)
+        ip = f"10.244.{idx % 250}.{10 + p['_seq'] % 200}"
+        if node in self.broken:
+            restarts = int(age / 0.2)
+            p["status"] = {"phase": "Running", "podIP": ip, "conditions": [
+                {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"name": "engine", "ready": False, "restartCount": restarts, "state": {
+                    "waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container"}}}]}
+            return
+        ready = age >= self.ready_after_s
+        restarts = 0
+        if ready and node in self.crash_after_ready and age >= 2 * self.ready_after_s:
+            ready, restarts = False, 1
+        p["status"] = {"phase": "Running", "podIP": ip, "conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": restarts,
+                                   "state": {"running": {}}}]}
+
+    def _status(self, ns: str, name: str, dep: dict, now: float) -> None:
+        pods = [p for (pns, _), p in self.pods.items() if pns == ns and p["_owner"] == name]
+        for p in pods:
+            self._pod_state(p, now)
+        ready = sum(1 for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                           for c in p["status"].get("conditions", [])))
+        want = dep["spec"].get("replicas", 1)
+        st = dep.setdefault("status", {})
+        complete = ready >= want
+        if complete or "_progress" not in dep:
+            dep["_progress"] = now
+        deadline = dep["spec"].get("progressDeadlineSeconds", 600) * self.deadline_scale
+        reason = ("NewReplicaSetAvailable" if complete else
+                  "ProgressDeadlineExceeded" if now - dep["_progress"] > deadline else "ReplicaSetUpdated")
+        st.update(observedGeneration=dep["metadata"]["generation"], replicas=len(pods), updatedReplicas=len(pods),
+                  readyReplicas=ready, availableReplicas=ready,
+                  conditions=[{"type": "Progressing", "status": "False" if reason == "ProgressDeadlineExceeded"
+                               else "True", "reason": reason, "message": f"{ready}/{want} available"}])
+
+    # -- REST ---------------------------------------------------------------------------------
+    def pod_log(self, ns: str, name: str, tail: int) -> str:
+        p = self.pods.get((ns, name))
+        if p is None:
+            return ""
+        node = p["spec"].get("nodeName")
+        text = self.broken.get(node, f"engine on {node}: serving") if node else ""
+        return "\n".join(text.splitlines()[-tail:])
+
+    def live(self, kind: str, ns: str | None = None) -> list[dict]:
+        with self.lock:
+            self.reconcile()
+            return [o for (k, n, _), o in self.objects.items() if k == kind and (ns is None or n == ns)]
+
+
+_ROUTES = [
+    (re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale$"), "Deployment", "scale"),
+    (re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)(/status)?$"), "Deployment", "obj"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)$"), "Service", "obj"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$"), "ConfigMap", "obj"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$"), "Pod", "log"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/pods$"), "Pod", "list"),
+]
+
+
+def _public(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if not k.startswith("_")}
+
+
+def _handler(fake: FakeCluster):
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # quiet
+            pass
+
+        def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _status(self, code: int, reason: str, msg: str) -> None:
+            self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": msg,
+                              "reason": reason, "code": code})
+
+        def _route(self):
+            u = urlparse(self.path)
+            for rx, kind, what in _ROUTES:
+                m = rx.match(u.path)
+                if m:
+                    return kind, what, m.group(1), m.group(2) if what != "list" else None, parse_qs(u.query)
+            return None
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n) or b"{}")
+
+        def do_GET(self):
+            r = self._route()
+            fake.calls.append(("GET", self.path, ""))
+            if r is None:
+                return self._status(404, "NotFound", f"the fake has no route for {self.path}")
+            kind, what, ns, name, q = r
+            with fake.lock:
+                fake.reconcile()
+                if what == "list":
+                    sel = dict(s.split("=", 1) for s in q.get("labelSelector", [""])[0].split(",") if s)
+                    items = [_public(p) for (pns, _), p in sorted(fake.pods.items()) if pns == ns
+                             and all(p["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+                    return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+                if what == "log":
+                    return self._send(200, fake.pod_log(ns, name, int(q.get("tailLines", ["50"])[0])), "text/plain")
+                obj = fake.objects.get((kind, ns, name))
+                if obj is None:
+                    return self._status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+                return self._send(200, _public(obj))
+
+        def do_PATCH(self):
+            r = self._route()
+            ctype = self.headers.get("Content-Type", "")
+            fake.calls.append(("PATCH", self.path, ctype))
+            if r is None:
+                return self._status(404, "NotFound", f"the fake has no route for {self.path}")
+            kind, what, ns, name, q = r
+            body = self._body()
+            with fake.lock:
+                key = (kind, ns, name)
+                if what == "scale":
+                    if ctype != "application/merge-patch+json":
+                        return self._status(415, "UnsupportedMediaType", f"scale patch as {ctype}")
+                    obj = fake.objects.get(key)
+                    if obj is None:
+                        return self._status(404, "NotFound", f'deployments.apps "{name}" not found')
+                    replicas = body["spec"]["replicas"]
+                    if obj["spec"].get("replicas") != replicas:
+                        obj["spec"]["replicas"] = replicas
+                        obj["metadata"]["generation"] += 1
+                    fake.reconcile()
+                    return self._send(200, {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                                            "metadata": {"name": name, "namespace": ns},
+                                            "spec": {"replicas": replicas}, "status": {"replicas": replicas}})
+                if ctype != "application/apply-patch+yaml":
+                    return self._status(415, "UnsupportedMediaType", f"the fake only takes server-side apply, not {ctype}")
+                if not q.get("fieldManager"):
+                    return self._status(400, "BadRequest", "fieldManager is required for apply patch")
+                if body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
+                    return self._status(400, "BadRequest", "kind/name of the body do not match the URL")
+                old = fake.objects.get(key)
+                if old is None:
+                    obj = {**body, "metadata": {**body["metadata"], "generation": 1, "uid": f"uid-{name}",
+                                                "managedFields": [{"manager": q["fieldManager"][0],
+                                                                   "operation": "Apply"}]}}
+                    fake.objects[key] = obj
+                    code = 201
+                else:
+                    obj, code = old, 200
+                    spec = body.get("spec", body.get("data"))
+                    field = "spec" if "spec" in body else "data"
+                    if old.get(field) != spec:
+                        old[field] = spec
+                        old["metadata"]["generation"] += 1
+                    old["metadata"]["labels"] = body["metadata"].get("labels", {})
+                fake.reconcile()
+                return self._send(code, _public(obj))
+
+        def do_DELETE(self):
+            r = self._route()
+            fake.calls.append(("DELETE", self.path, ""))
+            if r is None:
+                return self._status(404, "NotFound", f"the fake has no route for {self.path}")
+            kind, _, ns, name, _ = r
+            with fake.lock:
+                obj = fake.objects.pop((kind, ns, name), None)
+                if obj is None:
+                    return self._status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+                if kind == "Deployment":
+                    for key in [k for k, p in fake.pods.items() if k[0] == ns and p["_owner"] == name]:
+                        del fake.pods[key]
+                return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+    return H
+
+
+class FakeApiServer:
+    """``with FakeApiServer(nodes) as srv: srv.api_client()`` - a kubernetes ApiClient pointed at the fake."""
+
+    def __init__(self, nodes: list[str], **kw: Any):
+        self.cluster = FakeCluster(nodes, **kw)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.cluster))
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def api_client(self):
+        from kubernetes import client
+
+        conf = client.Configuration()
+        conf.host = self.url
+        return client.ApiClient(conf)
+
+    def __enter__(self) -> "FakeApiServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,233 @@
+"""Fan-out on a real netns lab: sshd, shaped links, the relay on every node, the simulated engine.
+
+One 6-node lab for the module, with its own name and DEPLOYBENCH_HOME. Each test starts from
+targets whose model roots are wiped, except where it builds on the previous copy on purpose.
+Every test bounds its own time (SIGALRM).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deploybench import fanout, manifest
+from deploybench.config import FanoutSpec, Policy
+from deploybench.errors import StageFailed
+from deploybench.lab import cluster
+from deploybench.lab.state import LabFiles
+from deploybench.transport import Cluster
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.netns,
+    pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
+    pytest.mark.skipif(shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"), reason="no sshd"),
+]
+MODEL = "sim-model"
+NODES = 6
+
+
+@pytest.fixture(autouse=True)
+def time_limit():
+    def expired(signum, frame):
+        raise TimeoutError("test exceeded its 120 s bound")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEPLOYBENCH_HOME", str(tmp_path_factory.mktemp("fanout-home")))
+        name = f"fo{secrets.token_hex(3)}"
+        inv = cluster.up(name, nodes=NODES, link_mbit=200, mode="netns", model_mb=16)
+        try:
+            yield name, inv, LabFiles(name)
+        finally:
+            cluster.down(name)
+
+
+def wipe(files: LabFiles, nodes: list[str]) -> None:
+    for n in nodes:
+        root = files.models(n)
+        for child in root.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def copy_of(files: LabFiles, node: str) -> Path:
+    return files.models(node) / MODEL
+
+
+def flip_byte(path: Path, at: int = 1000) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def shard(m: manifest.Manifest) -> str:
+    return max(m.files, key=lambda f: f.size).path
+
+
+def test_clean_chain_then_a_rerun_that_moves_no_bytes(lab):
+    name, inv, files = lab
+    wipe(files, inv.names[1:])
+    src = manifest.Manifest.read(copy_of(files, "n01"))
+    with Cluster(inv) as c:
+        res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        assert res.strategy == "chain" and res.manifest_digest == src.digest
+        assert sorted(res.verified_nodes) == inv.names
+        for n in inv.names[1:]:
+            cp = res.node(n)
+            assert cp.status == "copied" and cp.bytes == src.total_bytes and cp.attempts == 1, cp
+            assert manifest.verify(copy_of(files, n)).digest == src.digest
+            assert not (files.models(n) / ".staging" / MODEL).exists()
+        # one pipelined chain: each node received from the previous one
+        assert [res.node(n).upstream for n in inv.names[1:]] == [[u] for u in inv.names[:-1]]
+        # relays are stopped: nothing listens on the relay port any more
+        for n in inv.names:
+            ss = c[n].run(["ss", "-Htln", f"sport = :{FanoutSpec().port}"], timeout=10).check()
+            assert ss.stdout.strip() == "", (n, ss.stdout)
+
+        again = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+    assert again.bytes_moved == 0 and again.rounds == 0
+    assert again.source_hashed_bytes == 0  # the source's unchanged files were not hashed again
+    assert {cp.status for cp in again.nodes[1:]} == {"skipped"}
+    assert sorted(again.verified_nodes) == inv.names
+
+
+def test_a_flipped_byte_is_detected_and_repaired_from_a_neighbour(lab):
+    name, inv, files = lab
+    src = manifest.Manifest.read(copy_of(files, "n01"))
+    with Cluster(inv) as c:
+        if not all(copy_of(files, n).is_dir() for n in inv.names):
+            fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        victim = shard(src)
+        flip_byte(copy_of(files, "n04") / victim)
+        res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+    cp = res.node("n04")
+    assert cp.status == "repaired" and cp.verified
+    assert cp.repairs == [{"file": victim, "from": "n03", "reason": "published copy failed its sha256 check"}]
+    assert cp.bytes == next(f.size for f in src.files if f.path == victim)  # only the bad file moved
+    assert res.bytes_moved == cp.bytes
+    manifest.verify(copy_of(files, "n04"))
+
+
+def test_an_engine_refuses_a_tampered_copy(lab):
+    name, inv, files = lab
+    with Cluster(inv) as c:
+        if not copy_of(files, "n05").is_dir():
+            fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        m = manifest.Manifest.read(copy_of(files, "n05"))
+        victim = shard(m)
+        flip_byte(copy_of(files, "n05") / victim, at=5)
+        r = c["n05"].run([inv.python, "-m", "deploybench.lab.engine", "--model-dir", f"{inv.model_root}/{MODEL}",
+                          "--host", inv.node("n05").address, "--port", "0"], timeout=60)
+        assert r.rc == 2, (r.rc, r.stderr[-500:])
+        assert victim in r.stderr
+        # an intact copy starts: the same check passes on n06 (exits only when killed, so just verify)
+        manifest.verify(copy_of(files, "n06"))
+        fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())  # and the fan-out repairs it
+    manifest.verify(copy_of(files, "n05"))
+
+
+def test_a_node_killed_mid_chain_is_routed_around_and_the_rest_finish(lab):
+    name, inv, files = lab
+    wipe(files, inv.names[1:])
+    for n in inv.names:
+        cluster.set_link(name, n, mbit=40)  # 16 MiB take ~3.5 s per hop: time to kill n03 half-way
+    try:
+        staged = files.models("n06") / ".staging" / MODEL
+
+        def kill_when_half_way():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                done = sum(p.stat().st_size for p in staged.glob("*") if p.is_file()) if staged.is_dir() else 0
+                if done > 4 << 20:
+                    cluster.kill_node(name, "n03")
+                    return
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_when_half_way)
+        killer.start()
+        with Cluster(inv) as c:
+            res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec(io_timeout_s=5), policy=Policy.EXCLUDE)
+        killer.join()
+    finally:
+        for n in inv.names:
+            cluster.set_link(name, n)
+        cluster.start_node(name, "n03")
+    assert sorted(res.verified_nodes) == ["n01", "n02", "n04", "n05", "n06"]
+    dead = res.node("n03")
+    assert dead.status == "failed" and not dead.verified and "n03" in (dead.error or "")
+    # the second attempt went from n02, the verified node before the gap, and resumed
+    assert res.node("n04").upstream == ["n03", "n02"]
+    assert res.node("n04").resumed_bytes > 0
+    for n in ("n04", "n05", "n06"):
+        manifest.verify(copy_of(files, n))
+    with Cluster(inv) as c, pytest.raises(StageFailed, match="n03"):
+        wipe(files, ["n03"])
+        cluster.kill_node(name, "n03")
+        try:
+            fanout.run(c, inv.names, "n01", MODEL, FanoutSpec(io_timeout_s=5))  # policy abort
+        finally:
+            cluster.start_node(name, "n03")
+
+
+def test_tree_and_star_verify_every_node(lab):
+    name, inv, files = lab
+    src = manifest.Manifest.read(copy_of(files, "n01"))
+    with Cluster(inv) as c:
+        for strategy in ("tree", "star"):
+            wipe(files, inv.names[1:])
+            res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec(strategy=strategy))
+            assert sorted(res.verified_nodes) == inv.names, strategy
+            assert all(manifest.verify(copy_of(files, n)).digest == src.digest for n in inv.names[1:])
+            if strategy == "tree":  # doubling: 1, 2, then the last 2 of 5 targets
+                assert res.rounds == 3
+                assert res.node("n02").upstream == ["n01"] and res.node("n03").upstream == ["n01"]
+                assert res.node("n04").upstream == ["n02"]
+
+
+def test_bad_input_is_refused_before_anything_is_copied(lab):
+    name, inv, files = lab
+    wipe(files, inv.names[1:])
+    with Cluster(inv) as c:
+        with pytest.raises(StageFailed, match=r"no-such-model.*does not exist on source node n01"):
+            fanout.run(c, inv.names, "n01", "no-such-model", FanoutSpec())
+        (files.models("n01") / "empty-model").mkdir()
+        with pytest.raises(StageFailed, match=r"empty-model.*is empty"):
+            fanout.run(c, inv.names, "n01", "empty-model", FanoutSpec())
+        src = copy_of(files, "n01")
+        m = manifest.Manifest.read(src)
+        victim = shard(m)
+        backup = (src / victim).read_bytes()
+        flip_byte(src / victim)
+        try:
+            with pytest.raises(StageFailed, match=rf"does not match its manifest.*{victim}.*sha256"):
+                fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        finally:
+            (src / victim).write_bytes(backup)
+        # a node whose model root has too little space: a 1 MiB tmpfs over n04's model root
+        root = inv.model_root
+        c["n04"].run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", root], timeout=10).check()
+        try:
+            with pytest.raises(StageFailed, match=r"n04: 0\.00 GiB free under .*needs 0\.02 GiB"):
+                fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        finally:
+            c["n04"].run(["umount", root], timeout=10).check()
+        # nothing reached any target
+        for n in inv.names[1:]:
+            assert not copy_of(files, n).exists() and not (files.models(n) / ".staging" / MODEL).exists()

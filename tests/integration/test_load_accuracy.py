@@ -1,0 +1,184 @@
+"""Accuracy of the load stage against the simulated engine, whose truth is known in closed form.
+
+Truth (deploybench.lab.service_model.capacity): the saturation throughput lambda_max of a
+continuous-batching engine with its batch always full. The capacity under an SLO is at most that; with
+an SLO loose enough that latency never binds (P99 limit above the longest possible queue wait,
+(max_num_seqs + queue_limit) / lambda_max), the highest rate at which the engine answers what it is
+offered IS lambda_max: below it the queue stays bounded (achieved = offered), above it the answered
+rate stays at lambda_max while the offered grows. So the probe's capacity is compared with
+lambda_max x nodes, for two engine configurations. Small decode times keep every step short.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
+from deploybench.lab.service_model import ServiceParams, capacity
+from deploybench.load import Endpoint, load_samples, phases, run_load
+from deploybench.manifest import seed_model
+
+pytestmark = pytest.mark.integration
+MODEL = "sim-model"
+
+# two engine configurations (times in ms), with the workload they are probed with
+CONFIGS = {
+    "batch8-1node": dict(nodes=1, engine=EngineSpec(max_num_seqs=8, sim=SimKnobs(
+        decode_base_ms=4.0, decode_per_seq_ms=0.5, prefill_per_token_ms=0.02, queue_limit=32)),
+        prompt_tokens=32, output_tokens=16),
+    "batch4-2nodes": dict(nodes=2, engine=EngineSpec(max_num_seqs=4, sim=SimKnobs(
+        decode_base_ms=4.0, decode_per_seq_ms=0.5, prefill_per_token_ms=0.02, queue_limit=32)),
+        prompt_tokens=64, output_tokens=24),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_engines(model_dir: Path, log_dir: Path, engine: EngineSpec, n: int, *extra: str,
+                  procs: list) -> list[Endpoint]:
+    """n simulated engines on 127.0.0.1 (healthy within 20 s, else RuntimeError); appended to procs."""
+    sim = engine.sim
+    eps = []
+    for i in range(n):
+        port = _free_port()
+        log = log_dir / f"engine-{port}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", str(port),
+                 "--model-dir", str(model_dir), "--served-model-name", MODEL, "--seed", str(i + 1),
+                 "--max-num-seqs", str(engine.max_num_seqs), "--decode-base-ms", str(sim.decode_base_ms),
+                 "--decode-per-seq-ms", str(sim.decode_per_seq_ms), "--queue-limit", str(sim.queue_limit),
+                 "--prefill-per-token-ms", str(sim.prefill_per_token_ms), "--log-level", "warning", *extra],
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"engine at {url} not healthy within 20 s") from None
+                time.sleep(0.2)
+        eps.append(Endpoint(node=f"n{i + 1}", url=url, model=MODEL))
+    return eps
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model")
+    seed_model(path, total_mb=1)
+    return path
+
+
+@pytest.fixture
+def engines(model_dir, tmp_path):
+    procs: list[subprocess.Popen] = []
+    yield lambda engine, n, *extra: start_engines(model_dir, tmp_path, engine, n, *extra, procs=procs)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def truth(cfg: dict) -> float:
+    """lambda_max of the whole cluster, requests/s."""
+    cap = capacity(ServiceParams.from_config(cfg["engine"]), cfg["prompt_tokens"], cfg["output_tokens"])
+    return cap.requests_per_s * cfg["nodes"]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_probe_finds_the_closed_form_capacity(name, engines, tmp_path):
+    cfg = CONFIGS[name]
+    eps = engines(cfg["engine"], cfg["nodes"])
+    lam = truth(cfg)
+    b, q = cfg["engine"].max_num_seqs, cfg["engine"].sim.queue_limit
+    loose = SLO(p99_latency_ms=4 * 1000 * (b + q) * cfg["nodes"] / lam, max_error_rate=0.01)  # never binds
+    spec = LoadSpec(prompt_tokens=cfg["prompt_tokens"], output_tokens=cfg["output_tokens"], phases=["probe"],
+                    probe_start_rps=15, probe_max_rps=1000, probe_step_s=3, probe_warmup_s=1,
+                    probe_tolerance=0.04, request_timeout_s=10, ttft_sample_rps=1, scrape_interval_s=1)
+    out = phases.run_phase("probe", eps, spec, loose, tmp_path / "load", tags={"run": name})
+    found = out["analysis"]
+    steps = found["steps"]
+    err = found["capacity_rps"] / lam - 1
+    print(f"\n{name}: truth {lam:.1f} req/s, found {found['capacity_rps']:.1f} ({err:+.1%}) in {len(steps)} steps, "
+          f"bracket {found['bracket']}")
+    assert found["converged"], found["reason"]
+    assert abs(err) <= 0.10, steps
+    low, high = found["bracket"]
+    assert low <= lam * 1.05 and high >= lam * 0.95  # the bracket holds the truth (5 %: k6's jitter on 2 cores)
+    # well below the capacity every step passes without a drop (the 1 % check: its own, longer test)
+    for s in steps:
+        if s["rate"] <= 0.8 * lam:
+            assert s["dropped_iterations"] == 0 and s["passed"], s
+    # every step's samples are on disk, tagged with the phase and the node
+    df = pd.concat([load_samples(s["samples_path"]) for s in steps])
+    assert set(df["phase"]) == {"probe"} and set(df["node"]) == {e.node for e in eps}
+    assert df["ttft_ms"].notna().any()  # the SSE sampler's rows
+
+
+def test_below_capacity_achieved_is_within_one_percent_of_offered(engines, tmp_path):
+    cfg = CONFIGS["batch4-2nodes"]
+    eps = engines(cfg["engine"], cfg["nodes"])
+    rate = round(0.7 * truth(cfg), 1)
+    spec = LoadSpec(rate=rate, duration_s=8, warmup_s=1, prompt_tokens=cfg["prompt_tokens"],
+                    output_tokens=cfg["output_tokens"], request_timeout_s=10, ttft_sample_rps=1, scrape_interval_s=1)
+    res = run_load(eps, spec, SLO(), tmp_path / "out", phase="below")
+    assert res.offered_rps == rate and res.dropped_iterations == 0 and res.errors == 0
+    assert res.achieved_rps == pytest.approx(rate, rel=0.01), (res.achieved_rps, rate)
+    assert res.sent_rps == pytest.approx(rate, rel=0.01)
+
+
+def test_light_load_ttft_and_e2e_match_the_service_times(engines, tmp_path):
+    """Alone in the engine, a request's TTFT is prefill + one decode step and its e2e prefill + O steps.
+
+    Service times of tens of ms (not the few ms of the capacity tests), so that 5 % is more than the
+    scheduling noise of a shared 2-core machine; per_seq 0 so that an overlap does not lengthen a step."""
+    engine = EngineSpec(max_num_seqs=8, sim=SimKnobs(decode_base_ms=100.0, decode_per_seq_ms=0.0,
+                                                     prefill_per_token_ms=0.25, queue_limit=8))
+    P, O = 40, 2
+    cap = capacity(ServiceParams.from_config(engine), P, O)
+    eps = engines(engine, 1)
+    # 1.2 req/s x 0.21 s: the engine is busy a quarter of the time, so most requests find it idle; k6's
+    # 0.7 req/s and the sampler's 0.5 req/s have different periods, so their requests do not lock in step
+    spec = LoadSpec(rate=1.2, duration_s=10, warmup_s=1, prompt_tokens=P, output_tokens=O, ttft_sample_rps=0.5,
+                    scrape_interval_s=1, request_timeout_s=10)
+    res = run_load(eps, spec, SLO(), tmp_path / "out", phase="light")
+    df = load_samples(res.samples_path)
+    client_ttft = df["ttft_ms"].dropna().median()
+    client_e2e = df.loc[df["ttft_ms"].isna(), "latency_ms"].median()  # k6's requests
+    engine_ttft = res.engine["n1"]["ttft_mean_ms"]
+
+    def close(got: float, want: float) -> bool:
+        return abs(got - want) <= max(0.05 * want, 2.0)
+
+    print(f"\nlight load: TTFT client {client_ttft:.2f} / engine {engine_ttft:.2f} vs {cap.single_ttft_ms:.2f} ms; "
+          f"e2e client {client_e2e:.2f} vs {cap.single_e2e_ms:.2f} ms; ITL P50 {res.itl_p50_ms} vs "
+          f"{cap.single_itl_ms:.2f} ms")
+    assert res.ttft_samples >= 5 and res.errors == 0 and res.dropped_iterations == 0
+    assert close(client_ttft, cap.single_ttft_ms), client_ttft
+    # the engine's figure is a mean (its histogram's _sum/_count): a request that arrives during another's
+    # iteration waits for its end, so the mean sits above the alone-time by up to busy-fraction x a step
+    assert cap.single_ttft_ms * 0.95 <= engine_ttft <= cap.single_ttft_ms * 1.25, engine_ttft
+    assert close(client_e2e, cap.single_e2e_ms), client_e2e
+    assert close(res.itl_p50_ms, cap.single_itl_ms), res.itl_p50_ms
+    assert res.sources["ttft"].startswith("client") and res.sources["engine"].startswith("engine")

@@ -1,0 +1,106 @@
+"""The relay program on loopback addresses: hash cache, a two-hop pipelined stream, the upstream check."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deploybench import manifest, relay
+
+RELAY = [sys.executable, relay.__file__]
+
+
+def call(*args: str, stdin: bytes | None = None) -> dict:
+    out = subprocess.run(RELAY + list(args), input=stdin, capture_output=True, check=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def free_port(addr: str) -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def test_manifest_matches_python_and_the_cache_avoids_rehashing(tmp_path):
+    d = tmp_path / "m"
+    m = manifest.seed_model(d, total_mb=1, shards=2)
+    cache = str(tmp_path / "cache.json")
+    first = call("manifest", str(d), "--cache", cache)
+    assert first["manifest"]["digest"] == m.digest and first["declared"]["digest"] == m.digest
+    assert first["hashed_bytes"] == m.total_bytes
+    assert call("manifest", str(d), "--cache", cache)["hashed_bytes"] == 0
+    # same size, same content length, new bytes: the stat signature changes, the file is hashed again
+    shard = d / max(m.files, key=lambda f: f.size).path
+    data = bytearray(shard.read_bytes())
+    data[7] ^= 1
+    shard.write_bytes(bytes(data))
+    again = call("manifest", str(d), "--cache", cache)
+    assert again["hashed_bytes"] == len(data) and again["manifest"]["digest"] != m.digest
+
+
+def test_a_two_hop_stream_is_written_verified_and_published(tmp_path):
+    src = tmp_path / "src"
+    m = manifest.seed_model(src, total_mb=2, shards=2)
+    nodes = {"127.0.0.2": tmp_path / "a", "127.0.0.3": tmp_path / "b"}
+    port = free_port("127.0.0.2")
+    procs = []
+    hops = ["127.0.0.1", *nodes]
+    for i, (addr, root) in enumerate(nodes.items()):
+        down = f"{hops[i + 2]}:{port}" if i + 2 < len(hops) else ""
+        procs.append(subprocess.Popen(RELAY + [
+            "serve", "--token", "t0k", "--status", str(root) + ".status", "--listen", addr, "--port", str(port),
+            "--upstream", hops[i], "--staging", str(root / ".staging" / "m"), "--final", str(root / "m"),
+            "--cache", str(root / "cache.json"), "--io-timeout", "10", "--accept-timeout", "20",
+            "--downstream", down], stdout=subprocess.DEVNULL))
+    # an intruder from another address is turned away, and the transfer still goes through
+    time.sleep(0.5)
+    with socket.create_connection(("127.0.0.2", port), timeout=5, source_address=("127.0.0.9", 0)) as s:
+        s.settimeout(5)
+        try:
+            s.sendall(b'{"token": "t0k"}\n')
+            assert s.recv(1) == b""  # closed on us
+        except ConnectionResetError:
+            pass
+    plan = tmp_path / "plan.json"
+    files = [{"path": f.path, "size": f.size, "sha256": f.sha256, "offset": 0} for f in m.files]
+    plan.write_text(json.dumps({"manifest": json.loads(m.to_json()), "files": files}))
+    sent = call("send", "--token", "t0k", "--status", str(tmp_path / "send.status"), "--plan", str(plan),
+                "--dir", str(src), "--bind", "127.0.0.1", "--downstream", f"127.0.0.2:{port}")
+    for p in procs:
+        assert p.wait(timeout=30) == 0
+    assert sent["error"] is None and sent["bytes_sent"] == m.total_bytes
+    for addr, root in nodes.items():
+        st = json.loads(Path(str(root) + ".status").read_text())
+        assert st["published"] and st["bytes_written"] == m.total_bytes and not st["files_bad"], st
+        assert manifest.verify(root / "m").digest == m.digest
+        assert not (root / ".staging" / "m").exists()
+    first = json.loads(Path(str(nodes["127.0.0.2"]) + ".status").read_text())
+    assert first["refused"] == ["127.0.0.9: not the upstream peer 127.0.0.1"]
+    # inspect sees the published copy through the cache, without reading it again
+    ins = call("inspect", "--final", str(nodes["127.0.0.3"] / "m"), "--staging", str(tmp_path / "x"),
+               "--cache", str(nodes["127.0.0.3"] / "cache.json"), stdin=m.to_json().encode())
+    assert ins["published"] and ins["bad"] == [] and ins["hashed_bytes"] == 0
+
+
+def test_inspect_reports_bad_files_and_links_the_good_ones_into_staging(tmp_path):
+    final = tmp_path / "m"
+    m = manifest.seed_model(final, total_mb=1, shards=2)
+    bad = max(m.files, key=lambda f: f.size).path
+    with open(final / bad, "r+b") as f:
+        f.write(b"X")
+    staging = tmp_path / ".staging" / "m"
+    ins = call("inspect", "--final", str(final), "--staging", str(staging), "--cache", str(tmp_path / "c.json"),
+               stdin=m.to_json().encode())
+    assert not ins["published"] and ins["bad"] == [bad]
+    assert ins["staged"] == {f.path: "ok" for f in m.files if f.path != bad}
+    good = next(f.path for f in m.files if f.path != bad)
+    assert os.path.samefile(staging / good, final / good)  # a hard link, no bytes copied
+
+
+def test_manifest_of_a_missing_folder_says_so(tmp_path):
+    assert call("manifest", str(tmp_path / "nope"))["error"] == "missing"

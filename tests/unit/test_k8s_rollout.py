@@ -1,0 +1,161 @@
+"""Kubernetes backend: manifests validated against the official schema; rollout logic against a FAKE API server.
+
+No Kubernetes API server can run here. tests/fakes/k8s_api.py is a small local FAKE of the apps/v1 and
+core/v1 endpoints the deployer calls (it is not Kubernetes); the real `kubernetes` client talks to it
+over HTTP, so the requests (server-side apply, scale subresource patches, pod lists, logs) are real.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploybench import rollout
+from deploybench.config import RunConfig
+from deploybench.errors import ConfigError, StageFailed
+from deploybench.inventory import Inventory
+from deploybench.rollout import manifests
+from deploybench.rollout.kubernetes import KubeClients, rollout_status
+from deploybench.transport import Cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+from k8s_api import FakeApiServer  # noqa: E402
+
+NODES = [f"n{i:02d}" for i in range(16)]
+
+
+def _inv() -> Inventory:
+    return Inventory.model_validate({"name": "k", "transport": "local", "model_root": "/srv/models", "nodes": [
+        {"name": n, "address": f"10.0.0.{i + 10}", "link_mbit": 1000, "k8s_node": f"gpu-{n}"}
+        for i, n in enumerate(NODES)]})
+
+
+def _cfg(**rollout_kw) -> RunConfig:
+    return RunConfig.parse({"inventory": "x", "engine": {"profile": "vllm"}, "rollout": {
+        "backend": "kubernetes", "canary_nodes": 2, "ready_timeout_s": 10,
+        "kubernetes": {"progress_deadline_s": 60}, **rollout_kw}})
+
+
+@pytest.mark.parametrize("profile", ["vllm", "triton"])
+def test_every_manifest_validates_against_the_kubernetes_schema(profile):
+    cfg = RunConfig.parse({"inventory": "x", "engine": {"profile": profile}})
+    objs = manifests.render_all(cfg, _inv(), NODES[:2], NODES[2:], 2, 0)
+    assert {o["kind"] for o in objs} >= {"Deployment", "Service"}
+    for o in objs:
+        manifests.validate(o)
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert c["volumeMounts"][0]["readOnly"] is True and pod["volumes"][0]["hostPath"]["path"] == "/srv/models"
+    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(c)
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["gpu-n00", "gpu-n01"]
+    assert pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] \
+        == "kubernetes.io/hostname"
+    headless = next(o for o in objs if o["kind"] == "Service" and o["spec"].get("clusterIP") == "None")
+    assert headless["metadata"]["name"].endswith("-pods")
+
+
+def test_a_manifest_the_schema_refuses_is_reported_with_its_path():
+    svc = manifests.service(RunConfig.parse({"inventory": "x"}))
+    svc["spec"]["ports"][0]["port"] = "eighty"
+    with pytest.raises(ConfigError, match=r"spec\.ports\.0\.port"):
+        manifests.validate(svc)
+    svc = manifests.service(RunConfig.parse({"inventory": "x"}))
+    svc["spec"]["replicas"] = 3  # not a Service field: strict validation refuses it
+    with pytest.raises(ConfigError, match="replicas"):
+        manifests.validate(svc)
+
+
+@pytest.mark.parametrize("status, done, failed", [
+    ({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}, True, False),
+    ({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 1}, False, False),
+    ({"observedGeneration": 0, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}, False, False),
+    ({"observedGeneration": 1, "replicas": 3, "updatedReplicas": 2, "availableReplicas": 2}, False, False),
+    ({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1}, False, False),
+    ({"observedGeneration": 1, "conditions": [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]},
+     False, True),
+])
+def test_rollout_status_follows_kubectl(status, done, failed):
+    dep = {"metadata": {"name": "d", "generation": 1}, "spec": {"replicas": 2}, "status": status}
+    assert rollout_status(dep)[:2] == (done, failed)
+
+
+def _checks(seen: list):
+    return {"smoke": lambda ep: "ok", "gate": lambda eps, i: seen.append(sorted(e["node"] for e in eps))
+            or {"passed": True, "reasons": [], "requests": 10}}
+
+
+def test_full_scale_out_against_the_fake_api_server():
+    cfg, seen = _cfg(), []
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.2) as srv:
+        kube = KubeClients.from_api_client(srv.api_client())
+        res = rollout.run(Cluster(_inv()), NODES, cfg, kube=kube, **_checks(seen))
+        assert res.plan == [2, 4, 8, 16] and [s.nodes for s in res.steps] == [2, 4, 8, 16]
+        assert res.steps[0].added == NODES[:2]  # the canary Deployment is pinned to the canary nodes
+        assert sorted(n for s in res.steps for n in s.added) == sorted(NODES)
+        assert [len(s) for s in seen] == [2, 4, 8, 16]
+        assert sorted(e["node"] for e in res.endpoints) == sorted(NODES)
+        applies = [c for c in srv.cluster.calls if c[0] == "PATCH" and "/scale" not in c[1]]
+        assert applies and all(c[2] == "application/apply-patch+yaml" and "fieldManager=deploybench" in c[1]
+                               for c in applies)
+        scales = [c for c in srv.cluster.calls if c[0] == "PATCH" and "/scale?" in c[1]]
+        assert len(scales) == 3
+        # idempotent: applying again changes nothing and does not fail (no create-only 409)
+        dep = rollout.deployer(Cluster(_inv()), NODES, cfg, kube)
+        dep.canary = NODES[:2]
+        gen = srv.cluster.objects[("Deployment", "deploybench", "deploybench-sim-model-canary")]["metadata"]["generation"]
+        for o in dep.manifests(2, 0)[:-1]:
+            dep._apply(o)
+        assert srv.cluster.objects[("Deployment", "deploybench", "deploybench-sim-model-canary")]["metadata"][
+            "generation"] == gen
+        out = rollout.teardown(Cluster(_inv()), NODES, cfg, kube=kube)
+        assert set(out.values()) == {"stopped"} and srv.cluster.objects == {} and srv.cluster.pods == {}
+        assert set(rollout.teardown(Cluster(_inv()), NODES, cfg, kube=kube).values()) == {"stopped"}  # twice: fine
+
+
+def test_a_pod_that_never_becomes_ready_fails_the_step_names_it_and_rolls_back():
+    cfg, seen = _cfg(ready_timeout_s=30), []
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.2, deadline_scale=0.02) as srv:
+        kube = KubeClients.from_api_client(srv.api_client())
+        cl = Cluster(_inv())
+        dep = rollout.deployer(cl, NODES[:8], cfg, kube)
+        orig_scale = dep.scale
+
+        def scale(nodes):  # break the nodes of step 2 just before it starts
+            if len(nodes) == 8:
+                srv.cluster.broken = {f"gpu-{n}": "FATAL: CUDA out of memory" for n in NODES[4:8]}
+            orig_scale(nodes)
+
+        dep.scale = scale
+        with pytest.raises(StageFailed) as err:
+            rollout.plan.execute(dep, NODES[:8], cfg, **_checks(seen))
+        res = err.value.result
+        f = res["failure"]
+        assert f["step"] == 2 and f["nodes"][0]["node"] in NODES[4:8] and f["nodes"][0]["pod"]
+        assert "CrashLoopBackOff" in f["nodes"][0]["reason"] and "progress deadline" in f["nodes"][0]["reason"]
+        assert f["nodes"][0]["log_tail"] == "FATAL: CUDA out of memory"
+        assert f["action"] == "rolled back to step 1 (4 nodes)"
+        stable = srv.cluster.objects[("Deployment", "deploybench", "deploybench-sim-model")]
+        assert stable["spec"]["replicas"] == 2  # 4 nodes = 2 canary + 2 stable
+        rollout.teardown(cl, NODES[:8], cfg, kube=kube)
+        assert srv.cluster.objects == {} and srv.cluster.pods == {}
+
+
+def test_canary_failure_deletes_everything():
+    cfg = _cfg()
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.2, deadline_scale=0.02) as srv:
+        srv.cluster.broken = {"gpu-n01": "model.safetensors: checksum mismatch"}
+        kube = KubeClients.from_api_client(srv.api_client())
+        with pytest.raises(StageFailed, match="n01") as err:
+            rollout.run(Cluster(_inv()), NODES[:4], cfg, kube=kube, **_checks([]))
+        assert err.value.result["failure"]["action"] == "torn down"
+        assert srv.cluster.objects == {} and srv.cluster.pods == {}
+
+
+def test_kubernetes_backend_without_clients_is_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="kubernetes_default"):
+        rollout.run(Cluster(_inv()), NODES[:4], _cfg())

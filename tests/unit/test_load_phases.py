@@ -1,0 +1,257 @@
+"""Unit tests of the load phases' logic: the capacity search, drift, overload analysis, the shape of
+the load, the /metrics parser and the SSE reader — no k6, no server."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from deploybench import params as form
+from deploybench.config import SLO, LoadSpec
+from deploybench.errors import ConfigError
+from deploybench.load import overload, probe, sustained
+from deploybench.load.records import LoadResult, SloVerdict, WindowFigures
+from deploybench.load.runner import build_env, offered_at, sampler_share
+from deploybench.load.scrape import _quantile, engine_figures, parse_metrics
+from deploybench.load.ttft import _Stream, event_text, request_body
+from deploybench.load import Endpoint
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _result(rate: float, answered: float, p99: float = 100.0, errors: int = 0, dropped: int = 0,
+            duration: float = 10.0) -> LoadResult:
+    n = int(rate * duration)
+    return LoadResult(
+        requests=n, errors=errors, error_rate=errors / n if n else 0.0, errors_by_kind={"http_429": errors} if errors else {},
+        achieved_rps=answered, output_tps=1.0, latency_p50_ms=p99 / 2, latency_p90_ms=p99 * 0.9,
+        latency_p99_ms=p99, latency_p999_ms=p99, phase="probe", offered_rps=rate, duration_s=duration, warmup_s=1,
+        started_at=T0, warmup_excluded=0, dropped_iterations=dropped, slo_ok=True, slo=SloVerdict(passed=True, reasons=[]),
+        nodes=[], samples_path="s", warmup_samples_path=None, summary_path="x", k6_exit_code=0,
+        k6_thresholds_crossed=[], k6_cpu_s=0.1, vus_pre=1, vus_max=2, tags={}, notes=[])
+
+
+def _server(capacity: float, base_ms: float = 50.0):
+    """A model server: answers min(rate, capacity); latency explodes past the capacity."""
+    calls = []
+
+    def step(n: int, rate: float) -> LoadResult:
+        calls.append(rate)
+        over = rate > capacity
+        return _result(rate, min(rate, capacity), p99=base_ms * (40 if over else 1))
+
+    return step, calls
+
+
+# -- the capacity search -----------------------------------------------------------------------------
+@pytest.mark.parametrize("capacity", [7.3, 33.0, 120.0, 999.0])
+def test_search_brackets_the_capacity_within_tolerance(capacity):
+    spec = LoadSpec(probe_start_rps=2, probe_max_rps=5000, probe_tolerance=0.03, probe_max_steps=30)
+    step, calls = _server(capacity)
+    got = probe.search(step, spec, SLO(p99_latency_ms=1000))
+    low, high = got.bracket
+    assert got.converged and low <= capacity < high and (high - low) / high <= 0.03
+    assert got.capacity_rps == low and len(got.steps) == len(calls)
+    assert calls[:3] == [2, 4, 8]  # doubling first
+    assert [s.step for s in got.steps] == list(range(1, len(calls) + 1))
+
+
+def test_search_halves_when_the_first_step_fails_and_stops_at_the_maximum():
+    step, calls = _server(3.0)
+    got = probe.search(step, LoadSpec(probe_start_rps=16, probe_tolerance=0.1), SLO(p99_latency_ms=1000))
+    assert calls[:3] == [16, 8, 4] and got.converged and 2.7 <= got.capacity_rps <= 3.0
+    step, calls = _server(1e9)
+    got = probe.search(step, LoadSpec(probe_start_rps=10, probe_max_rps=50), SLO(p99_latency_ms=1000))
+    assert calls == [10, 20, 40, 50] and not got.converged and got.capacity_rps == 50
+    assert "at least that" in got.reason
+    step, _ = _server(0.0)  # nothing ever passes
+    got = probe.search(step, LoadSpec(probe_start_rps=1, probe_max_steps=20), SLO(p99_latency_ms=1000))
+    assert got.capacity_rps is None and "no rate met the SLO" in got.reason
+
+
+def test_search_respects_max_steps():
+    step, calls = _server(77.0)
+    got = probe.search(step, LoadSpec(probe_start_rps=1, probe_max_steps=4), SLO(p99_latency_ms=1000))
+    assert len(calls) == 4 and not got.converged and "probe_max_steps=4" in got.reason
+
+
+def test_judge_names_every_broken_criterion():
+    spec, slo = LoadSpec(), SLO(p99_latency_ms=200, max_error_rate=0.01)
+    ok, reasons, ratio = probe.judge(_result(10, 10), slo, spec)
+    assert ok and reasons == [] and ratio == 1.0
+    ok, reasons, ratio = probe.judge(_result(10, 9.5, p99=300, errors=5, dropped=2), slo, spec)
+    assert not ok and ratio == pytest.approx(0.95)
+    text = " | ".join(reasons)
+    assert "P99 latency 300 ms" in text and "error rate" in text and "fell behind" in text and "2 iterations dropped" in text
+    # one request of slack at the window's edges: 99 of 100 at a 99 % bar passes, 97 does not
+    assert probe.judge(_result(10, 9.8), slo, spec)[0] and not probe.judge(_result(10, 9.7), slo, spec)[0]
+
+
+# -- sustained: drift --------------------------------------------------------------------------------
+def _window(start: float, achieved: float, p99: float | None, offered: float = 10.0, sent: float | None = None,
+            errors: dict | None = None, p50: float | None = None) -> WindowFigures:
+    n = int(round((sent if sent is not None else offered) * 2))
+    nerr = sum((errors or {}).values())
+    return WindowFigures(
+        start_s=start, duration_s=2.0, offered_rps=offered, requests=n, errors=nerr, error_rate=nerr / n if n else 0,
+        errors_by_kind=errors or {}, achieved_rps=achieved, output_tps=1.0, latency_p50_ms=p50 or (p99 and p99 / 2),
+        latency_p90_ms=p99, latency_p99_ms=p99, latency_p999_ms=p99, sent_rps=sent if sent is not None else offered)
+
+
+def test_drift_compares_first_and_last_window():
+    flat = [_window(0, 10, 100), _window(2, 10.2, 104), _window(4, 9.8, 108)]
+    d = sustained.drift(flat, 0.1)
+    assert not d.drifted and d.achieved_change == pytest.approx(-0.02) and d.latency_p99_change == pytest.approx(0.08)
+    d = sustained.drift([_window(0, 10, 100), _window(2, 8.5, 130)], 0.1)
+    assert d.drifted and len(d.reasons) == 2 and "-15.0%" in d.reasons[0] and "+30.0%" in d.reasons[1]
+    d = sustained.drift([_window(0, 10, 100)], 0.1)
+    assert not d.drifted and "needs two" in d.reasons[0]
+
+
+# -- overload: where each objective broke, recovery ------------------------------------------------------
+def test_overload_finds_break_rates_and_recovery():
+    spec = LoadSpec(overload_ramp_s=8, recovery_s=6, overload_factor=2, sustained_fraction=0.5)
+    slo = SLO(p99_latency_ms=500, max_error_rate=0.01)
+    windows = [
+        _window(0, 10, 100, offered=10), _window(2, 15, 200, offered=15),
+        _window(4, 17, 900, offered=20),  # falls behind and over the latency limit at 20 req/s
+        _window(6, 17, 1500, offered=25, errors={"http_429": 8}),
+        _window(8.001, 20, 800, offered=5),  # recovery: draining the backlog
+        _window(10.001, 5, 120, offered=5), _window(12.001, 5, 110, offered=5),
+    ]
+    res = _result(10, 10).model_copy(update={"windows": windows})
+    an = overload.analyse(res, 10.0, slo, spec)
+    assert an.broke_at["latency_p99"].rate == 20 and an.broke_at["latency_p99"].value == 900
+    assert an.broke_at["achieved_ratio"].rate == 20 and an.broke_at["error_rate"].rate == 25
+    assert an.broke_at["ttft_p99"] is None  # the SLO has no TTFT objective
+    assert an.errors_by_kind_ramp == {"http_429": 8} and an.errors_by_kind_recovery == {}
+    assert an.recovered and an.recovery_s == pytest.approx(2.0)
+    assert an.recovery_by_objective_s["latency_p99"] == pytest.approx(2.0) and an.client_limited_windows == []
+
+
+def test_overload_without_recovery_and_client_limited_windows():
+    spec = LoadSpec(overload_ramp_s=4, recovery_s=4)
+    windows = [_window(0, 10, 100, offered=10), _window(2, 12, 100, offered=20, sent=12),  # k6 could not send
+               _window(4.001, 5, 5000, offered=5), _window(6.001, 5, 5000, offered=5)]
+    an = overload.analyse(_result(10, 10).model_copy(update={"windows": windows}), 10.0, SLO(p99_latency_ms=500), spec)
+    assert an.client_limited_windows == [2]
+    assert an.broke_at["achieved_ratio"] is None  # judged against what was sent
+    assert not an.recovered and an.recovery_s is None
+
+
+def test_overload_shape():
+    start, stages = overload.shape(100.0, LoadSpec(sustained_fraction=0.8, overload_factor=3, overload_ramp_s=20,
+                                                   recovery_s=10))
+    assert start == 80 and stages == [(300, 20), (50, overload.DROP_S), (50, 10)]
+
+
+# -- load shape and environment -------------------------------------------------------------------------
+def test_offered_rate_along_a_ramp():
+    stages = [(30.0, 4.0), (5.0, 0.001), (5.0, 3.0)]
+    assert offered_at(10, None, 99) == 10
+    assert offered_at(10, stages, 0) == 10 and offered_at(10, stages, 2) == pytest.approx(20)
+    assert offered_at(10, stages, 4.0005) == pytest.approx(17.5) and offered_at(10, stages, 6) == 5
+
+
+def test_sampler_share_is_bounded():
+    assert sampler_share(LoadSpec(ttft_sample_rps=1), 10, None) == 1
+    assert sampler_share(LoadSpec(ttft_sample_rps=5), 4, [(2.0, 1.0)]) == 1  # half the lowest rate
+    assert sampler_share(LoadSpec(ttft_sample_rps=0), 10, None) == 0
+    assert sampler_share(LoadSpec(ttft_sample_rps=1), 0.05, None) == 0  # too small to be worth it
+
+
+def test_env_carries_step_stages_and_peak_sized_vus():
+    eps = [Endpoint("n1", "http://127.0.0.1:1", "m")]
+    env = build_env(eps, LoadSpec(output_spread=0.3), SLO(p99_latency_ms=1000), phase="overload", rate=10,
+                    duration_s=5, step=3, stages=[(40.0, 5.0)], warmup_s=0)
+    assert env["DB_STEP"] == "3" and env["DB_STAGES"] == "[[40.0, 5.0]]" and env["DB_OUTPUT_SPREAD"] == "0.3"
+    assert env["DB_MAX_VUS"] == "160"  # sized for the peak of the ramp: 40 req/s x 1 s x 4
+    with pytest.raises(ConfigError, match="step"):
+        build_env(eps, LoadSpec(), SLO(), phase="p", rate=1, duration_s=1, tags={"step": "x"})
+
+
+# -- config and form ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("flat", "words"), [
+    ({"load_phases": ["probe", "probe"]}, "phases"),
+    ({"load_phases": ["warmup"]}, "phases"),
+    ({"probe_start_rps": 50, "probe_max_rps": 10}, "probe_max_rps"),
+    ({"sustained_fraction": 0}, "sustained_fraction"),
+    ({"overload_factor": 1.0}, "overload_factor"),
+    ({"probe_tolerance": 0.9}, "probe_tolerance"),
+    ({"target_url": "not a url"}, "target_url"),
+    ({"slo_p99_ttft_ms": -1}, "slo_p99_ttft_ms"),
+])
+def test_bad_load_params_are_refused_before_anything_runs(flat, words):
+    with pytest.raises(ConfigError, match=words):
+        form.to_config({"inventory": "x", **flat})
+
+
+def test_form_schema_bounds_the_new_fields():
+    fields = {f.name: f for f in form.FIELDS}
+    assert fields["load_phases"].schema["items"]["enum"] == ["probe", "sustained", "overload"]
+    assert fields["overload_factor"].schema["exclusiveMinimum"] == 1 and fields["sustained_fraction"].section == "Load"
+    assert fields["slo_p99_ttft_ms"].section == "SLO"
+    assert form.to_config({"inventory": "x"}).load.phases == ["sustained"]  # the default: one phase
+
+
+# -- /metrics ----------------------------------------------------------------------------------------
+METRICS = """# HELP vllm:num_requests_running x
+vllm:num_requests_running{model_name="m"} 3
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.01"} %d
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.02"} %d
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="+Inf"} %d
+vllm:time_to_first_token_seconds_sum{model_name="m"} %s
+vllm:time_to_first_token_seconds_count{model_name="m"} %d
+process_cpu_seconds_total 12
+"""
+
+
+def test_parse_metrics_keeps_engine_families_with_labels():
+    got = parse_metrics(METRICS % (1, 2, 2, "0.03", 2))
+    assert ("vllm:num_requests_running", {"model_name": "m"}, 3.0) in got
+    assert ("vllm:time_to_first_token_seconds_bucket", {"model_name": "m", "le": "+Inf"}, 2.0) in got
+    assert not any(n.startswith("process_") for n, _, _ in got)
+
+
+def test_engine_figures_between_the_scrapes_around_the_window():
+    def scrape(t: datetime, b1: int, b2: int, total: float) -> list[dict]:
+        base = {"ts": t.isoformat(), "node": "n1", "phase": "p", "step": 0}
+        pts = [{**base, "metric": "up", "labels": {}, "value": 1.0}]
+        return pts + [{**base, "metric": n, "labels": lb, "value": v}
+                      for n, lb, v in parse_metrics(METRICS % (b1, b2, b2, repr(total), b2))]
+
+    points = scrape(T0, 5, 5, 0.05) + scrape(T0 + timedelta(seconds=2), 10, 10, 0.1)  # warm-up: 10 fast
+    points += scrape(T0 + timedelta(seconds=4), 10, 20, 0.25)  # measured: 10 more, between 10 and 20 ms
+    points.append({"ts": (T0 + timedelta(seconds=5)).isoformat(), "node": "n1", "phase": "p", "step": 0,
+                   "metric": "up", "labels": {}, "value": 0.0})
+    fig = engine_figures(points, start=T0 + timedelta(seconds=3))["n1"]
+    assert fig["ttft_count"] == 10 and fig["ttft_mean_ms"] == pytest.approx(15.0)
+    assert fig["ttft_p50_ms"] == pytest.approx(15.0) and fig["scrapes"] == 3 and fig["scrape_errors"] == 1
+    assert fig["running_max"] == 3.0
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    buckets = [(0.1, 10.0), (0.2, 30.0), (float("inf"), 40.0)]
+    assert _quantile(0.5, buckets) == pytest.approx(0.15) and _quantile(0.9, buckets) == 0.2
+    assert _quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+
+
+# -- the SSE reader of the TTFT sampler -----------------------------------------------------------------
+def test_sse_events_of_openai_chat_and_triton():
+    s = _Stream()
+    assert s.feed(b'data: {"choices":[{"text":" a"}]}\r\n\r\ndata: {"cho') == ['{"choices":[{"text":" a"}]}']
+    assert s.feed(b'ices":[{"delta":{"content":"b"}}]}\n\n: ping\ndata: [DONE]\n') == [
+        '{"choices":[{"delta":{"content":"b"}}]}', "[DONE]"]
+    assert event_text('{"choices":[{"text":" a"}]}') == (" a", None)
+    assert event_text('{"choices":[{"delta":{"content":"b"}}]}') == ("b", None)
+    assert event_text('{"text_output":"c"}') == ("c", None)
+    assert event_text('{"choices":[],"usage":{"completion_tokens":2}}') == ("", {"completion_tokens": 2})
+    assert event_text("not json") == ("", None)
+
+
+def test_streamed_request_bodies():
+    path, body = request_body("triton", "my model", "hi", 4)
+    assert path == "/v2/models/my%20model/generate_stream" and b'"stream": true' in body
+    path, body = request_body("chat", "m", "hi", 4)
+    assert path == "/v1/chat/completions" and b'"include_usage": true' in body and b'"messages"' in body

@@ -1,0 +1,80 @@
+"""Report plots and the run report's HTML from a run folder, without a database."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from deploybench.config import RunConfig
+from deploybench.report import plots, write_html
+
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+
+
+def _samples(n: int = 300, phase: str = "sustained") -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    return pd.DataFrame({"ts": [T0 + timedelta(seconds=i / 20) for i in range(n)], "phase": phase, "node": "n1",
+                         "status": [200] * (n - 10) + [503] * 10, "error_kind": None,
+                         "latency_ms": rng.lognormal(6, 0.2, n), "ttft_ms": None, "prompt_tokens": 32,
+                         "output_tokens": 8})
+
+
+def test_windows_count_requests_and_errors_per_second():
+    w = plots.windows(_samples())
+    assert len(w) == 15 and (w["rps"] == 20).all()
+    assert w["error_rate"].iloc[-1] == 0.5 and w["error_rate"].iloc[0] == 0
+
+
+def test_plots_are_inline_svg_with_readable_text_and_empty_when_no_data():
+    links = [{"src": "n1", "dst": "n2", "mbit": 900.0, "ratio": 0.9}, {"src": "n2", "dst": "n1", "mbit": 400.0,
+                                                                         "ratio": 0.4}]
+    svg = plots.bandwidth_matrix(links)
+    assert svg.startswith("<svg") and "Preflight bandwidth" in svg and "40%" in svg
+    both = plots.bandwidth_matrix([{"src": "n1", "dst": "n2", "mbit": 300.0, "ratio": 0.3, "directions": [
+        {"src": "n1", "dst": "n2", "mbit": 950.0, "ratio": 0.95}, {"src": "n2", "dst": "n1", "mbit": 300.0,
+                                                                    "ratio": 0.3}]}])
+    assert "95%" in both and "30%" in both  # each direction in its own cell
+    assert "Fan-out timeline" in plots.fanout_timeline([{"node": "n2", "status": "copied", "started_at": 0.5,
+                                                         "seconds": 2.0}])
+    assert "Capacity search" in plots.capacity_steps([{"offered_rps": 4, "achieved_rps": 4, "slo_ok": True},
+                                                      {"offered_rps": 8, "achieved_rps": 6, "slo_ok": False}], 4)
+    assert plots.bandwidth_matrix([]) == "" and plots.over_time(pd.DataFrame(), "x") == ""
+    assert plots.throughput_latency({}, "x") == "" and plots.per_node_bars([]) == ""
+
+
+def make_run_folder(tmp_path):
+    """A run with every stage's result in ``tmp_path`` (also used by the Chromium render test)."""
+    samples = pd.concat([_samples(), _samples(200, "overload")])
+    samples.to_csv(tmp_path / "samples.csv", index=False)
+    load = {"phase": "sustained", "offered_rps": 20, "achieved_rps": 19.5, "output_tps": 150, "requests": 300,
+            "errors": 10, "error_rate": 10 / 300, "latency_p50_ms": 400, "latency_p90_ms": 500, "latency_p99_ms": 600,
+            "latency_p999_ms": 700, "dropped_iterations": 0, "duration_s": 15, "started_at": T0.isoformat(),
+            "slo_ok": True, "nodes": [{"node": "n1", "achieved_rps": 10, "latency_p99_ms": 600},
+                                      {"node": "n2", "achieved_rps": 9.5, "latency_p99_ms": 650}],
+            "samples_path": str(tmp_path / "samples.csv"),
+            "capacity": {"capacity_rps": 16, "steps": [{"step": 0, "rate": 8, "passed": True, "achieved_rps": 8,
+                                                        "latency_p99_ms": 400},
+                                                       {"step": 1, "rate": 16, "passed": True, "achieved_rps": 16,
+                                                        "latency_p99_ms": 900}]}}
+    recs = {"validate": {"status": "success", "seconds": 0.1, "summary": "ok"},
+            "preflight": {"status": "success", "result": {"decision": "all healthy", "links": [
+                {"src": "n1", "dst": "n2", "mbit": 950, "nominal_mbit": 1000, "ratio": 0.95, "ok": True}]}},
+            "fanout": {"status": "success", "result": {"nodes": [
+                {"node": "n2", "status": "copied", "bytes": 2**20, "seconds": 1.0, "verified": True,
+                 "started_at": 0.1}]}},
+            "load": {"status": "success", "result": load}}
+    cfg = RunConfig(inventory="lab")
+    return SimpleNamespace(key="deploybench_run/r1", dir=tmp_path, nodes=["n1", "n2"], cfg=cfg,
+                           stage_records=lambda: recs)
+
+
+def test_run_report_has_every_section_from_the_run_folder(tmp_path):
+    page = write_html(make_run_folder(tmp_path)).read_text()
+    for text in ("Throughput vs P99 latency", "Capacity search steps", "Sustained phase over time",
+                 "Overload ramp and recovery", "Per node: requests/s", "Preflight bandwidth", "Fan-out timeline"):
+        assert text in page, text
+    assert json.dumps("deploybench_run/r1")[1:-1] in page and page.count("<svg") >= 6
