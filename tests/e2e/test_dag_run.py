@@ -45,7 +45,9 @@ def _conf(inv: Inventory, **extra) -> dict:
         "nodes": 4,
         "canary_nodes": 1,
         "iperf_seconds": 1,
-        "link_threshold": 0.8,
+        # this test is about the pipeline, not link quality: 1 s iperf3 tests on a busy 2-core machine
+        # can read 70 % of nominal during TCP slow start (preflight's own tests check thresholds)
+        "link_threshold": 0.5,
         "load_rate": 6,
         "load_duration_s": 8,
         "warmup_s": 2,
