@@ -201,7 +201,7 @@ class LoadPhase(str, Enum):
 
 class LoadSpec(_Strict):
     rate: float = Field(8.0, gt=0, le=100000, description="arrival rate for the whole cluster, requests/s; "
-                        "without the probe, sustained holds exactly this rate and overload ramps from it as the capacity")
+                        "without the probe, the capacity sustained (x sustained_fraction) and overload work from")
     duration_s: float = Field(30.0, gt=0, le=86400, description="measured duration of the sustained phase")
     warmup_s: float = Field(5.0, ge=0, le=3600)
     prompt_tokens: int = Field(200, ge=1)

@@ -136,8 +136,8 @@ FIELDS: list[FormField] = [
     FormField("sim_crash_after", ("engine", "sim", "crash_after"), _INT0, "Simulated engine",
               "The engine exits after this many requests; 0 = never (fault injection)."),
     FormField("load_rate", ("load", "rate"), {**_POS, "maximum": 100000}, "Load",
-              "Arrival rate for the whole cluster, requests/s (open model): the sustained rate when the probe "
-              "does not run; with the probe, sustained runs at sustained_fraction x the capacity found."),
+              "Arrival rate for the whole cluster, requests/s (open model): without the probe, the capacity "
+              "that sustained (sustained_fraction x it) and overload work from."),
     FormField("load_duration_s", ("load", "duration_s"), {**_POS, "maximum": 86400}, "Load",
               "Measured duration of the sustained phase, after its warm-up."),
     FormField("warmup_s", ("load", "warmup_s"), {**_NONNEG, "maximum": 3600}, "Load",

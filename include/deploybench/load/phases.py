@@ -92,14 +92,9 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             outcome["series"] = [r.metrics_path for r in steps.values() if r.metrics_path]
         else:
             cap, source = capacity_of(out_dir, spec)
-            if phase == "sustained":
-                # Without a probe, the person asked for load_rate: hold exactly that rate.
-                res, analysis = sustained.run(load_eps, spec, slo, out_dir, cap, tags=tags, api=api,
-                                              scrape_endpoints=scrape_eps,
-                                              rate=spec.rate if source == "config" else None)
-            else:
-                res, analysis = overload.run(load_eps, spec, slo, out_dir, cap, tags=tags, api=api,
-                                             scrape_endpoints=scrape_eps)
+            mod = sustained if phase == "sustained" else overload
+            res, analysis = mod.run(load_eps, spec, slo, out_dir, cap, tags=tags, api=api,
+                                    scrape_endpoints=scrape_eps)
             outcome["result"] = res.model_dump(mode="json")
             outcome["analysis"] = {**analysis.model_dump(mode="json"), "capacity_rps": cap, "capacity_source": source}
             outcome["series"] = [res.metrics_path] if res.metrics_path else []

@@ -54,9 +54,8 @@ def drift(windows: list[WindowFigures], threshold: float) -> Drift:
 
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
         tags: dict | None = None, api: str | None = None, seed: int = 0,
-        scrape_endpoints: list[Endpoint] | None = None, rate: float | None = None) -> tuple[LoadResult, Drift]:
-    """Hold ``rate`` (default: sustained_fraction x capacity_rps) for spec.duration_s."""
+        scrape_endpoints: list[Endpoint] | None = None) -> tuple[LoadResult, Drift]:
     res = run_load(endpoints, spec, slo, out_dir, phase="sustained", tags=tags,
-                   rate=rate or spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,
+                   rate=spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,
                    scrape_endpoints=scrape_endpoints)
     return res, drift(res.windows, spec.drift_threshold)
