@@ -1,10 +1,12 @@
 """Preflight benchmark: a full iperf3 mesh in rounds of disjoint pairs against the same pairs one by one.
 
-    python bench/preflight.py [--nodes 16] [--seconds 1] [--lab pfbench] [--keep]
+    python bench/preflight.py [--nodes 16] [--seconds 2] [--link-mbit 100] [--lab pfbench] [--keep]
 
-Both schedules test the same N(N-1)/2 pairs with the same test duration on the same lab,
-side by side in one run; the ratio of their wall times is printed (expected: about
-N(N-1)/2 / (N-1) = N/2, i.e. >= 7x for 16 nodes, less the per-test overhead that both pay).
+Both schedules test the same N(N-1)/2 pairs with the same test duration (the stage's
+default, iperf3 -t 2 --bidir) and the same iperf3 servers (one per node, started once) on
+the same lab, side by side in one run, SSH sessions opened before either; the ratio of
+their wall times is printed (expected: about N(N-1)/2 / (N-1) = N/2, i.e. >= 7x for 16
+nodes, less the per-test overhead that both pay).
 Needs root (netns lab). Uses its own lab, removed at the end unless --keep.
 """
 
@@ -42,7 +44,8 @@ def describe(label: str, seconds: float, rounds: list, links: list) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=1.0, help="iperf3 test duration, the same for both schedules")
+    ap.add_argument("--seconds", type=float, default=PreflightSpec().iperf_seconds,
+                    help="iperf3 test duration, the same for both schedules (default: the stage's, %(default)g)")
     ap.add_argument("--link-mbit", type=float, default=100.0,
                     help="lab link speed; low enough that 8 concurrent tests do not saturate a 2-core machine's "
                          "CPU, which would measure the CPU, not the schedule")
@@ -63,6 +66,8 @@ def main() -> int:
           f"iperf3 -t {args.seconds:g} --bidir; load average before: {os.getloadavg()[0]:.2f}", flush=True)
     try:
         with Cluster(inv) as c:
+            for name in inv.names:  # open every SSH session first: neither schedule pays for it
+                c[name].run("true", timeout=30).check()
             t_rounds, l_rounds = measure(c, in_rounds, spec, concurrent=True)
             print(describe("mesh in rounds", t_rounds, in_rounds, l_rounds), flush=True)
             t_seq, l_seq = measure(c, one_by_one, spec, concurrent=False)

@@ -164,6 +164,8 @@ class SSHTransport(Transport):
                 ) from exc
             except (OSError, socket.timeout) as exc:
                 raise NodeUnreachable(f"node {self.node.name} ({p.host}:{p.port}) is unreachable over SSH: {exc}") from exc
+            # Small request/reply packets: without NODELAY each channel open waits ~40 ms for a delayed ACK.
+            client.get_transport().sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._client = client
             return client
 

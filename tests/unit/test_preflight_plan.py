@@ -76,3 +76,37 @@ def test_blame_picks_the_node_whose_links_fail():
 def test_blame_keeps_failed_node_checks():
     checks = [NodeCheck("a", True), NodeCheck("b", False, ["node b: iperf3 is not installed"])]
     assert blame(["a", "b"], checks, []) == {"b": "node b: iperf3 is not installed"}
+
+
+def test_tests_run_concurrently_in_round_order_per_node_never_two_at_once():
+    """The runner behind the stage: a test whose nodes are both free but which is not yet next for
+    one of them must wait (otherwise it overtakes an earlier round's test and delays it a whole test)."""
+    import random
+    import threading
+    import time
+
+    from deploybench.preflight.links import _concurrent
+
+    rounds = schedule_rounds(link_pairs(NAMES[:8], LinkMode.MESH))
+    plan = [(i, pair) for i, rnd in enumerate(rounds) for pair in rnd]
+    lock, active, started, most = threading.Lock(), set(), [], [0]
+    rng = random.Random(7)
+    delays = {pair: rng.choice([0.001, 0.004, 0.02]) for _, pair in plan}
+
+    def one(i, pair):
+        with lock:
+            assert not active & set(pair), f"{pair} started while {active} busy"
+            active.update(pair)
+            started.append((i, pair))
+            most[0] = max(most[0], len(active) // 2)
+        time.sleep(delays[pair])
+        with lock:
+            active.difference_update(pair)
+        return LinkTest(pair[0], pair[1], i, 100.0)
+
+    out = _concurrent(plan, rounds, one)
+    assert [(lt.src, lt.dst) for lt in out] == [pair for _, pair in plan]  # plan order, whatever the timing
+    for node in NAMES[:8]:
+        mine = [i for i, pair in started if node in pair]
+        assert mine == sorted(mine), f"{node} took its tests out of round order: {mine}"
+    assert most[0] == 4  # four disjoint tests at once on eight nodes

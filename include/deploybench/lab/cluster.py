@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -218,6 +219,14 @@ def _start_node_sshd(names: NetnsNames, files: LabFiles, state: LabState, node: 
         raise LabError(f"lab {state.name}: cannot write sshd_config for {node}: {exc}") from exc
     config.write_text(text)
     binds = {str(files.models(node)): str(files.shared_models), str(files.run(node)): str(files.shared_run)}
+    # A lab node is a fresh machine: the controller's shell start-up file (bash sources
+    # ~/.bashrc for every SSH command; here it ran `pyenv init`, ~100 ms per command) is
+    # hidden behind an empty one in the node's mount namespace.
+    bashrc = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".bashrc"
+    if bashrc.is_file():
+        empty = nd / "bashrc"
+        empty.write_text("")
+        binds[str(empty)] = str(bashrc)
     return netns.start_sshd(names.namespace(node), binds, config, nd / "sshd.log")
 
 
