@@ -12,7 +12,8 @@ about 11 s, long enough that per-round set-up (SSH, starting relays) is small be
 and keeps the star run (15 copies through one uplink) near three minutes.
 
 T_p2p is the same tool (the chain relay, with its inline hashing and publishing) from the
-source to one node. Each strategy starts from empty targets. ``stage`` is the whole
+source to one node. Each strategy starts from empty targets; before the first, the relay is
+installed on every node (as it is on any run after a node's first). ``stage`` is the whole
 fan-out call (manifest, inspection, rounds, verification, publishing); ``transfer`` is the
 first byte to the last node's finish. ``cpu`` is how busy the machine's cores were during the
 run (all processes, so other people's work shows there too). Ratios are measured side by
@@ -30,6 +31,7 @@ import time
 
 from deploybench import fanout
 from deploybench.config import FanoutSpec
+from deploybench.fanout.relays import Relays
 from deploybench.lab import cluster
 from deploybench.lab.state import LabFiles
 from deploybench.transport import Cluster
@@ -82,7 +84,12 @@ def main() -> int:
     rows = []
     try:
         with Cluster(inv) as c:
-            fanout.run(c, inv.names[:2], inv.names[0], MODEL, FanoutSpec())  # warm: manifest cache, SSH sessions
+            # Warm, as any run after a node's first is: the source's hash cache, SSH sessions, and this
+            # relay version on every node (it is sent once per version, then found there).
+            fanout.run(c, inv.names[:2], inv.names[0], MODEL, FanoutSpec())
+            relays = Relays(c, MODEL, FanoutSpec())
+            for name in inv.names:
+                relays.install(name)
             plan = [("T_p2p", inv.names[:2], "chain"), ("chain", inv.names, "chain"), ("tree", inv.names, "tree")]
             plan += [] if a.skip_star else [("star", inv.names, "star")]
             for label, names, strategy in plan:

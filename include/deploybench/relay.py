@@ -39,7 +39,12 @@ import time
 
 MANIFEST_NAME = ".deploybench-manifest.json"
 CHUNK = 1 << 18
-SOCK_BUF = 1 << 18  # small socket buffers keep per-hop latency low (bytes queued per hop)
+# Send buffer only; the receive buffer is left to the kernel's autotuning. A hop that both
+# receives and forwards queues its ACKs upstream behind its own forwarded data: with equal
+# fixed buffers the upstream's window barely covered that queue and every hop ran at ~84 %
+# of the link (16-node lab, 100 Mbit/s); a small send buffer (short queue) and an autotuned
+# receive window (wide enough for it) keep each hop at ~93 %, as fast as a single copy.
+SOCK_BUF = 1 << 17
 
 
 # -- hash cache ------------------------------------------------------------------------------
@@ -180,7 +185,6 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
 # -- serve / send ----------------------------------------------------------------------------
 def _tune(sock: socket.socket, timeout: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(timeout)
 
@@ -242,7 +246,6 @@ class Downstream:
 def _accept(a: argparse.Namespace, st: dict) -> tuple[socket.socket, dict, bytes]:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF)
     srv.bind((a.listen, a.port))
     srv.listen(4)
     deadline = time.monotonic() + a.accept_timeout

@@ -9,6 +9,8 @@ relay it started, whatever happened.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import secrets
@@ -27,12 +29,20 @@ from deploybench.transport import Cluster, alive_script, spawn_script, stop_scri
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.25
+POLL_S = 0.1
 DEAD_AFTER = 2  # consecutive failed polls (each bounded) before a node counts as dead
 
 
+NOT_INSTALLED = 97  # exit code of a call whose relay (this version) is not on the node yet
+
+
+@functools.cache
 def relay_source() -> bytes:
     return Path(relay_module.__file__).read_bytes()
+
+
+def relay_version() -> str:
+    return hashlib.sha256(relay_source()).hexdigest()[:12]
 
 
 class Relays:
@@ -51,7 +61,8 @@ class Relays:
         return f"{self.inv.run_root.rstrip('/')}/{node}/fanout"
 
     def program(self, node: str) -> str:
-        return f"{self.workdir(node)}/relay.py"
+        """Named by its content: a node that holds this version is not sent it again, run after run."""
+        return f"{self.workdir(node)}/relay-{relay_version()}.py"
 
     def final(self, node: str) -> str:
         return f"{self.inv.model_root_of(node).rstrip('/')}/{self.model}"
@@ -68,13 +79,21 @@ class Relays:
         if node in self._installed:
             return
         wd, prog = shlex.quote(self.workdir(node)), shlex.quote(self.program(node))
-        self.cluster[node].run(f"mkdir -p {wd} && cat > {prog}.tmp && mv {prog}.tmp {prog}",
-                               stdin=relay_source(), timeout=30).check()
+        self.cluster[node].run(f"mkdir -p {wd} && cat > {prog}.tmp && rm -f {wd}/relay.py {wd}/relay-*.py && "
+                               f"mv {prog}.tmp {prog}", stdin=relay_source(), timeout=30).check()
         self._installed.add(node)
 
     def call(self, node: str, args: list[str], stdin: bytes | None = None, timeout: float = 3600) -> dict:
-        self.install(node)
-        res = self.cluster[node].run([self.inv.python, self.program(node), *args], stdin=stdin, timeout=timeout)
+        """Run the relay's ``args`` on ``node``: one SSH command when this relay version is there already."""
+        prog = shlex.quote(self.program(node))
+        argv = shlex.join([self.inv.python, self.program(node), *args])
+        res = self.cluster[node].run(f"[ -f {prog} ] || exit {NOT_INSTALLED}; exec {argv}", stdin=stdin,
+                                     timeout=timeout)
+        if res.rc == NOT_INSTALLED:
+            self.install(node)
+            res = self.cluster[node].run(argv, stdin=stdin, timeout=timeout)
+        else:
+            self._installed.add(node)
         if not res.ok:
             raise TransportError(f"node {node}: relay {args[0]} failed (exit {res.rc}): {res.stderr.strip()[-400:]}; "
                                  f"preflight requires python3 on every node (inventory python: {self.inv.python})")
