@@ -6,11 +6,7 @@ answer /health within ENGINE_START_S, and run_load bounds k6 by warm-up + durati
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,33 +14,13 @@ import pandas as pd
 import pytest
 
 from deploybench.config import SLO, LoadSpec
+from deploybench.lab.local import MODEL, LocalEngines, free_port
 from deploybench.load import Endpoint, EndpointNotReady, load_samples, run_load
 from deploybench.manifest import seed_model
 
 pytestmark = pytest.mark.integration
 
 ENGINE_START_S = 20
-MODEL = "sim-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + ENGINE_START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"engine at {url} not healthy within {ENGINE_START_S} s:\n{log.read_text()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -57,35 +33,8 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def engines(model_dir, tmp_path) -> Iterator:
     """start(n, *extra_args) -> [Endpoint]; every engine started here is stopped at the end."""
-    procs: list[subprocess.Popen] = []
-
-    def start(n: int, *extra: str) -> list[Endpoint]:
-        eps = []
-        for i in range(n):
-            port = _free_port()
-            log = tmp_path / f"engine-{i}.log"
-            with open(log, "wb") as fh:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", str(port),
-                     "--model-dir", str(model_dir), "--served-model-name", MODEL, "--seed", str(i + 1),
-                     "--log-level", "warning", *extra],
-                    stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                )
-            procs.append(proc)
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, proc, log)
-            eps.append(Endpoint(node=f"n{i + 1}", url=url, model=MODEL))
-        return eps
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    with LocalEngines(model_dir, tmp_path, start_timeout_s=ENGINE_START_S) as local:
+        yield local.start
 
 
 def test_sustained_phase_on_two_nodes(engines, tmp_path):
@@ -136,7 +85,7 @@ def test_streamed_chat_counts_tokens_from_the_sse_body(engines, tmp_path):
 
 
 def test_an_endpoint_that_is_not_up_fails_fast(engines, tmp_path):
-    eps = engines(1) + [Endpoint("n9", f"http://127.0.0.1:{_free_port()}", MODEL)]
+    eps = engines(1) + [Endpoint("n9", f"http://127.0.0.1:{free_port()}", MODEL)]
     t0 = time.monotonic()
     with pytest.raises(EndpointNotReady, match="node n9"):
         run_load(eps, LoadSpec(rate=5, duration_s=30, warmup_s=0), SLO(), tmp_path / "out")

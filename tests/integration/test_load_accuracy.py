@@ -11,23 +11,18 @@ lambda_max x nodes, for two engine configurations. Small decode times keep every
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
+from deploybench.lab.local import LocalEngines
 from deploybench.lab.service_model import ServiceParams, capacity
-from deploybench.load import Endpoint, load_samples, phases, run_load
+from deploybench.load import load_samples, phases, run_load
 from deploybench.manifest import seed_model
 
 pytestmark = pytest.mark.integration
-MODEL = "sim-model"
 
 # two engine configurations (times in ms), with the workload they are probed with
 CONFIGS = {
@@ -40,45 +35,6 @@ CONFIGS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_engines(model_dir: Path, log_dir: Path, engine: EngineSpec, n: int, *extra: str,
-                  procs: list) -> list[Endpoint]:
-    """n simulated engines on 127.0.0.1 (healthy within 20 s, else RuntimeError); appended to procs."""
-    sim = engine.sim
-    eps = []
-    for i in range(n):
-        port = _free_port()
-        log = log_dir / f"engine-{port}.log"
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", str(port),
-                 "--model-dir", str(model_dir), "--served-model-name", MODEL, "--seed", str(i + 1),
-                 "--max-num-seqs", str(engine.max_num_seqs), "--decode-base-ms", str(sim.decode_base_ms),
-                 "--decode-per-seq-ms", str(sim.decode_per_seq_ms), "--queue-limit", str(sim.queue_limit),
-                 "--prefill-per-token-ms", str(sim.prefill_per_token_ms), "--log-level", "warning", *extra],
-                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"engine at {url} not healthy within 20 s") from None
-                time.sleep(0.2)
-        eps.append(Endpoint(node=f"n{i + 1}", url=url, model=MODEL))
-    return eps
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("model")
@@ -88,16 +44,9 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def engines(model_dir, tmp_path):
-    procs: list[subprocess.Popen] = []
-    yield lambda engine, n, *extra: start_engines(model_dir, tmp_path, engine, n, *extra, procs=procs)
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    """start(engine, n, *extra_args) -> [Endpoint]; every engine started here is stopped at the end."""
+    with LocalEngines(model_dir, tmp_path) as local:
+        yield lambda engine, n, *extra: local.start(n, *extra, engine=engine)
 
 
 def truth(cfg: dict) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
-from deploybench.load import load_samples, phases
+from deploybench.load import Endpoint, load_samples, phases
 from deploybench.load.scrape import read_series
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ def test_one_load_balanced_url(engines, tmp_path):
 
 def test_an_endpoint_that_dies_mid_phase_is_attributed_to_its_node(engines, tmp_path):
     eps = engines(ENGINE, 1) + engines(ENGINE, 1, "--crash-after", "20")
-    eps[1] = acc.Endpoint("n2", eps[1].url, eps[1].model)
+    eps[1] = Endpoint("n2", eps[1].url, eps[1].model)
     spec = LoadSpec(rate=16, duration_s=5, warmup_s=1, **WORK)
     out = phases.run_phase("sustained", eps, spec, SLO(max_error_rate=0.01), tmp_path / "load")
     res = out["result"]

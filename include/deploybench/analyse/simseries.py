@@ -13,15 +13,12 @@ bench/history_accuracy.py, which repeats it.
 from __future__ import annotations
 
 import logging
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
+
+from deploybench.lab.local import LocalEngines
 
 log = logging.getLogger(__name__)
 
@@ -29,55 +26,11 @@ MODEL = "sim-model"
 ENGINE_START_S = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def engines(n: int, model_dir: Path, log_dir: Path, slowdown: float = 1.0) -> Iterator[list]:
     """``n`` simulated engines on 127.0.0.1 (one per "node"), stopped on exit whatever happens."""
-    from deploybench.load import Endpoint
-
-    procs: list[subprocess.Popen] = []
-    try:
-        eps = []
-        for i in range(n):
-            port = _free_port()
-            with open(log_dir / f"engine-{i}.log", "wb") as fh:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", str(port),
-                     "--model-dir", str(model_dir), "--served-model-name", MODEL, "--seed", str(i + 1),
-                     "--slowdown", repr(slowdown), "--log-level", "warning"],
-                    stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, procs[-1])
-            eps.append(Endpoint(node=f"n{i + 1}", url=url, model=MODEL))
-        yield eps
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + ENGINE_START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"simulated engine at {url} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"simulated engine at {url} not healthy within {ENGINE_START_S:.0f} s")
+    with LocalEngines(model_dir, log_dir, model=MODEL, start_timeout_s=ENGINE_START_S) as local:
+        yield local.start(n, "--slowdown", repr(slowdown))
 
 
 def run_series(dsn: str, prefix: str, n_runs: int, workdir: Path, *, change_at: int | None = None,
