@@ -163,42 +163,19 @@ class TestNetnsLab:
         with pytest.raises(LabError, match="n09"):
             cluster.set_link(name, "n09", mbit=10)
 
-    def test_delay_needs_netem(self, lab):
+    def test_delay_and_loss_need_netem(self, lab):
         name, inv = lab
         ns = NetnsNames.of(name).namespace("n03")
         if not netns.check_netem():
             with pytest.raises(LabError, match="CONFIG_NET_SCH_NETEM"):
-                cluster.set_link(name, "n03", delay_ms=10)
+                cluster.set_link(name, "n03", delay_ms=10, loss_pct=1)
             return
-        cluster.set_link(name, "n03", delay_ms=10)
+        cluster.set_link(name, "n03", delay_ms=10, loss_pct=1)
         try:
             shown = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "eth0"], capture_output=True, text=True)
             assert "netem" in shown.stdout and "delay 10ms" in shown.stdout
         finally:
             cluster.set_link(name, "n03")
-
-    def test_set_link_loses_packets_and_restores(self, lab):
-        """20 % loss on n03's link, measured with 2000 UDP datagrams into n03; none once restored."""
-        name, inv = lab
-        address = inv.node("n03").address
-
-        def udp_loss(c: Cluster) -> float:
-            c["n03"].run(["iperf3", "-s", "-1", "-D", "-B", address], timeout=10).check()
-            time.sleep(0.2)
-            argv = ["iperf3", "-c", address, "-u", "-b", "8M", "-l", "1000", "-t", "2", "-J"]
-            out = json.loads(c["n01"].run(argv, timeout=20).check().stdout)
-            return out["end"]["sum"]["lost_percent"]
-
-        cluster.set_link(name, "n03", loss_pct=20)
-        try:
-            with Cluster(inv) as c:
-                lossy = udp_loss(c)
-        finally:
-            cluster.set_link(name, "n03")
-        with Cluster(inv) as c:
-            restored = udp_loss(c)
-        assert 14 <= lossy <= 26, lossy  # binomial, n=2000, p=0.2: sd 0.9 points
-        assert restored < 2, restored
 
     def test_kill_and_restart_a_node(self, lab):
         name, inv = lab

@@ -3,8 +3,8 @@
 Faults: a degraded link (tc rate at 40 % of nominal), a node down, a node whose host key
 changed, a node without iperf3 (hidden by a bind mount in its own mount namespace), a
 port in use, a failing client, a preflight killed mid-round. After each: no iperf3
-process left in any node of the lab. (Added delay needs sch_netem, which this
-kernel lacks: set_link refuses it, see test_lab.py; packet loss is a BPF filter and works.)
+process left in any node of the lab. (Delay and packet loss need sch_netem, which this
+kernel lacks: set_link refuses them, see test_lab.py.)
 """
 
 from __future__ import annotations

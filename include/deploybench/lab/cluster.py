@@ -338,8 +338,7 @@ def set_link(name: str, node: str, mbit: float | None = None, delay_ms: float | 
     """Degrade (or, with no arguments, restore) ``node``'s link in both directions.
 
     ``mbit`` replaces the shaped rate (the inventory keeps the nominal one, so preflight
-    sees the shortfall); ``loss_pct`` drops that share of packets each way (a BPF filter, any
-    kernel); ``delay_ms`` needs the kernel's netem qdisc.
+    sees the shortfall); ``delay_ms``/``loss_pct`` need the kernel's netem qdisc.
     """
     state, _ = _netns_state(name)
     if mbit is not None and mbit <= 0:

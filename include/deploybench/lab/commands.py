@@ -32,31 +32,6 @@ def rate_arg(mbit: float) -> str:
     return f"{round(mbit * 1000)}kbit"
 
 
-# Packet loss without netem: a classic-BPF classifier draws a random number per packet
-# (``ld rand``) and sends the unlucky ones to a class whose leaf queue holds nothing
-# (pfifo limit 0), i.e. drops them. Works wherever cls_bpf and HTB are (this machine's
-# kernel has no sch_netem).
-NORMAL_CLASS, DROP_CLASS = "1:10", "1:99"
-_SKF_AD_RANDOM = 0xFFFFF000 + 56  # SKF_AD_OFF + SKF_AD_RANDOM
-
-
-def _classid(text: str) -> int:
-    major, minor = text.split(":")
-    return (int(major, 16) << 16) | int(minor, 16)
-
-
-def loss_bytecode(loss_pct: float) -> str:
-    """cBPF for ``tc filter ... bpf bytecode``: DROP_CLASS with probability ``loss_pct`` %, else NORMAL_CLASS."""
-    if not 0 <= loss_pct <= 100:
-        raise ValueError(f"loss {loss_pct} % must be between 0 and 100")
-    threshold = min(2**32 - 1, round(loss_pct / 100 * 2**32))
-    prog = [(0x20, 0, 0, _SKF_AD_RANDOM),  # A = random u32
-            (0x35, 0, 1, threshold),  # A >= threshold ? pass : drop
-            (0x06, 0, 0, _classid(NORMAL_CLASS)),
-            (0x06, 0, 0, _classid(DROP_CLASS))]
-    return f"{len(prog)}," + ",".join(" ".join(str(x) for x in ins) for ins in prog)
-
-
 def shape_commands(
     dev: str,
     mbit: float,
@@ -66,28 +41,27 @@ def shape_commands(
     loss_pct: float | None = None,
     create: bool = True,
 ) -> list[list[str]]:
-    """Egress shaping of ``dev``: an HTB class at ``mbit``; a netem leaf for delay; a BPF drop filter for loss.
+    """Egress shaping of ``dev``: an HTB class at ``mbit``, with a netem leaf for delay/loss.
 
     ``create`` adds the HTB root (a new link); without it the class and leaf of an existing
-    link are changed in place (HTB cannot be "replaced" by itself). Without delay the leaf is
-    a plain pfifo, and a change without loss sets the loss filter to drop nothing, so a
-    degraded link can be restored.
+    link are changed in place (HTB cannot be "replaced" by itself). Without delay or loss
+    the leaf is a plain pfifo, so a degraded link can be restored.
     """
     tc = _tc(ns)
     rate = rate_arg(mbit)
     cmds = [tc + ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"]] if create else []
-    cmds.append(tc + ["class", "replace", "dev", dev, "parent", "1:", "classid", NORMAL_CLASS, "htb",
+    cmds.append(tc + ["class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
                       "rate", rate, "ceil", rate, "quantum", str(HTB_QUANTUM)])
-    leaf = tc + ["qdisc", "replace", "dev", dev, "parent", NORMAL_CLASS, "handle", "10:"]
-    cmds.append(leaf + (["netem", "delay", f"{delay_ms:g}ms"] if delay_ms else ["pfifo", "limit", "1000"]))
-    if loss_pct or not create:
-        cmds += [
-            tc + ["class", "replace", "dev", dev, "parent", "1:", "classid", DROP_CLASS, "htb",
-                  "rate", rate, "ceil", rate, "quantum", str(HTB_QUANTUM)],
-            tc + ["qdisc", "replace", "dev", dev, "parent", DROP_CLASS, "handle", "99:", "pfifo", "limit", "0"],
-            tc + ["filter", "replace", "dev", dev, "parent", "1:", "protocol", "all", "prio", "1", "handle", "1",
-                  "bpf", "bytecode", loss_bytecode(loss_pct or 0.0)],
-        ]
+    leaf = tc + ["qdisc", "replace", "dev", dev, "parent", "1:10", "handle", "10:"]
+    if delay_ms or loss_pct:
+        netem = ["netem"]
+        if delay_ms:
+            netem += ["delay", f"{delay_ms:g}ms"]
+        if loss_pct:
+            netem += ["loss", f"{loss_pct:g}%"]
+        cmds.append(leaf + netem)
+    else:
+        cmds.append(leaf + ["pfifo", "limit", "1000"])
     return cmds
 
 

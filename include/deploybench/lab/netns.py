@@ -91,7 +91,7 @@ def lab_objects(names: NetnsNames) -> tuple[list[str], list[str]]:
 
 
 def check_netem() -> bool:
-    """Whether the kernel has sch_netem (added delay needs it; some VM kernels lack it)."""
+    """Whether the kernel has sch_netem (delay and loss need it; some VM kernels lack it)."""
     return _config_has("CONFIG_NET_SCH_NETEM")
 
 
@@ -121,10 +121,10 @@ def create_node(names: NetnsNames, index: int, node: str, address: str, prefix: 
 def shape(names: NetnsNames, index: int, node: str, mbit: float,
           delay_ms: float | None = None, loss_pct: float | None = None, create: bool = False) -> None:
     """Node->bridge on the node's eth0, bridge->node on the host end: a full-duplex link of ``mbit``."""
-    if delay_ms and not check_netem():
+    if (delay_ms or loss_pct) and not check_netem():
         raise LabError(
-            f"node {node}: delay {delay_ms} ms needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM), which this "
-            "kernel does not have; degrade the link with mbit= or loss_pct= (they need no netem), "
+            f"node {node}: delay {delay_ms} ms / loss {loss_pct} % needs the kernel's netem qdisc "
+            "(CONFIG_NET_SCH_NETEM), which this kernel does not have; degrade the link with mbit= only, "
             "or run the lab on a kernel with sch_netem"
         )
     sh_all(commands.shape_commands(NODE_IFNAME, mbit, ns=names.namespace(node), delay_ms=delay_ms,
