@@ -177,9 +177,12 @@ class SSHTransport(Transport):
         try:
             chan.settimeout(1.0)
             chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            try:
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except OSError:
+                pass  # the command ended without reading all its input: its exit status tells the rest
             out, err = bytearray(), bytearray()
             deadline = t0 + timeout
             while True:

@@ -177,6 +177,12 @@ class TestNetnsLab:
         finally:
             cluster.set_link(name, "n03")
 
+    def test_a_command_that_ignores_its_input_is_not_an_error(self, lab):
+        name, inv = lab
+        with Cluster(inv) as c:
+            assert c["n02"].run("exit 3", stdin=b"x" * (4 << 20), timeout=20).rc == 3
+            assert c["n02"].run("cat | wc -c", stdin=b"y" * 1000, timeout=20).stdout.strip() == "1000"
+
     def test_kill_and_restart_a_node(self, lab):
         name, inv = lab
         cluster.kill_node(name, "n03")

@@ -87,8 +87,9 @@ class Relays:
         """Run the relay's ``args`` on ``node``: one SSH command when this relay version is there already."""
         prog = shlex.quote(self.program(node))
         argv = shlex.join([self.inv.python, self.program(node), *args])
-        res = self.cluster[node].run(f"[ -f {prog} ] || exit {NOT_INSTALLED}; exec {argv}", stdin=stdin,
-                                     timeout=timeout)
+        # Not installed: drain stdin before exiting, so sending the input never meets a closed channel.
+        res = self.cluster[node].run(f"[ -f {prog} ] || {{ cat > /dev/null; exit {NOT_INSTALLED}; }}; exec {argv}",
+                                     stdin=stdin, timeout=timeout)
         if res.rc == NOT_INSTALLED:
             self.install(node)
             res = self.cluster[node].run(argv, stdin=stdin, timeout=timeout)
