@@ -59,15 +59,23 @@ class EngineProfile:
         return argv[n:] if tuple(argv[:n]) == self.entrypoint else argv
 
 
+def sim_service_args(engine: EngineSpec) -> list[str]:
+    """The simulated engine's batching and service-time options (what its capacity depends on)."""
+    k = engine.sim
+    return [
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--decode-base-ms", f"{k.decode_base_ms:g}", "--decode-per-seq-ms", f"{k.decode_per_seq_ms:g}",
+        "--prefill-per-token-ms", f"{k.prefill_per_token_ms:g}", "--queue-limit", str(k.queue_limit),
+    ]
+
+
 def _sim_command(ctx: LaunchContext) -> list[str]:
     e, k = ctx.engine, ctx.engine.sim
     return [
         ctx.inventory.python, "-m", "deploybench.lab.engine",
         "--host", ctx.listen, "--port", str(ctx.port),
         "--model-dir", ctx.model_dir, "--served-model-name", ctx.model_name,
-        "--max-num-seqs", str(e.max_num_seqs), "--max-model-len", str(e.max_model_len),
-        "--decode-base-ms", f"{k.decode_base_ms:g}", "--decode-per-seq-ms", f"{k.decode_per_seq_ms:g}",
-        "--prefill-per-token-ms", f"{k.prefill_per_token_ms:g}", "--queue-limit", str(k.queue_limit),
+        *sim_service_args(e), "--max-model-len", str(e.max_model_len),
         "--seed", str(k.seed), "--slowdown", f"{k.slowdown:g}", "--error-rate", f"{k.error_rate:g}",
         "--crash-after", str(k.crash_after),
     ]

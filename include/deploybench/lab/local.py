@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deploybench.engines import sim_service_args
 from deploybench.errors import DeploybenchError
 from deploybench.http import is_up
 
@@ -31,14 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def sim_args(engine: "EngineSpec") -> list[str]:
-    """The engine's batching and service-time knobs as the simulated engine's options."""
-    k = engine.sim
-    return ["--max-num-seqs", str(engine.max_num_seqs), "--decode-base-ms", f"{k.decode_base_ms:g}",
-            "--decode-per-seq-ms", f"{k.decode_per_seq_ms:g}", "--prefill-per-token-ms", f"{k.prefill_per_token_ms:g}",
-            "--queue-limit", str(k.queue_limit)]
 
 
 class LocalEngines:
@@ -61,7 +54,7 @@ class LocalEngines:
             log = self.log_dir / f"engine-{port}.log"
             argv = [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", str(port),
                     "--model-dir", str(self.model_dir), "--served-model-name", self.model, "--seed", str(i + 1),
-                    "--log-level", "warning", *(sim_args(engine) if engine else []), *extra]
+                    "--log-level", "warning", *(sim_service_args(engine) if engine else []), *extra]
             with open(log, "wb") as fh:
                 proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             self.procs.append(proc)
