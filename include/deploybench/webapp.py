@@ -1,12 +1,23 @@
 """The benchmark results pages: a small FastAPI application that Airflow mounts at /deploybench.
 
-What it serves (paths relative to the mount point)::
+What it serves (paths relative to the mount point; these paths are stable, links and tests use them)::
 
     GET /                               recent runs, newest first; ?status=...&fingerprint=...&limit=...
-    GET /runs/{run_key}                 one run: stages, load phases (cluster and per node), report link
+                                        (tick runs and a baseline, "Compare selected runs" opens /compare)
+    GET /runs/{run_key}                 one run: stages, load phases (cluster and per node), report link,
+                                        a link to its series' history
     GET /runs/{run_key}/report          the run's HTML report (paths.run_dir(run_key)/report.html)
-    GET /dag-runs/{dag_id}/{run_id}     the run of one Airflow DAG run (the "dag_run" tab of the plugin)
-    GET /api/runs, /api/runs/{run_key}  the same as JSON
+    GET /dag-runs/{dag_id}/{run_id}     the run of one Airflow DAG run (the "Benchmark results" tab)
+    GET /compare?run=K&run=K[&baseline=K][&alpha=0.05]
+                                        the comparison of the runs picked by key, or of a filter:
+    GET /compare?model=M&series=FP&inventory=I&tag=k=v&since=ISO&until=ISO[&include_excluded=true]
+                                        [&baseline=K][&alpha=0.05] (heading "Comparison")
+    GET /series/{fingerprint}           the history of a series (full fingerprint or a unique prefix of
+                                        8+ characters; heading "History of series <12 chars>")
+    GET /api/runs, /api/runs/{run_key}  the runs as JSON
+
+Headings a person (and a browser test) finds: the run list "Benchmark runs", a run "Run <key>",
+the comparison "Comparison", the history "History of series <first 12 characters>".
 
 Everything is read from the results store (``deploybench.store``); the pages write nothing
 (the store's own first open per process does apply pending migrations, as every reader does).
@@ -19,14 +30,17 @@ server never starts a database server: with none of the three the pages answer 5
 how to configure one.
 
 **Auth.** FastAPI apps of Airflow 3 plugins are mounted on the api-server as they are: Airflow
-puts none of its authentication in front of them. Anyone who can reach the api-server could
-read these pages unless the app checks for itself. ``create_app(auth=require_airflow_user)``
-(what the plugin does) adds a dependency to every route that reuses Airflow's own
-``get_user`` (the JWT from the ``Authorization: Bearer`` header or the ``_token`` cookie that
-the Airflow UI sets, so the pages work inside the UI's iframe) and asks the auth manager whether
-the user may see the Airflow website; otherwise the answer is 401/403. The pages are read-only,
-but they show configurations, node names and error texts: still put the api-server behind your
-SSO or proxy as you would for Airflow itself. ``create_app()`` without ``auth`` is for tests.
+puts none of its authentication in front of them. ``create_app(auth=require_airflow_user)`` (what
+the plugin does) runs ``deploybench.webapp_access.require_airflow_user`` before every route: it
+reuses Airflow's own ``get_user`` (the JWT from the ``Authorization: Bearer`` header or the
+``_token`` cookie that the Airflow UI sets, so the pages work inside the UI's iframe), asks the auth
+manager whether the user may see the Airflow website (else 401/403), and then **per DAG**: a run
+produced by DAG X is shown only to a user the auth manager allows to read X's runs; a run started
+outside Airflow (CLI) only to a user who may read every DAG. Lists leave out what the user may not
+read; a run page, report, JSON or comparison naming such a run answers 403 (see webapp_access).
+The pages show configurations, node names and error texts: still put the api-server behind your
+SSO or proxy as you would for Airflow itself. ``create_app()`` without ``auth`` (every run readable)
+is for tests.
 
 Every value from the store is HTML-escaped, and every response carries a Content-Security-Policy
 without script sources, so even a stored ``<script>`` could not run on Airflow's origin (where
@@ -47,13 +61,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
-from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deploybench import paths, store
+from deploybench import paths, store, webapp_compare, webapp_history
 from deploybench.errors import DeploybenchError
 from deploybench.store.errors import StoreError
 from deploybench.store.records import RunStatus  # pydantic only: no database, no SQLAlchemy
+from deploybench.webapp_access import (  # noqa: F401 - require_airflow_user: what the plugin imports
+    AccessUnavailable,
+    ReadAccess,
+    access_of,
+    forbid,
+    may_read,
+    require_airflow_user,
+)
 from deploybench.webapp_html import (
     DEFAULT_LIMIT,
     RunRow,
@@ -149,12 +170,20 @@ def _target(request: Request) -> str:
 
 
 Target = Annotated[str, Depends(_target)]
+Access = Annotated[ReadAccess, Depends(access_of)]
 Status = Annotated[RunStatus | None, Query()]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 
 
-def _load(target: str, run_key: str) -> StoredRun:
-    stored = store.load_run(target, run_key)
+def _readable(stored: StoredRun | None, access: ReadAccess) -> StoredRun | None:
+    """The run if the user may read it; None if it is not stored; 403 if it is the DAG of someone else."""
+    if stored is not None and not may_read(access, stored.run.dag_id, stored.run.airflow_run_id):
+        raise forbid(access, f"run {stored.run.run_key!r}")
+    return stored
+
+
+def _load(target: str, run_key: str, access: ReadAccess) -> StoredRun:
+    stored = _readable(store.load_run(target, run_key), access)
     if stored is None:
         raise HTTPException(
             404,
@@ -164,9 +193,12 @@ def _load(target: str, run_key: str) -> StoredRun:
     return stored
 
 
-def _list(target: str, status: str | None, fingerprint: str | None, limit: int) -> tuple[list[RunRow], str]:
+def _list(
+    target: str, access: ReadAccess, status: str | None, fingerprint: str | None, limit: int
+) -> tuple[list[RunRow], str]:
     fingerprint = (fingerprint or "").strip() or None
-    filtered = bool(status or fingerprint)
+    # a user who may not read every DAG sees a filtered window, as a filter does
+    filtered = bool(status or fingerprint) or not access.may_read_all_dags()
     runs = store.latest_runs(target, limit=FILTER_WINDOW if filtered else limit)
     note = (
         f"Filters apply to the newest {FILTER_WINDOW} runs."
@@ -176,7 +208,9 @@ def _list(target: str, status: str | None, fingerprint: str | None, limit: int) 
     runs = [
         r
         for r in runs
-        if (not status or r.status == status) and (not fingerprint or r.fingerprint.startswith(fingerprint))
+        if (not status or r.status == status)
+        and (not fingerprint or r.fingerprint.startswith(fingerprint))
+        and may_read(access, r.dag_id, r.airflow_run_id)
     ][:limit]
     rows = []
     for run in runs:
@@ -195,6 +229,7 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         dependencies=[Depends(auth)] if auth else [],
     )
     app.state.resolve_dsn = (lambda: dsn) if dsn else resolve_results_dsn
+    app.state.auth_required = auth is not None
 
     @app.middleware("http")
     async def _headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
@@ -225,32 +260,35 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
 
     app.add_exception_handler(StoreError, _unavailable)  # unreachable, failed migration or query
     app.add_exception_handler(ResultsUnavailable, _unavailable)
+    app.add_exception_handler(AccessUnavailable, _unavailable)
 
     @app.get("/", response_class=HTMLResponse)
     def run_list(
         request: Request,
         target: Target,
+        access: Access,
         status: Status = None,
         fingerprint: str | None = None,
         limit: Limit = DEFAULT_LIMIT,
     ) -> HTMLResponse:
-        rows, note = _list(target, status, fingerprint, limit)
+        rows, note = _list(target, access, status, fingerprint, limit)
         return HTMLResponse(render_run_list(rows, _root(request), status, fingerprint, limit, note))
 
     @app.get("/api/runs")
     def api_runs(
         request: Request,
         target: Target,
+        access: Access,
         status: Status = None,
         fingerprint: str | None = None,
         limit: Limit = DEFAULT_LIMIT,
     ) -> dict[str, Any]:
-        rows, note = _list(target, status, fingerprint, limit)
+        rows, note = _list(target, access, status, fingerprint, limit)
         return {"runs": [row.to_json(_root(request)) for row in rows], "note": note or None}
 
     @app.get("/api/runs/{run_key:path}")
-    def api_run(request: Request, target: Target, run_key: str) -> dict[str, Any]:
-        stored = _load(target, run_key)
+    def api_run(request: Request, target: Target, access: Access, run_key: str) -> dict[str, Any]:
+        stored = _load(target, run_key, access)
         report = report_file(run_key)
         return {
             **stored.model_dump(mode="json"),
@@ -264,9 +302,9 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
 
     # before /runs/{run_key:path}, which would take '<key>/report' for a key
     @app.get("/runs/{run_key:path}/report", response_class=FileResponse)
-    def run_report(request: Request, target: Target, run_key: str) -> Response:
-        if store.load_run(target, run_key) is None:
-            if (whole := store.load_run(target, f"{run_key}/report")) is not None:
+    def run_report(request: Request, target: Target, access: Access, run_key: str) -> Response:
+        if _readable(store.load_run(target, run_key), access) is None:
+            if (whole := _readable(store.load_run(target, f"{run_key}/report"), access)) is not None:
                 return _run_page(request, whole)  # the page of a key that itself ends in '/report'
             raise HTTPException(404, f"no run {run_key!r} in the results store")
         report = report_file(run_key)
@@ -279,12 +317,12 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         return FileResponse(report, media_type="text/html; charset=utf-8")
 
     @app.get("/runs/{run_key:path}", response_class=HTMLResponse)
-    def run_page(request: Request, target: Target, run_key: str) -> HTMLResponse:
-        return _run_page(request, _load(target, run_key))
+    def run_page(request: Request, target: Target, access: Access, run_key: str) -> HTMLResponse:
+        return _run_page(request, _load(target, run_key, access))
 
     @app.get("/dag-runs/{dag_id}/{run_id:path}", response_class=HTMLResponse)
-    def dag_run_page(request: Request, target: Target, dag_id: str, run_id: str) -> HTMLResponse:
-        stored = store.load_run(target, paths.dag_run_key(dag_id, run_id))
+    def dag_run_page(request: Request, target: Target, access: Access, dag_id: str, run_id: str) -> HTMLResponse:
+        stored = _readable(store.load_run(target, paths.dag_run_key(dag_id, run_id)), access)
         if stored is None:
             raise HTTPException(
                 404,
@@ -293,25 +331,37 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
             )
         return _run_page(request, stored)
 
+    @app.get("/compare", response_class=HTMLResponse)
+    def compare_page(
+        request: Request,
+        target: Target,
+        access: Access,
+        run: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies query defaults
+        baseline: str | None = None,
+        model: str | None = None,
+        series: str | None = None,
+        inventory: str | None = None,
+        tag: Annotated[list[str], Query()] = [],  # noqa: B006
+        since: str | None = None,
+        until: str | None = None,
+        include_excluded: bool = False,
+        alpha: Annotated[float, Query(gt=0, lt=1)] = webapp_compare.DEFAULT_ALPHA,
+    ) -> HTMLResponse:
+        root = _root(request)
+        query = webapp_compare.CompareQuery(runs=tuple(run), alpha=alpha)
+        try:
+            query = webapp_compare.CompareQuery.parse(
+                run, baseline, model, series, inventory, tag, since, until, include_excluded, alpha
+            )
+            view = webapp_compare.build(target, query, access)
+        except HTTPException as exc:  # the form again, with the reason
+            page_html = webapp_compare.render(None, query, root, error=str(exc.detail))
+            return HTMLResponse(page_html, status_code=exc.status_code)
+        return HTMLResponse(webapp_compare.render(view, query, root))
+
+    @app.get("/series/{fingerprint}", response_class=HTMLResponse)
+    def series_page(request: Request, target: Target, access: Access, fingerprint: str) -> HTMLResponse:
+        view = webapp_history.build(target, fingerprint, access)
+        return HTMLResponse(webapp_history.render(view, _root(request)))
+
     return app
-
-
-# -- Airflow's auth, borrowed lazily ---------------------------------------------------------
-_bearer = HTTPBearer(auto_error=False)
-
-
-async def require_airflow_user(request: Request) -> None:
-    """A FastAPI dependency: the request must carry an Airflow user (JWT in the Authorization header or
-    the UI's ``_token`` cookie) who may see the Airflow website; else 401/403. Only meaningful inside
-    the api-server, where Airflow's auth manager is initialised; Airflow is imported on first use."""
-    try:
-        from airflow.api_fastapi.app import get_auth_manager
-        from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-        from airflow.api_fastapi.core_api.security import get_user
-    except ImportError as exc:
-        raise ResultsUnavailable(
-            f"Airflow's authentication cannot be imported here ({exc}); refusing access"
-        ) from exc
-    user = await get_user(request, _oauth_token=None, bearer_credentials=await _bearer(request))
-    if not get_auth_manager().is_authorized_view(access_view=AccessView.WEBSITE, user=user):
-        raise HTTPException(403, f"Airflow user {user.get_name()!r} may not view Airflow's pages")

@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-def _when(text: str) -> datetime:
+def parse_when(text: str) -> datetime:
+    """An ISO date/time, UTC when it has no offset (the CLI's --since/--until and the comparison page's)."""
     try:
         value = datetime.fromisoformat(text)
     except ValueError as exc:
@@ -17,7 +18,8 @@ def _when(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def _tag(text: str) -> tuple[str, str]:
+def parse_tag(text: str) -> tuple[str, str]:
+    """KEY=VALUE (the CLI's --tag and the comparison page's tag=)."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"tag {text!r} is not KEY=VALUE")
     k, v = text.split("=", 1)
@@ -30,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dsn", help="results database URL (default: $DEPLOYBENCH_DSN, else the embedded server)")
     p.add_argument("--model", help="only runs of this model name")
     p.add_argument("--inventory", help="only runs on this inventory (cluster)")
-    p.add_argument("--since", type=_when, help="only runs started at or after (ISO date/time, UTC if no offset)")
-    p.add_argument("--until", type=_when, help="only runs started before")
-    p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE", help="only runs with tag")
+    p.add_argument("--since", type=parse_when, help="only runs started at or after (ISO date/time, UTC if no offset)")
+    p.add_argument("--until", type=parse_when, help="only runs started before")
+    p.add_argument("--tag", type=parse_tag, action="append", default=[], metavar="KEY=VALUE", help="only runs with tag")
     p.add_argument("--series", help="only runs of this series fingerprint (a prefix of 8+ characters is enough)")
     p.add_argument("--include-excluded", action="store_true", help="also runs flagged as excluded")
     p.add_argument("--baseline", metavar="RUN_KEY", help="report each figure's change against this run")

@@ -199,3 +199,25 @@ def curves(target: Engine | str | None, run_keys: list[str]) -> dict[str, list[t
         if pts:
             out[str(key)] = pts
     return out
+
+
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested configuration as dotted keys ('engine.max_num_seqs'); lists stay whole values."""
+    out: dict[str, Any] = {}
+    for key, value in (config or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten_config(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def config_diff(configs: dict[str, dict[str, Any]]) -> list[tuple[str, list[Any], bool]]:
+    """The configurations of runs side by side: (dotted key, the value in each run in the order given,
+    whether the values differ), the differing keys first, each part sorted by key. A key a run lacks
+    has None there (and differs from a run that has it)."""
+    flat = [flatten_config(c) for c in configs.values()]
+    keys = sorted({k for f in flat for k in f})
+    rows = [(k, [f.get(k) for f in flat], len({repr(f.get(k)) for f in flat}) > 1) for k in keys]
+    return [r for r in rows if r[2]] + [r for r in rows if not r[2]]

@@ -126,9 +126,22 @@ def analyse_series(target: Engine | str | None, run_key: str, params: Params | N
                 f"a baseline must be an earlier run of the same series (same cluster, software, model, serving "
                 f"config and workload)")
     runs = select_runs(target, RunFilter(series=fingerprint))
-    figs = run_figures(target, runs)
-    hist = History(series_id, fingerprint, figs[["run_key", "started_at", *METRICS]].reset_index(drop=True),
-                   params=params)
+    hist = analyse_figures(series_id, fingerprint, run_figures(target, runs), params, baseline=baseline)
+    if save:
+        _save(target, hist)
+    log.info("series %s: %d runs, change points %s", fingerprint[:12], len(hist.runs),
+             [(c.metric, c.run_key, f"{c.magnitude:+.1%}") for c in hist.changes])
+    return hist
+
+
+def analyse_figures(series_id: int, fingerprint: str, figs: pd.DataFrame, params: Params | None = None, *,
+                    baseline: str | None = None) -> History:
+    """Change points and the newest run's verdict over ``figs`` (``figures.run_figures`` of the series' runs
+    to analyse, oldest first); no database. ``analyse_series`` selects the runs; the results pages pass
+    the runs a user may read."""
+    params = params or Params()
+    figs = figs.reset_index(drop=True)
+    hist = History(series_id, fingerprint, figs[["run_key", "started_at", *METRICS]], params=params)
     for metric in METRICS:
         values = figs[metric].to_numpy(dtype=float)
         if np.isnan(values).any():
@@ -138,10 +151,6 @@ def analyse_series(target: Engine | str | None, run_key: str, params: Params | N
             hist.changes.append(Change(metric, str(figs["run_key"].iloc[idx]), idx,
                                        "regression" if worse else "improvement", m0, m1, (m1 - m0) / m0, p))
         hist.verdicts[metric] = _verdict(hist, metric, values, figs, baseline)
-    if save:
-        _save(target, hist)
-    log.info("series %s: %d runs, change points %s", fingerprint[:12], len(figs),
-             [(c.metric, c.run_key, f"{c.magnitude:+.1%}") for c in hist.changes])
     return hist
 
 

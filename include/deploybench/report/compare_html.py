@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
 from deploybench.report import plots
-from deploybench.report.html import document, esc, figure, table
+from deploybench.report.html import Html, document, esc, figure, table
 
 if TYPE_CHECKING:
     from deploybench.analyse.compare import Comparison
 
-_FIGURE_LABELS = {
+FIGURE_LABELS = {
     "capacity_rps": "capacity req/s", "goodput_rps": "goodput req/s", "achieved_rps": "achieved req/s",
     "output_tps": "output tok/s", "latency_p50_ms": "P50 ms", "latency_p99_ms": "P99 e2e ms",
     "ttft_p99_ms": "P99 TTFT ms", "error_rate": "error rate",
@@ -28,10 +28,17 @@ def config_label(row: Any) -> str:
     return f"{row.get('engine') or '?'} {knobs}".strip() + f" [{str(row['run_key'])[-18:]}]"
 
 
-def render(cmp: "Comparison", curves: dict[str, list[tuple[float, float]]] | None = None) -> str:
+def sections(cmp: "Comparison", curves: dict[str, list[tuple[float, float]]] | None = None,
+             run_link: Callable[[str, str], Html] | None = None) -> list[str]:
+    """The comparison's body below its heading: per workload group the best configuration, the figures,
+    the throughput-latency curves and the Pareto front; then the changes against the baseline. Shared by
+    the report file and the results pages, which pass ``run_link(run_key, text)`` to link each run."""
+    def name(key: str, text: str | None = None) -> Any:
+        text = text if text is not None else key
+        return run_link(key, text) if run_link else text
+
     t = cmp.table
-    parts = [f"<h1>deploybench comparison{f' #{cmp.id}' if cmp.id else ''}</h1>",
-             f"<p>{len(t)} runs &middot; selection: {esc(cmp.params.get('filter', ''))}"
+    parts = [f"<p>{len(t)} runs &middot; selection: {esc(cmp.params.get('filter', ''))}"
              + (f" &middot; baseline <code>{esc(cmp.baseline)}</code>" if cmp.baseline else "") + "</p>"]
     if len(cmp.groups) > 1:
         parts.append(f"<p class='note'>The runs have {len(cmp.groups)} different workloads; each is compared "
@@ -39,36 +46,51 @@ def render(cmp: "Comparison", curves: dict[str, list[tuple[float, float]]] | Non
     for n, (group, keys) in enumerate(cmp.groups.items(), start=1):
         sub = t[t["run_key"].isin(keys)]
         best = cmp.best.get(group)
+        label = {str(r["run_key"]): config_label(r) for _, r in sub.iterrows()}
         parts.append(f"<h2>Workload group {n} <code>{esc(group[:12])}</code></h2>")
-        parts.append("<p>Best configuration meeting the SLO: "
-                     + (f"<b class='success'>{esc(config_label(sub[sub['run_key'] == best].iloc[0]))}</b>" if best
-                        else "<b class='failed'>none meets the SLO</b>") + "</p>")
-        headers = ["configuration", *_FIGURE_LABELS.values(), "SLO", "Pareto"]
-        rows = [[config_label(r), *[r[f] for f in _FIGURE_LABELS], "met" if r["slo_met"] else "not met",
-                 "yes" if r["pareto"] else ""] for _, r in sub.iterrows()]
+        if best:
+            parts.append(f"<p class='best-run'>Best configuration meeting the SLO: <b class='success'>"
+                         f"{esc(label[best])}</b>, run {_cell_html(name(best))}</p>")
+        else:
+            parts.append("<p class='best-run'>Best configuration meeting the SLO: "
+                         "<b class='failed'>none meets the SLO</b></p>")
+        headers = ["configuration", *FIGURE_LABELS.values(), "SLO", "Pareto"]
+        rows = [[name(str(r["run_key"]), label[str(r["run_key"])]), *[r[f] for f in FIGURE_LABELS],
+                 "met" if r["slo_met"] else "not met", "yes" if r["pareto"] else ""] for _, r in sub.iterrows()]
         parts.append(table(headers, rows, ["best" if k == best else "" for k in sub["run_key"]]))
-        pts = {config_label(r): [(r["capacity_rps"] if pd.notna(r["capacity_rps"]) else r["achieved_rps"],
-                                  r["latency_p99_ms"])] for _, r in sub.iterrows() if pd.notna(r["latency_p99_ms"])}
-        mine = {config_label(r): (curves or {}).get(r["run_key"]) for _, r in sub.iterrows()}
-        shown = {k: v for k, v in mine.items() if v} or pts
+        pts = {label[str(r["run_key"])]: (r["capacity_rps"] if pd.notna(r["capacity_rps"]) else r["achieved_rps"],
+                                         r["latency_p99_ms"]) for _, r in sub.iterrows()}
+        mine = {label[str(r["run_key"])]: (curves or {}).get(r["run_key"]) for _, r in sub.iterrows()}
+        shown = {k: v for k, v in mine.items() if v} or {k: [v] for k, v in pts.items() if pd.notna(v[1])}
         slo = float(sub["slo_p99_ms"].iloc[0]) if "slo_p99_ms" in sub else None
         parts.append(figure(plots.throughput_latency(shown, "Throughput vs P99 latency per configuration", slo),
                             "throughput-latency curves per configuration"))
-        front = [config_label(sub[sub["run_key"] == k].iloc[0]) for k in cmp.pareto.get(group, [])]
+        front = [label[k] for k in cmp.pareto.get(group, [])]
+        parts.append(figure(plots.pareto(pts, front, "Pareto front: throughput up, P99 latency down", slo),
+                            "Pareto front (green) and dominated configurations (grey)"))
         parts.append(f"<p>Pareto front (throughput up, P99 down): {esc(' → '.join(front) or 'empty')}</p>")
     if cmp.baseline is not None and not cmp.changes.empty:
         parts.append(f"<h2>Change against the baseline <code>{esc(cmp.baseline)}</code></h2>")
         c = cmp.changes
         parts.append(table(
             ["run", "figure", "baseline", "value", "change", "p-value", "significant", "direction"],
-            [[r["run_key"], _FIGURE_LABELS.get(r["figure"], r["figure"]), r["baseline"], r["value"],
+            [[name(str(r["run_key"])), FIGURE_LABELS.get(r["figure"], r["figure"]), r["baseline"], r["value"],
               "" if pd.isna(r["change"]) else f"{r['change']:+.1%}",
               "n/a" if pd.isna(r["p_value"]) else f"{r['p_value']:.3g}", "yes" if r["significant"] else "no",
               r["direction"]] for _, r in c.iterrows()],
             [r["direction"] if r["significant"] else "" for _, r in c.iterrows()]))
         parts.append(f"<p class='note'>p-values: {esc(cmp.params.get('method'))}, alpha {cmp.params.get('alpha')}; "
                      "capacity has none (one search per run).</p>")
-    return document(f"deploybench comparison {cmp.id or ''}", parts)
+    return parts
+
+
+def _cell_html(value: Any) -> str:
+    return value if isinstance(value, Html) else f"<code>{esc(value)}</code>"
+
+
+def render(cmp: "Comparison", curves: dict[str, list[tuple[float, float]]] | None = None) -> str:
+    heading = f"<h1>deploybench comparison{f' #{cmp.id}' if cmp.id else ''}</h1>"
+    return document(f"deploybench comparison {cmp.id or ''}", [heading, *sections(cmp, curves)])
 
 
 def write_comparison_html(cmp: "Comparison", path: Path,

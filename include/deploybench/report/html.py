@@ -1,8 +1,15 @@
-"""Small HTML building blocks shared by the run and comparison reports."""
+"""Small HTML building blocks shared by the reports and the results pages (``deploybench.webapp_html``).
+
+The one escaper, the number formatters and the one table builder of the project live here.
+A cell is escaped unless it is ``Html`` (markup the caller built from escaped parts), so a
+value from the store can never turn into markup by accident.
+"""
 
 from __future__ import annotations
 
 import html
+import math
+from datetime import UTC, datetime
 from typing import Any, Iterable
 
 STYLE = (
@@ -15,11 +22,17 @@ STYLE = (
 )
 
 
-def esc(v: Any) -> str:
-    return html.escape(str(v))
+class Html(str):
+    """Markup that is already safe (built from ``esc``-aped parts): ``table`` inserts it as it is."""
+
+
+def esc(value: Any) -> str:
+    """HTML-escaped text of a value (quotes too, so it is safe inside attributes); None is empty."""
+    return html.escape("" if value is None else str(value), quote=True)
 
 
 def fmt(v: Any) -> str:
+    """A report cell: floats with two decimals and thousands separated, missing values blank."""
     if v is None:
         return ""
     if isinstance(v, float):
@@ -29,13 +42,52 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], row_class: Iterable[str] | None = None) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+def fmt_num(value: float | None, digits: int = 2) -> str:
+    """Thousands separated, ``digits`` decimals for floats; None and NaN are 'n/a'."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_ms(value: float | None) -> str:
+    """A latency in milliseconds; None (no request succeeded) is 'n/a'."""
+    return fmt_num(value, 1)
+
+
+def fmt_pct(rate: float | None) -> str:
+    return "n/a" if rate is None or rate != rate else f"{rate:.2%}"
+
+
+def fmt_time(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _cell(value: Any) -> str:
+    return value if isinstance(value, Html) else esc(fmt(value))
+
+
+def table(
+    headers: Iterable[str],
+    rows: Iterable[Iterable[Any]],
+    row_class: Iterable[str] | None = None,
+    numeric_from: int | None = None,
+) -> str:
+    """A table; each cell is escaped (after ``fmt``) unless it is ``Html``. ``row_class`` gives each row a
+    CSS class ("" for none); columns from ``numeric_from`` on are right-aligned (class ``n``)."""
+
+    def attr(i: int) -> str:
+        return " class=n" if numeric_from is not None and i >= numeric_from else ""
+
+    head = "".join(f"<th{attr(i)}>{_cell(h)}</th>" for i, h in enumerate(headers))
     classes = list(row_class) if row_class is not None else None
     body = "".join(
         (f"<tr class='{esc(classes[i])}'>" if classes and classes[i] else "<tr>")
-        + "".join(f"<td>{esc(fmt(c))}</td>" for c in r) + "</tr>"
-        for i, r in enumerate(rows))
+        + "".join(f"<td{attr(j)}>{_cell(c)}</td>" for j, c in enumerate(r))
+        + "</tr>"
+        for i, r in enumerate(rows)
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 

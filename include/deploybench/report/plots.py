@@ -191,3 +191,62 @@ def metric_lines(frame: pd.DataFrame, metrics: Iterable[str]) -> str:
     ax.set_xlabel("seconds")
     ax.legend(fontsize=6)
     return _svg(fig)
+
+
+def _plain(text: str) -> str:
+    """A label shown as typed: '$' would start matplotlib's mathtext (and a lone one can fail to parse)."""
+    return str(text).replace("$", r"\$")
+
+
+def pareto(points: dict[str, tuple[float, float]], front: list[str], title: str,
+           slo_ms: float | None = None) -> str:
+    """Every configuration as a point (throughput x, P99 latency y); the Pareto front joined and
+    labelled, the dominated points grey. ``front`` lists labels of ``points``, by throughput."""
+    points = {k: v for k, v in points.items() if v[0] is not None and v[1] is not None
+              and math.isfinite(v[0]) and math.isfinite(v[1])}
+    if not points:
+        return ""
+    fig, ax = _fig(title)
+    on = [k for k in front if k in points]
+    off = [k for k in points if k not in on]
+    if off:
+        ax.scatter([points[k][0] for k in off], [points[k][1] for k in off], color="tab:grey", alpha=0.6,
+                   label="dominated")
+    if on:
+        ax.plot([points[k][0] for k in on], [points[k][1] for k in on], color="tab:green", marker="o",
+                label="Pareto front")
+    for k, (x, y) in points.items():
+        ax.annotate(_plain(k[:40]), (x, y), fontsize=6, xytext=(4, 4), textcoords="offset points",
+                    color="black" if k in on else "dimgrey")
+    if slo_ms:
+        ax.axhline(slo_ms, color="tab:orange", ls="--", lw=0.8, label="SLO P99")
+    ax.set_xlabel("throughput (capacity, else achieved requests/s)")
+    ax.set_ylabel("P99 latency (ms)")
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def metric_history(runs: list[dict[str, Any]], changes: list[dict[str, Any]], title: str, ylabel: str) -> str:
+    """One metric over a series' runs: ``runs`` are {"t": datetime, "value", "excluded": bool} (excluded
+    runs drawn as grey hollow points, not joined); ``changes`` are {"t", "text"}: a dashed red line at
+    the first run after each change point, labelled with ``text``."""
+    shown = [r for r in runs if r.get("value") is not None and r["value"] == r["value"]]
+    if not shown:
+        return ""
+    fig, ax = _fig(title, h=2.8)
+    kept = [r for r in shown if not r.get("excluded")]
+    out = [r for r in shown if r.get("excluded")]
+    if kept:
+        ax.plot([r["t"] for r in kept], [r["value"] for r in kept], color="tab:blue", marker="o", ms=4,
+                label="analysed runs")
+    if out:
+        ax.scatter([r["t"] for r in out], [r["value"] for r in out], facecolors="none", edgecolors="tab:grey",
+                   label="excluded or failed (not analysed)")
+    for c in changes:
+        ax.axvline(c["t"], color="tab:red", ls="--", lw=1)
+        ax.annotate(_plain(c["text"]), (c["t"], 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                    color="tab:red", xytext=(3, -10), textcoords="offset points")
+    ax.set_ylabel(ylabel)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.legend(fontsize=7, loc="lower left")
+    return _svg(fig)

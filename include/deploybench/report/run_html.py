@@ -78,8 +78,9 @@ def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
     return parts
 
 
-def _history_section(hist: "History") -> list[str]:
-    parts = ["<h2>History of this series</h2>",
+def history_section(hist: "History", heading: str = "History of this series") -> list[str]:
+    """The verdict on the newest run and the change points (the run report and the history page)."""
+    parts = [f"<h2>{esc(heading)}</h2>",
              f"<p>Series <code>{esc(hist.fingerprint[:12])}</code>: {len(hist.runs)} runs (excluded and failed runs "
              f"left out); method {esc(hist.params)}.</p>",
              table(["metric", "verdict on the newest run", "magnitude", "p-value", "against"],
@@ -108,7 +109,7 @@ def render(run: "Run", history: "History | None" = None) -> str:
     if ld:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
     if history is not None:
-        parts += _history_section(history)
+        parts += history_section(history)
     pf = (recs.get("preflight") or {}).get("result") or {}
     if pf.get("links"):
         parts += ["<h2>Preflight links</h2>", f"<p>{esc(pf.get('decision', ''))}</p>",
