@@ -1,0 +1,321 @@
+"""A real Airflow, a small lab, a results database and headless Chromium, for the browser tests.
+
+``airflow`` is ``airflow standalone`` (scheduler, dag-processor, api-server, triggerer, LocalExecutor)
+with a throwaway AIRFLOW_HOME, this checkout's dags/ and plugins/ (as ``deploybench.airflow_env``
+sets them), on a free loopback port, in its own session. The Airflow connection
+``deploybench_results`` names a throwaway database, so the DAG's tasks and the results pages
+read and write the same one. Stopping kills the session's process groups and then every process
+that carries this fixture's marker in its environment (k6 runs in a session of its own, and task
+processes in groups of their own), and fails the test session if anything is left.
+
+``browser`` is Debian's chromium driven by Debian's chromedriver through Selenium, with a fresh
+profile and no network beyond what the pages ask of loopback; it is logged in to Airflow once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from deploybench import paths
+from deploybench.airflow_env import airflow_env
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+LAB = "lbui"
+LAB_NODES = 2
+DAG_ID = "deploybench_run"
+
+START_TIMEOUT_S = 240  # standalone: migrate a fresh SQLite DB, start four components, parse the DAG
+STOP_TIMEOUT_S = 30
+HTTP_TIMEOUT_S = 30
+PAGE_TIMEOUT_S = 60
+
+# no proxy for loopback, whatever the environment says
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's choice; bound again by the api-server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- processes -----------------------------------------------------------------------------------
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(process group, session) of ``pid``, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+    return int(fields[2]), int(fields[3])
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def processes_of(session: int, marker: str) -> list[int]:
+    """Every live process in ``session`` or with ``marker`` in its environment (not a zombie)."""
+    found = []
+    needle = marker.encode()
+    for pid in _all_pids():
+        if pid == os.getpid():
+            continue
+        st = _stat(pid)
+        if st is None:
+            continue
+        try:
+            if Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] == "Z":
+                continue
+            mine = st[1] == session or needle in Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if mine:
+            found.append(pid)
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_everything(proc: subprocess.Popen, marker: str, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
+    """SIGTERM the process group, then SIGKILL what is left of the session and the marked processes;
+    returns the pids still alive after ``timeout_s`` (none, unless something escaped)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic() - 10))
+    except subprocess.TimeoutExpired:
+        pass
+    while True:
+        left = processes_of(proc.pid, marker)
+        if not left or time.monotonic() > deadline:
+            break
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.3)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=5)
+    return left
+
+
+# -- Airflow ---------------------------------------------------------------------------------------
+@dataclass
+class Airflow:
+    """A running Airflow: its URL, home, log, and a REST client with a token from POST /auth/token."""
+
+    url: str
+    home: Path
+    log: Path
+    proc: subprocess.Popen
+    _token: str | None = field(default=None, repr=False)
+
+    def password(self) -> str:
+        return json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+
+    def request(self, method: str, path: str, body: dict | None = None, token: bool = True) -> dict:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {self.token()}"
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        with _LOOPBACK.open(req, timeout=HTTP_TIMEOUT_S) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def token(self) -> str:
+        if self._token is None:
+            got = self.request("POST", "/auth/token", {"username": "admin", "password": self.password()},
+                               token=False)
+            self._token = got["access_token"]
+        return self._token
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def wait_for(self, what: str, probe, timeout_s: float, every_s: float = 1.0):
+        """Call ``probe`` until it returns something truthy (transient HTTP/connection errors count as
+        not yet); fail with the last error and the Airflow log after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"airflow standalone exited with {self.proc.returncode} while waiting for {what}:\n"
+                            f"{self.log_tail()}")
+            try:
+                got = probe()
+                if got:
+                    return got
+                last = got
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                last = exc  # not up yet, or SQLite busy under concurrent writes (HTTP 500)
+            time.sleep(every_s)
+        pytest.fail(f"{what}: not within {timeout_s:.0f} s (last: {last!r}); Airflow log:\n{self.log_tail()}")
+
+
+def results_connection(dsn: str) -> str:
+    """An Airflow connection (JSON) for ``dsn``. A Unix-socket DSN (the embedded PostgreSQL's,
+    ``...@/db?host=/dir&port=N``) keeps its host and port as SQLAlchemy query arguments: given as the
+    connection's host, PostgresHook.get_uri() would turn the directory into a hostname."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(dsn)
+    conn = {"conn_type": "postgres", "login": url.username, "password": url.password, "host": url.host,
+            "port": url.port, "schema": url.database,
+            "extra": {"sqlalchemy_query": {k: v for k, v in url.query.items() if isinstance(v, str)}}}
+    return json.dumps({k: v for k, v in conn.items() if v not in (None, "")})
+
+
+@pytest.fixture(scope="module")
+def results_dsn() -> Iterator[str]:
+    """A throwaway results database on DEPLOYBENCH_DSN's server, else the embedded PostgreSQL; dropped after."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from deploybench.store import db, embedded
+
+    server = os.environ.get(db.ENV_DSN) or embedded.ensure_running()
+    name = f"deploybench_test_browser_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    url = make_url(db.normalize_dsn(server))
+    embedded.create_database(url.render_as_string(hide_password=False), name)
+    yield url.set(database=name).render_as_string(hide_password=False)
+    db.dispose_engines()
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def airflow(results_dsn) -> Iterator[Airflow]:
+    """``airflow standalone`` on a free loopback port; deploybench_run parsed and unpaused."""
+    home = Path(tempfile.mkdtemp(prefix="deploybench-browser-airflow-"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    marker = f"deploybench-browser-{uuid.uuid4().hex}"
+    env = airflow_env({k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")})
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": url,
+        "AIRFLOW__API__WORKERS": "1",
+        # task processes reach the api-server's execution API here, not at the default :8080
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
+        "AIRFLOW__CORE__PARALLELISM": "4",  # LocalExecutor workers: 4, not 32, on a 2-core machine
+        "AIRFLOW_CONN_DEPLOYBENCH_RESULTS": results_connection(results_dsn),
+        "DEPLOYBENCH_BROWSER_TEST": marker,
+    })
+    log = home / "standalone.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["airflow", "standalone"], env=env, cwd=home, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    af = Airflow(url=url, home=home, log=log, proc=proc)
+    try:
+        af.wait_for("the admin password file", lambda: (home / "simple_auth_manager_passwords.json.generated")
+                    .is_file(), START_TIMEOUT_S)
+        af.wait_for(f"the api-server at {url}", lambda: af.request("GET", "/api/v2/version", token=False)
+                    or True, START_TIMEOUT_S)
+        af.wait_for(f"{DAG_ID} parsed", lambda: _dag_is_parsed(af), START_TIMEOUT_S, every_s=2)
+        # new DAGs start paused
+        af.wait_for(f"{DAG_ID} unpaused", lambda: af.request("PATCH", f"/api/v2/dags/{DAG_ID}",
+                                                              {"is_paused": False})["is_paused"] is False, 60)
+        yield af
+    finally:
+        left = stop_everything(proc, marker)
+        kept = os.environ.get("DEPLOYBENCH_KEEP_BROWSER_HOME")
+        if not kept:
+            shutil.rmtree(home, ignore_errors=True)
+        assert left == [], f"processes of the Airflow fixture still running after stop: {left}"
+
+
+def _dag_is_parsed(af: Airflow) -> bool:
+    try:
+        af.request("GET", f"/api/v2/dags/{DAG_ID}")
+        return True
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            errors = af.request("GET", "/api/v2/importErrors")
+            if errors.get("total_entries"):
+                pytest.fail(f"the DAG folder has import errors: {errors['import_errors']}")
+            return False
+        raise
+
+
+# -- the lab ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lab_inventory() -> Iterator[Path]:
+    """A 2-node lab with a small model; its inventory.json is what the form is pointed at."""
+    from deploybench.lab import cluster
+
+    cluster.up(LAB, nodes=LAB_NODES, link_mbit=200, model_mb=4)
+    try:
+        yield paths.lab_dir(LAB) / "inventory.json"
+    finally:
+        cluster.down(LAB)
+
+
+# -- the browser -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser(airflow, tmp_path_factory):
+    """Headless Chromium, logged in to ``airflow`` as admin; every chromium process gone afterwards."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="the selenium wheel is not installed")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if not Path(binary).is_file():
+            pytest.skip(f"{binary} is missing: apt-get install chromium chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-proxy-server", "--window-size=1400,1000", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    marker = f"deploybench-browser-chromium-{uuid.uuid4().hex}"
+    service = Service(CHROMEDRIVER, env={**os.environ, "DEPLOYBENCH_BROWSER_TEST": marker},
+                      log_output=str(profile / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        driver.set_page_load_timeout(PAGE_TIMEOUT_S)
+        driver.get(airflow.url + "/auth/login")
+        wait = WebDriverWait(driver, PAGE_TIMEOUT_S)
+        wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys("admin")
+        driver.find_element(By.NAME, "password").send_keys(airflow.password())
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: "/auth/login" not in d.current_url)
+        yield driver
+    finally:
+        driver.quit()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while (left := processes_of(-1, marker)) and time.monotonic() < deadline:
+            _signal_all(left, signal.SIGKILL)
+            time.sleep(0.3)
+        assert not left, f"chromium/chromedriver processes still running after quit: {left}"

@@ -1,0 +1,203 @@
+"""The Airflow UI as a person meets it, in headless Chromium against a real Airflow (issue 11).
+
+Log in, open deploybench_run, press Trigger: with the defaults the form must be submittable (no
+section flagged red, the modal's Trigger button enabled). Then point the form at a 2-node lab and
+shorten the run (one field in each of three sections), trigger, wait for the run to succeed, and
+read what a person reads: the run's "Benchmark results" tab, the series history and the comparison
+page of the results plugin, checked against what the run stored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from deploybench import paths
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+DAG_ID = "deploybench_run"
+LAB_NODES = 2  # the lab_inventory fixture's
+PAGE_TIMEOUT_S = 60
+FORM_TIMEOUT_S = 30
+RUN_TIMEOUT_S = 480
+STAGES = ("validate", "preflight", "fanout", "rollout", "load", "teardown")
+
+# What the test changes in the form (field, value), by section; everything else keeps its default.
+LOAD_DURATION_S = 8
+CHANGES = {
+    "Preflight": [("link_threshold", "0.5")],  # 2 s iperf3 tests on a busy 2-core machine read ~75 %
+    "Load": [("load_duration_s", str(LOAD_DURATION_S)), ("warmup_s", "2")],
+}
+
+
+def _by():
+    from selenium.webdriver.common.by import By
+
+    return By
+
+
+def _wait(driver, timeout_s: float = PAGE_TIMEOUT_S):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.25)
+
+
+# -- the trigger form ------------------------------------------------------------------------------
+_SECTIONS_JS = """
+return [...arguments[0].querySelectorAll('[data-part=item-trigger]')].map(b => {
+  const title = b.querySelector('p') || b;
+  return {name: b.innerText.trim(), icon: !!b.querySelector(':scope > div:first-child svg'),
+          color: getComputedStyle(title).color, expanded: b.getAttribute('aria-expanded') === 'true'};
+});
+"""
+_EMPTY_REQUIRED_JS = """
+return [...arguments[0].querySelectorAll('input[required], textarea[required]')]
+  .filter(e => e.value === '').map(e => e.name || e.id);
+"""
+
+
+def is_red(css_color: str) -> bool:
+    """Whether a computed CSS colour is a red (Chakra's error colour; oklch in Chromium 15x)."""
+    nums = [float(x) for x in re.findall(r"[-\d.]+", css_color)]
+    if css_color.startswith("oklch") and len(nums) >= 3:
+        _, chroma, hue = nums[:3]
+        return chroma > 0.1 and (hue < 45 or hue > 330)
+    if css_color.startswith("rgb") and len(nums) >= 3:
+        r, g, b = nums[:3]
+        return r > 150 and g < 110 and b < 110
+    return False
+
+
+def flagged_sections(dialog) -> list[str]:
+    """Sections whose title is drawn red or carries the error icon."""
+    sections = dialog.parent.execute_script(_SECTIONS_JS, dialog)
+    return [s["name"] for s in sections if s["icon"] or is_red(s["color"])]
+
+
+def open_trigger_form(driver, url: str):
+    """The trigger modal of deploybench_run, as the "Trigger" button on the DAG page opens it."""
+    By = _by()
+    from selenium.webdriver.support import expected_conditions as ec
+
+    driver.get(f"{url}/dags/{DAG_ID}")
+    _wait(driver).until(ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Trigger']"))).click()
+    dialog = _wait(driver).until(lambda d: next(
+        (e for e in d.find_elements(By.CSS_SELECTOR, "[role=dialog][data-state=open]")
+         if "Trigger Dag" in e.text and e.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")), None))
+    return dialog
+
+
+def submit_button(dialog):
+    return dialog.find_element(_by().CSS_SELECTOR, "[data-testid=trigger-dag-submit]")
+
+
+def assert_submittable(dialog) -> None:
+    """Enabled Trigger button and no red section, after the form has validated its fields (bounded)."""
+    deadline = time.monotonic() + FORM_TIMEOUT_S
+    steady_since = None
+    while time.monotonic() < deadline:
+        ok = submit_button(dialog).is_enabled() and not flagged_sections(dialog)
+        if ok and steady_since is None:
+            steady_since = time.monotonic()
+        if not ok:
+            steady_since = None
+        if steady_since is not None and time.monotonic() - steady_since >= 2:  # stays so once validated
+            return
+        time.sleep(0.25)
+    driver = dialog.parent
+    pytest.fail(
+        f"the trigger form cannot be submitted with its defaults: Trigger button "
+        f"{'enabled' if submit_button(dialog).is_enabled() else 'DISABLED'}, sections flagged red: "
+        f"{flagged_sections(dialog)}, required fields left empty: {driver.execute_script(_EMPTY_REQUIRED_JS, dialog)}"
+    )
+
+
+def set_field(dialog, section: str, name: str, value: str) -> None:
+    """Open ``section`` and type ``value`` into the field ``name`` (select all, then type, as a person)."""
+    By = _by()
+    from selenium.webdriver.common.keys import Keys
+
+    trigger = next(b for b in dialog.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")
+                   if b.text.strip() == section)
+    if trigger.get_attribute("aria-expanded") != "true":
+        dialog.parent.execute_script("arguments[0].scrollIntoView({block: 'center'})", trigger)
+        trigger.click()
+    field = _wait(dialog.parent, 10).until(lambda d: next(
+        (e for e in dialog.find_elements(By.CSS_SELECTOR, f"[name=element_{name}]") if e.is_displayed()), None))
+    dialog.parent.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
+    field.click()
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(value, Keys.TAB)
+    _wait(dialog.parent, 10).until(lambda d: field.get_attribute("value") == value,
+                                   f"field {name} shows {field.get_attribute('value')!r}, typed {value!r}")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def _run_ids(airflow) -> set[str]:
+    runs = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+    return {r["dag_run_id"] for r in runs}
+
+
+def _why_failed(airflow, run_id: str) -> dict:
+    tis = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    states = {t["task_id"] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else ""): t["state"]
+              for t in tis["task_instances"]}
+    stages = paths.run_dir(paths.dag_run_key(DAG_ID, run_id)) / "stages"
+    errors = {p.stem: json.loads(p.read_text()).get("error") for p in stages.glob("*.json")}
+    return {"tasks": states, "stage errors": {k: v for k, v in errors.items() if v}}
+
+
+@pytest.fixture(scope="module")
+def form_run(airflow, browser, lab_inventory, results_dsn) -> dict:
+    """A run triggered from the form (inventory and three load/preflight fields changed), finished."""
+    before = _run_ids(airflow)
+    dialog = open_trigger_form(browser, airflow.url)
+    set_field(dialog, "Cluster", "inventory", str(lab_inventory))
+    for section, changes in CHANGES.items():
+        for name, value in changes:
+            set_field(dialog, section, name, value)
+    assert_submittable(dialog)
+    submit_button(dialog).click()
+    new = airflow.wait_for("the triggered run", lambda: _run_ids(airflow) - before, 30, every_s=0.5)
+    assert len(new) == 1, new
+    run_id = new.pop()
+    run = airflow.wait_for(
+        f"run {run_id} to finish",
+        lambda: (r := airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"))["state"]
+        in ("success", "failed") and r,
+        RUN_TIMEOUT_S, every_s=2,
+    )
+    assert run["state"] == "success", _why_failed(airflow, run_id)
+    from deploybench.store import load_run
+
+    key = paths.dag_run_key(DAG_ID, run_id)
+    stored = load_run(results_dsn, key)
+    assert stored is not None, f"run {key} is not in the results database the connection names"
+    return {"run_id": run_id, "key": key, "conf": run["conf"], "stored": stored}
+
+
+# -- tests -----------------------------------------------------------------------------------------
+def test_trigger_form_can_be_submitted_with_its_defaults(airflow, browser):
+    dialog = open_trigger_form(browser, airflow.url)
+    sections = [s["name"] for s in browser.execute_script(_SECTIONS_JS, dialog)]
+    for section in ("Cluster", "Preflight", "Rollout", "Load", "SLO"):
+        assert section in sections, sections
+    assert_submittable(dialog)
+
+
+def test_the_run_gets_what_was_typed_into_the_form(form_run, lab_inventory):
+    conf = form_run["conf"]
+    assert conf["inventory"] == str(lab_inventory)
+    for changes in CHANGES.values():
+        for name, value in changes:
+            assert float(conf[name]) == float(value), (name, conf[name])
+    stored = form_run["stored"]
+    assert stored.run.status == "success"
+    assert stored.run.node_count == LAB_NODES
+    assert {s.stage: s.status for s in stored.stages}.keys() >= set(STAGES)
