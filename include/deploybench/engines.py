@@ -90,6 +90,7 @@ def _vllm_command(ctx: LaunchContext) -> list[str]:
         "--max-num-seqs", str(e.max_num_seqs),
         "--tensor-parallel-size", str(e.tensor_parallel_size),
         "--max-model-len", str(e.max_model_len),
+        *e.extra_args,
     ]
 
 
@@ -102,6 +103,7 @@ def _triton_command(ctx: LaunchContext) -> list[str]:
         "tritonserver", f"--model-repository={triton_repository(ctx)}",
         f"--http-address={ctx.listen}", f"--http-port={ctx.port}",
         "--allow-metrics=true", "--allow-grpc=false",
+        *ctx.engine.extra_args,
     ]
 
 
@@ -179,7 +181,7 @@ def profile(name: str | EngineProfileName) -> EngineProfile:
         raise ConfigError(f"unknown engine profile {key!r}; choose one of: {', '.join(PROFILES)}") from None
 
 
-def image_of(spec: EngineSpec, override: str = "") -> str:
+def image_of(spec: EngineSpec, override: str | None = None) -> str:
     """The container image for ``spec``: the override, the engine's image, else the profile's default."""
     img = override or spec.image or profile(spec.profile).image
     if not img:

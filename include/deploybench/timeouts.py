@@ -1,0 +1,43 @@
+"""How long each task of a run may take, from the run's own durations.
+
+Airflow kills a task that passes its ``execution_timeout``; a fixed number would be wrong for
+both a 30 s lab run and a 2-hour soak. The budget of a task is what its configuration asks for
+(load durations, probe steps, ready timeouts, iperf3 lengths) plus a margin for the fixed costs
+(SSH, process starts, k6 start-up). A task that overruns it is stuck, not slow.
+"""
+
+from __future__ import annotations
+
+import math
+
+from deploybench.config import LinkMode, LoadPhase, RunConfig
+
+MARGIN_S = 300.0  # SSH sessions, process starts, a slow node: the same on every run
+FIXED_S = {"validate": 120.0, "store": 900.0, "report": 900.0, "finish": 120.0, "lease": 120.0}
+
+
+def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
+    """Seconds the task named ``task`` (a stage, or a load phase) may run for a run of ``nodes`` nodes."""
+    if task in FIXED_S:
+        return FIXED_S[task]
+    p, r, ld = cfg.preflight, cfg.rollout, cfg.load
+    if task == "preflight":
+        rounds = 3 if p.link_mode is LinkMode.RING else max(nodes, 2)
+        per_test = p.iperf_seconds * (1 if p.bidir else 2) + 15  # + server start, retries on "busy"
+        return rounds * per_test + MARGIN_S
+    if task == "fanout":
+        return cfg.fanout.timeout_s + MARGIN_S
+    if task == "rollout":
+        steps = max(1, math.ceil(math.log2(max(nodes, 1))) + 1) if not r.scale_steps else len(r.scale_steps) + 1
+        per_step = r.ready_timeout_s + r.gate_warmup_s + r.gate_duration_s + ld.request_timeout_s + 60
+        return steps * per_step + MARGIN_S
+    if task == "teardown":
+        return r.stop_grace_s + MARGIN_S
+    phase_s = {
+        LoadPhase.PROBE.value: ld.probe_max_steps * (ld.probe_warmup_s + ld.probe_step_s + ld.request_timeout_s + 15),
+        LoadPhase.SUSTAINED.value: ld.warmup_s + ld.duration_s + ld.request_timeout_s + 60,
+        LoadPhase.OVERLOAD.value: ld.warmup_s + ld.overload_ramp_s + ld.recovery_s + ld.request_timeout_s + 60,
+    }
+    if task in phase_s:
+        return phase_s[task] + MARGIN_S
+    raise ValueError(f"no time budget for task {task!r}; known: {sorted([*FIXED_S, *phase_s, 'preflight', 'fanout', 'rollout', 'teardown'])}")

@@ -1,0 +1,144 @@
+"""The trigger form and RunConfig agree: every value the form's JSON schema (as Airflow's Param
+checks it) accepts, validation accepts, and every value it refuses, validation refuses — for
+every field, at its bounds, with its allowed values, patterns, null and wrong types."""
+
+from __future__ import annotations
+
+import pytest
+from airflow.sdk import Param
+from pydantic import ValidationError
+
+from deploybench import params
+from deploybench.config import MAX_K6_VUS, RunConfig
+from deploybench.errors import ConfigError
+
+BAD_TYPE = object()
+
+
+def _probes(schema: dict) -> list:
+    """Values at and around the field's bounds, its enum, its pattern, null and a wrong type."""
+    types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    out: list = [None, "not-a-number" if "string" not in types else 12345, [1], {"x": 1}]
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if key in schema:
+            b = schema[key]
+            out += [b, b - 1, b + 1, b - 0.5, b + 0.5] if "number" in types else [b, b - 1, b + 1]
+    if "integer" in types:
+        out += [0, 1, 2, 1.5, True]
+    if "number" in types:
+        out += [0, 0.5, 1, 3.25]
+    if "enum" in schema:
+        out += [v for v in schema["enum"]] + ["nonsense", "SIM"]
+    if "string" in types:
+        out += ["", "a", "a b", "../x", "-x", "A-1.b_c", "http://lb:8000", "https://x", "ftp://x", "x" * 600,
+                "nvidia.com/gpu", "repo/img:1.0", "n01", "UPPER"]
+    if "array" in types:
+        items = schema.get("items", {})
+        out += [[], [1, 2], [2, 1], [0], [1, 1], ["probe"], ["probe", "sustained"], ["sustained", "sustained"],
+                ["bogus"], ["--flag", "1"], ["--port", "9"], [""], ["a\nb"], list(range(1, 70)), ["x"] * 3]
+        out += [[v] for v in items.get("enum", [])]
+    if "object" in types:
+        out += [{}, {"purpose": "nightly"}, {"n": 1}, {f"k{i}": "v" for i in range(70)}]
+    if "boolean" in types:
+        out += [True, False, 0, "true"]
+    return out
+
+
+def _form_accepts(f: params.FormField, value) -> bool:
+    try:
+        Param(params.defaults()[f.name], **f.schema).resolve(value)
+        return True
+    except Exception:  # noqa: BLE001 - ParamValidationError, or the TypeError a bad JSON type raises
+        return False
+
+
+def _config_verdict(f: params.FormField, value) -> tuple[bool, list[tuple]]:
+    """(accepted, locations of the errors) of RunConfig validation with only this field changed."""
+    nested = RunConfig(inventory="inv.json").model_dump(mode="json")
+    node = nested
+    for part in f.path[:-1]:
+        node = node[part]
+    node[f.path[-1]] = value
+    try:
+        RunConfig.validate_strict(nested)
+        return True, []
+    except ValidationError as exc:
+        return False, [tuple(str(p) for p in e["loc"]) for e in exc.errors()]
+
+
+@pytest.mark.parametrize("f", params.FIELDS, ids=lambda f: f.name)
+def test_form_and_validation_agree_on_every_field(f):
+    checked = 0
+    for value in _probes(f.schema):
+        form_ok = _form_accepts(f, value)
+        cfg_ok, locs = _config_verdict(f, value)
+        if form_ok and not cfg_ok:
+            # allowed only when a rule across fields refuses it (e.g. VU sizing), never the field's own bounds
+            own = [loc for loc in locs if loc[: len(f.path)] == f.path]
+            assert not own, f"{f.name}={value!r}: the form accepts it, validation refuses it at {own}"
+        elif cfg_ok and not form_ok:
+            pytest.fail(f"{f.name}={value!r}: validation accepts it, the form refuses it (schema {f.schema})")
+        checked += 1
+    assert checked >= 8
+
+
+@pytest.mark.parametrize("f", params.FIELDS, ids=lambda f: f.name)
+def test_every_field_has_a_title_a_description_and_a_default_the_form_accepts(f):
+    assert f.title and f.title != f.name and "_" not in f.title, f.title
+    assert len(f.description) > 10
+    assert _form_accepts(f, params.defaults()[f.name])
+
+
+def test_nothing_the_form_requires_defaults_to_empty():
+    """Airflow's form treats a field whose type has no null as required: its default must not be empty."""
+    for f in params.FIELDS:
+        default = params.defaults()[f.name]
+        if not f.nullable:
+            assert default is not None and default != "", f"{f.name} is required in the form but defaults to {default!r}"
+
+
+def test_optional_text_fields_are_nullable_and_default_to_null():
+    for name in ("source_node", "k8s_image", "engine_image", "target_url"):
+        f = next(x for x in params.FIELDS if x.name == name)
+        assert f.nullable and params.defaults()[name] is None, name
+
+
+def test_choices_are_selects_and_phases_a_multi_select():
+    by = {f.name: f.schema for f in params.FIELDS}
+    assert by["engine_runtime"]["enum"] == ["process", "docker", "podman"]
+    assert by["load_phases"]["type"] == "array" and by["load_phases"]["examples"] == ["probe", "sustained", "overload"]
+
+
+def test_empty_string_from_an_older_conf_means_not_set():
+    cfg = params.to_config({"target_url": "", "k8s_image": "", "source_node": ""})
+    assert cfg.load.target_url is None and cfg.rollout.kubernetes.image is None and cfg.source_node is None
+
+
+def test_a_rate_whose_k6_sizing_would_exhaust_memory_is_refused_naming_the_field():
+    with pytest.raises(ConfigError) as exc:
+        params.to_config({"load_rate": 5000})
+    assert "load_rate=5000" in str(exc.value) and "k6_max_vus" in str(exc.value) and str(MAX_K6_VUS) in str(exc.value)
+    with pytest.raises(ConfigError, match="probe_max_rps=2000"):
+        params.to_config({"load_phases": ["probe", "sustained"], "probe_max_rps": 2000})
+    assert params.to_config({"load_rate": 5000, "k6_max_vus": 2000}).load.max_vus == 2000  # the way out works
+
+
+def test_extra_engine_args_reach_the_command_and_cannot_override_managed_flags():
+    from deploybench.engines import profile
+    from deploybench.engines import LaunchContext
+    from deploybench.inventory import Inventory
+
+    cfg = params.to_config({"engine_profile": "vllm", "engine_extra_args": ["--gpu-memory-utilization", "0.9"]})
+    inv = Inventory.model_validate({"name": "c", "transport": "local", "nodes": [{"name": "n1", "address": "127.0.0.1",
+                                                                                   "link_mbit": 1000}]})
+    argv = profile("vllm").command(LaunchContext(inv, inv.nodes[0], "/m/x", "x", 8000, cfg.engine))
+    assert argv[-2:] == ["--gpu-memory-utilization", "0.9"]
+    with pytest.raises(ConfigError, match="--max-num-seqs.*max_num_seqs"):
+        params.to_config({"engine_profile": "vllm", "engine_extra_args": ["--max-num-seqs=64"]})
+    with pytest.raises(ConfigError, match="extra_args=.*sim engine"):
+        params.to_config({"engine_profile": "sim", "engine_extra_args": ["--x"]})
+
+
+def test_a_bad_list_item_is_named_with_its_index():
+    with pytest.raises(ConfigError, match=r"load_phases\[1\]"):
+        params.to_config({"load_phases": ["probe", "bogus"]})
