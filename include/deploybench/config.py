@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -19,6 +19,15 @@ from deploybench.errors import ConfigError
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+MAX_NODES = 4096
+# k6 holds each virtual user's JS runtime in memory (a few MiB each for the load script): one
+# controller holds at most this many. The load stage sizes maxVUs as rate x SLO P99 x this head room
+# (deploybench.load.runner.MAX_VU_FACTOR).
+MAX_K6_VUS = 10_000
+K6_VU_HEADROOM = 4.0
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 
 class EngineProfileName(str, Enum):
@@ -44,7 +53,8 @@ class Api(str, Enum):
 
 
 class ModelSpec(_Strict):
-    name: str = Field("sim-model", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    name: str = Field("sim-model", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", title="Model",
+                      description="Model folder under each node's model root (also the served model name).")
 
 
 class PreflightNetwork(str, Enum):
@@ -55,17 +65,28 @@ class PreflightNetwork(str, Enum):
 
 
 class PreflightSpec(_Strict):
-    link_mode: LinkMode = LinkMode.RING
-    iperf_seconds: float = Field(2.0, gt=0, le=60)
-    link_threshold: float = Field(0.9, gt=0, le=1.5, description="fraction of the nominal link speed a link must reach")
-    policy: Policy = Policy.ABORT
-    min_nodes: int = Field(1, ge=1)
-    network: PreflightNetwork = PreflightNetwork.BACKEND
-    bidir: bool = Field(True, description="both directions at once (iperf3 --bidir); off: one after the other (-R)")
-    require_gpu: bool = Field(False, description="a node without a GPU (nvidia-smi) fails; off: it is only reported")
-    free_space_margin: float = Field(0.1, ge=0, le=10, description="free space needed beyond the model's size, "
-                                                                   "as a fraction of it")
-    max_clock_offset_ms: float = Field(500.0, gt=0, description="largest clock offset of a node against the controller")
+    link_mode: LinkMode = Field(LinkMode.RING, title="Link test pattern",
+                                description="Which node pairs iperf3 tests: ring (neighbours), mesh (every pair), "
+                                            "star (source to each).")
+    iperf_seconds: float = Field(2.0, gt=0, le=60, title="iperf3 test length (s)", description="Length of each iperf3 test.")
+    link_threshold: float = Field(0.9, gt=0, le=1.5, title="Link threshold",
+                                  description="Fraction of the nominal link speed a link must reach (0.9 = 90 %).")
+    policy: Policy = Field(Policy.ABORT, title="On a bad node",
+                           description="abort: any bad node fails the run; exclude: drop bad nodes and go on.")
+    min_nodes: int = Field(1, ge=1, le=MAX_NODES, title="Fewest healthy nodes",
+                           description="Under 'exclude', the fewest healthy nodes the run goes on with.")
+    network: PreflightNetwork = Field(PreflightNetwork.BACKEND, title="Network to test",
+                                      description="backend (the nodes' backend addresses, where given) or front.")
+    bidir: bool = Field(True, title="Both directions at once",
+                        description="iperf3 --bidir; off: one direction after the other, twice as long.")
+    require_gpu: bool = Field(False, title="Require a GPU",
+                              description="A node without a GPU (nvidia-smi) fails preflight; off: 'no GPU' is only "
+                                          "reported (the lab has none).")
+    free_space_margin: float = Field(0.1, ge=0, le=10, title="Free space margin",
+                                     description="Free space each node needs beyond the model's size, as a fraction "
+                                                 "of it (0.1 = 10 %).")
+    max_clock_offset_ms: float = Field(500.0, gt=0, le=60_000, title="Largest clock offset (ms)",
+                                       description="Largest clock offset of a node against the controller.")
 
 
 class FanoutStrategy(str, Enum):
@@ -75,9 +96,15 @@ class FanoutStrategy(str, Enum):
 
 
 class FanoutSpec(_Strict):
-    strategy: FanoutStrategy = Field(FanoutStrategy.CHAIN, description="chain (pipelined relay), tree, star (rsync)")
-    parallel: int = Field(4, ge=1, le=64, description="star: copies in flight at once from the source")
-    retries: int = Field(2, ge=0, le=10, description="extra attempts per node (resume / route around) before policy")
+    strategy: FanoutStrategy = Field(FanoutStrategy.CHAIN, title="Strategy",
+                                     description="chain: pipelined relay source->n1->n2..., about one copy's time; "
+                                                 "tree: doubling rounds; star: rsync from the source to every node "
+                                                 "(baseline, needs no relay).")
+    parallel: int = Field(4, ge=1, le=64, title="Star: copies at once",
+                          description="star: copies in flight at once from the source node.")
+    retries: int = Field(2, ge=0, le=10, title="Retries per node",
+                         description="Extra attempts per node (resume, route around a dead node) before the "
+                                     "preflight policy applies.")
     port: int = Field(7471, ge=1024, le=65535, description="TCP port of the relay on the backend network")
     io_timeout_s: float = Field(15.0, gt=0, le=600, description="a relay stalled this long gives up its hop")
     timeout_s: float = Field(1800, gt=0)
@@ -96,25 +123,45 @@ class StepFailurePolicy(str, Enum):
 class KubernetesSpec(_Strict):
     """The kubernetes backend: where and how the engine's Deployments run (see deploybench.rollout.manifests)."""
 
-    conn_id: str = Field("kubernetes_default", min_length=1, description="Airflow Kubernetes connection")
-    namespace: str = Field("deploybench", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-    image: str = Field("", description="engine container image; empty = the engine profile's default")
-    gpus_per_pod: int = Field(1, ge=0, le=64)
-    gpu_resource: str = Field("nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")
+    conn_id: str = Field("kubernetes_default", pattern=r"^[A-Za-z0-9_.-]{1,250}$", title="Kubernetes: connection id",
+                         description="kubernetes backend: the Airflow Kubernetes connection (in-cluster or kubeconfig).")
+    namespace: str = Field("deploybench", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", title="Kubernetes: namespace",
+                           description="kubernetes backend: namespace of the Deployments and Services.")
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN, title="Kubernetes: engine image",
+                              description="kubernetes backend: engine image; empty = the engine's image, else the "
+                                          "engine profile's default.")
+    gpus_per_pod: int = Field(1, ge=0, le=64, title="Kubernetes: GPUs per pod",
+                              description="kubernetes backend: GPU limit of each engine pod.")
+    gpu_resource: str = Field("nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$", title="Kubernetes: GPU resource",
+                              description="kubernetes backend: the extended resource name of a GPU (nvidia.com/gpu, "
+                                          "amd.com/gpu, ...).")
     progress_deadline_s: int = Field(600, ge=10, le=86400)
 
 
 class RolloutSpec(_Strict):
-    canary_nodes: int = Field(2, ge=1)
-    scale_steps: list[int] = Field(default_factory=list, description="node counts after the canary; [] = doubling")
-    ready_timeout_s: float = Field(120, gt=0)
-    port: int = Field(8000, ge=1024, le=65535)
-    backend: RolloutBackend = RolloutBackend.SSH
-    on_step_failure: StepFailurePolicy = StepFailurePolicy.ROLLBACK
-    gate_rate_per_node: float = Field(2.0, gt=0, le=1000, description="gate load, requests/s per serving node")
-    gate_duration_s: float = Field(5.0, gt=0, le=600)
+    canary_nodes: int = Field(2, ge=1, le=MAX_NODES, title="Canary nodes", description="Nodes in the canary step.")
+    scale_steps: list[Annotated[int, Field(ge=1, le=MAX_NODES)]] = Field(
+                                   default_factory=list, max_length=64, title="Scale steps",
+                                   description="Node counts after the canary, e.g. [2, 4, 8, 16]; empty = doubling up "
+                                               "to every healthy node.")
+    ready_timeout_s: float = Field(120, gt=0, le=7200, title="Ready timeout (s)",
+                                   description="How long a node may take to answer its health URL (large models load "
+                                               "for minutes).")
+    port: int = Field(8000, ge=1024, le=65535, title="Engine port", description="Engine port on every node.")
+    backend: RolloutBackend = Field(RolloutBackend.SSH, title="Backend",
+                                    description="ssh: the engine as a supervised process (or container) on each node; "
+                                                "kubernetes: Deployments through the Kubernetes connection.")
+    on_step_failure: StepFailurePolicy = Field(StepFailurePolicy.ROLLBACK, title="On a failed scale step",
+                                               description="rollback to the last good step, or teardown everything. "
+                                                           "A failed canary always tears down.")
+    gate_rate_per_node: float = Field(2.0, gt=0, le=1000, title="Gate rate per node (req/s)",
+                                      description="Gate load after every step, requests/s per serving node (k6, "
+                                                  "judged against the SLO).")
+    gate_duration_s: float = Field(5.0, gt=0, le=600, title="Gate duration (s)",
+                                   description="Measured length of each gate load.")
     gate_warmup_s: float = Field(1.0, ge=0, le=60)
-    gate_min_requests: int = Field(5, ge=1, description="fewer measured requests fail the gate")
+    gate_min_requests: int = Field(5, ge=1, le=1_000_000, title="Gate: fewest requests",
+                                   description="A gate with fewer measured requests fails: no data is not a pass.")
     stop_grace_s: float = Field(5.0, ge=0, le=300, description="TERM, then KILL after this long")
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
 
@@ -133,24 +180,37 @@ class RolloutSpec(_Strict):
 class SimKnobs(_Strict):
     """The simulated engine's service model (see deploybench.lab.engine)."""
 
-    decode_base_ms: float = Field(15.0, gt=0)
-    decode_per_seq_ms: float = Field(2.0, ge=0)
-    prefill_per_token_ms: float = Field(0.1, ge=0)
-    queue_limit: int = Field(64, ge=0)
+    decode_base_ms: float = Field(15.0, gt=0, le=10_000, title="Decode step (ms)",
+                                  description="Decode step time with an empty batch.")
+    decode_per_seq_ms: float = Field(2.0, ge=0, le=10_000, title="Decode step per sequence (ms)",
+                                     description="Extra decode step time per running sequence.")
+    prefill_per_token_ms: float = Field(0.1, ge=0, le=1_000, title="Prefill per prompt token (ms)",
+                                        description="Prefill cost per prompt token.")
+    queue_limit: int = Field(64, ge=0, le=100_000)
     seed: int = 0
-    slowdown: float = Field(1.0, gt=0)
-    error_rate: float = Field(0.0, ge=0, le=1)
-    crash_after: int = Field(0, ge=0, description="exit after this many requests; 0 = never")
+    slowdown: float = Field(1.0, gt=0, le=1_000, title="Slowdown (fault)",
+                            description="Multiplies every simulated time (fault injection).")
+    error_rate: float = Field(0.0, ge=0, le=1, title="Error rate (fault)",
+                              description="Fraction of requests answered with HTTP 500 (fault injection).")
+    crash_after: int = Field(0, ge=0, le=1_000_000_000, title="Crash after N requests (fault)",
+                             description="The engine exits after this many requests; 0 = never (fault injection).")
 
 
 class TritonKnobs(_Strict):
     """What Triton's generated config.pbtxt says (see deploybench.engines.triton_config)."""
 
     backend: str = Field("vllm", pattern=r"^[a-z][a-z0-9_]{0,63}$", description="Triton backend serving the model")
-    max_batch_size: int = Field(8, ge=0, le=4096, description="0 = the backend batches itself (no dynamic batching)")
-    preferred_batch_sizes: list[int] = Field(default_factory=list, description="dynamic batching; [] = none preferred")
-    max_queue_delay_us: int = Field(100, ge=0, le=10_000_000)
-    instance_count: int = Field(1, ge=1, le=64)
+    max_batch_size: int = Field(8, ge=0, le=4096, title="Triton: max batch size",
+                                description="config.pbtxt max_batch_size; 0 = the backend batches itself (no dynamic "
+                                            "batching).")
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+                                             default_factory=list, max_length=32, title="Triton: preferred batch sizes",
+                                             description="dynamic_batching preferred_batch_size, e.g. [4, 8]; each at "
+                                                         "most the max batch size; empty = none preferred.")
+    max_queue_delay_us: int = Field(100, ge=0, le=10_000_000, title="Triton: max queue delay (µs)",
+                                    description="dynamic_batching max_queue_delay_microseconds.")
+    instance_count: int = Field(1, ge=1, le=64, title="Triton: instances",
+                                description="instance_group count (model instances per server).")
     instance_kind: Literal["KIND_GPU", "KIND_CPU", "KIND_MODEL", "KIND_AUTO"] = "KIND_GPU"
 
     @model_validator(mode="after")
@@ -170,27 +230,58 @@ class ContainerRuntime(str, Enum):
     PODMAN = "podman"
 
 
+# Engine options deploybench sets itself from typed fields: an extra argument may not set them again.
+MANAGED_ENGINE_FLAGS = {
+    "--host": "rollout port / the node's address", "--port": "port", "--model": "model_name",
+    "--served-model-name": "model_name", "--max-num-seqs": "max_num_seqs",
+    "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+    "--max-model-len": "max_model_len", "--model-repository": "the generated Triton repository",
+    "--http-port": "port", "--http-address": "the node's address",
+}
+
+
 class EngineSpec(_Strict):
-    profile: EngineProfileName = EngineProfileName.SIM
-    max_num_seqs: int = Field(8, ge=1, le=4096)
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
-    max_model_len: int = Field(4096, ge=16)
+    profile: EngineProfileName = Field(EngineProfileName.SIM, title="Engine",
+                                       description="sim (the lab's simulated engine), vllm or triton.")
+    max_num_seqs: int = Field(8, ge=1, le=4096, title="Batch slots per engine",
+                              description="Sequences an engine runs at once (vLLM --max-num-seqs).")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, title="Tensor parallel size",
+                                      description="GPUs per engine (vLLM --tensor-parallel-size).")
+    max_model_len: int = Field(4096, ge=16, le=1_048_576, title="Context length",
+                               description="Longest prompt + output in tokens (vLLM --max-model-len).")
+    extra_args: list[Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\x00-\x1f]*$")]] = Field(
+                                  default_factory=list, max_length=64, title="Extra engine arguments",
+                                  description="More command-line arguments for vllm or tritonserver, one per item, "
+                                              "e.g. [\"--gpu-memory-utilization\", \"0.9\"]; not for options the "
+                                              "fields above set.")
     sim: SimKnobs = Field(default_factory=SimKnobs)
     triton: TritonKnobs = Field(default_factory=TritonKnobs)
-    runtime: ContainerRuntime = Field(ContainerRuntime.PROCESS, description="ssh backend: process or a container")
-    image: str = Field("", description="container image (ssh with a container runtime, kubernetes); empty = default")
+    runtime: ContainerRuntime = Field(ContainerRuntime.PROCESS, title="Runtime (ssh backend)",
+                                      description="ssh backend: the engine as a supervised process, or in a docker "
+                                                  "or podman container.")
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN, title="Container image",
+                              description="Engine image for a container runtime or the kubernetes backend; empty = "
+                                          "the engine profile's default.")
 
     @model_validator(mode="after")
     def _profile_fits(self) -> "EngineSpec":
         if self.profile is EngineProfileName.SIM and self.runtime is not ContainerRuntime.PROCESS:
             raise ValueError(f"engine runtime={self.runtime.value} needs an image; the sim engine runs as a "
                              "process (runtime=process)")
+        if self.extra_args and self.profile is EngineProfileName.SIM:
+            raise ValueError(f"engine.extra_args={self.extra_args} are for vllm or triton; the sim engine takes its "
+                             "knobs from the Simulated engine fields")
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_ENGINE_FLAGS:
+                raise ValueError(f"engine.extra_args sets {flag} ({arg!r}), which deploybench sets from "
+                                 f"{MANAGED_ENGINE_FLAGS[flag]}; use that field instead")
         return self
 
 
 # Engine fields added after the first stored runs: left out of the fingerprint while at their
 # defaults (or irrelevant to the profile), so earlier series keep their identity.
-_LATER_ENGINE_FIELDS = ("triton", "runtime", "image")
+_LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args")
 
 
 class LoadPhase(str, Enum):
@@ -200,37 +291,75 @@ class LoadPhase(str, Enum):
 
 
 class LoadSpec(_Strict):
-    rate: float = Field(8.0, gt=0, le=100000, description="arrival rate for the whole cluster, requests/s; "
-                        "without the probe, the capacity sustained (x sustained_fraction) and overload work from")
-    duration_s: float = Field(30.0, gt=0, le=86400, description="measured duration of the sustained phase")
-    warmup_s: float = Field(5.0, ge=0, le=3600)
-    prompt_tokens: int = Field(200, ge=1)
-    output_tokens: int = Field(64, ge=1)
-    output_spread: float = Field(0.0, ge=0, lt=1, description="output lengths spread over [1-x, 1+x] x output_tokens")
-    api: Api = Api.COMPLETIONS
-    stream: bool = False
-    max_vus: int = Field(0, ge=0, description="0 = sized from rate x the SLO's P99 latency")
-    request_timeout_s: float = Field(30.0, gt=0, le=3600)
-    target_url: str = Field("", pattern=r"^(https?://[^\s]+)?$",
-                            description="one load-balanced URL for all requests; empty = every node's endpoint")
+    rate: float = Field(8.0, gt=0, le=100000, title="Load rate (req/s)",
+                        description="Arrival rate for the whole cluster, requests/s (open model): without the probe, "
+                                    "the capacity that sustained (sustained_fraction x it) and overload work from.")
+    duration_s: float = Field(30.0, gt=0, le=86400, title="Sustained duration (s)",
+                              description="Measured duration of the sustained phase, after its warm-up.")
+    warmup_s: float = Field(5.0, ge=0, le=3600, title="Warm-up (s)",
+                            description="Warm-up excluded from every figure (sustained and overload).")
+    prompt_tokens: int = Field(200, ge=1, le=1_048_576, title="Prompt tokens",
+                               description="Mean prompt length in tokens.")
+    output_tokens: int = Field(64, ge=1, le=131_072, title="Output tokens",
+                               description="Output tokens per request (max_tokens).")
+    output_spread: float = Field(0.0, ge=0, lt=1, title="Output length spread",
+                                 description="Output lengths spread uniformly over [1-x, 1+x] x output tokens; "
+                                             "0 = all the same.")
+    api: Api = Field(Api.COMPLETIONS, title="API", description="OpenAI completions or chat completions.")
+    stream: bool = Field(False, title="Stream (SSE)", description="Ask for SSE streaming responses.")
+    max_vus: int = Field(0, ge=0, le=MAX_K6_VUS, title="k6: most VUs",
+                         description=f"Cap on k6's virtual users (one request in flight each); 0 = sized from the "
+                                     f"rate x the SLO's P99 latency, at most {MAX_K6_VUS}.")
+    request_timeout_s: float = Field(30.0, gt=0, le=3600, title="Request timeout (s)",
+                                     description="A request unanswered this long counts as an error.")
+    target_url: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s]+$", title="Target URL",
+                                   description="One load-balanced URL (e.g. a Kubernetes Service) for all requests; "
+                                               "empty = every node directly.")
     # the phases (see deploybench.load): probe finds the capacity, sustained holds a fraction of it,
     # overload ramps past it and watches the recovery
-    phases: list[LoadPhase] = Field(default_factory=lambda: [LoadPhase.SUSTAINED])
-    probe_start_rps: float = Field(1.0, gt=0, le=100000)
-    probe_max_rps: float = Field(1000.0, gt=0, le=100000)
-    probe_step_s: float = Field(10.0, gt=0, le=3600, description="measured seconds of each probe step")
+    phases: list[LoadPhase] = Field(default_factory=lambda: [LoadPhase.SUSTAINED], min_length=1, title="Load phases",
+                                    json_schema_extra={"uniqueItems": True},
+                                    description="Phases to run, in order: probe (find the capacity), sustained (hold "
+                                                "a fraction of it), overload (ramp past it, then recover). Without "
+                                                "probe, the load rate is taken as the capacity.")
+    probe_start_rps: float = Field(1.0, gt=0, le=100000, title="Probe: first rate (req/s)",
+                                   description="First rate tried; doubled until a step breaks the SLO, then bisected.")
+    probe_max_rps: float = Field(1000.0, gt=0, le=100000, title="Probe: highest rate (req/s)",
+                                 description="Highest rate the probe tries.")
+    probe_step_s: float = Field(10.0, gt=0, le=3600, title="Probe: step length (s)",
+                                description="Measured seconds of each probe step.")
     probe_warmup_s: float = Field(2.0, ge=0, le=600, description="warm-up of each probe step, excluded")
-    probe_tolerance: float = Field(0.05, ge=0.005, le=0.5, description="stop when the bracket is this narrow (relative)")
+    probe_tolerance: float = Field(0.05, ge=0.005, le=0.5, title="Probe: tolerance",
+                                   description="Stop when the bracket is narrower than this fraction of its top.")
     probe_max_steps: int = Field(14, ge=2, le=100)
     min_achieved_ratio: float = Field(0.99, gt=0.5, le=1, description="achieved / offered a step must reach")
-    sustained_fraction: float = Field(0.8, gt=0, le=1.5, description="sustained rate = this x the capacity")
-    drift_threshold: float = Field(0.1, gt=0, le=10, description="relative change first->last window reported as drift")
-    window_s: float = Field(5.0, gt=0, le=3600, description="window of the per-window figures")
-    overload_factor: float = Field(2.0, gt=1, le=20, description="the overload ramp ends at this x the capacity")
-    overload_ramp_s: float = Field(30.0, gt=0, le=86400)
-    recovery_s: float = Field(30.0, gt=0, le=86400, description="time at half the capacity after the ramp")
-    ttft_sample_rps: float = Field(1.0, ge=0, le=1000, description="streamed requests/s of the client TTFT sampler; 0 = off")
-    scrape_interval_s: float = Field(1.0, ge=0, le=300, description="/metrics scrape interval per endpoint; 0 = off")
+    sustained_fraction: float = Field(0.8, gt=0, le=1.5, title="Sustained fraction",
+                                      description="Sustained rate as a fraction of the capacity.")
+    drift_threshold: float = Field(0.1, gt=0, le=10, title="Drift threshold",
+                                   description="Report drift when throughput or P99 moves more than this fraction "
+                                               "between first and last window.")
+    window_s: float = Field(5.0, gt=0, le=3600, title="Window (s)", description="Window of per-window figures.")
+    overload_factor: float = Field(2.0, gt=1, le=20, title="Overload: peak factor",
+                                   description="The overload ramp ends at this multiple of the capacity.")
+    overload_ramp_s: float = Field(30.0, gt=0, le=86400, title="Overload: ramp (s)",
+                                   description="Length of the overload ramp.")
+    recovery_s: float = Field(30.0, gt=0, le=86400, title="Overload: recovery (s)",
+                              description="Time at half the capacity after the ramp.")
+    ttft_sample_rps: float = Field(1.0, ge=0, le=1000, title="TTFT sampler (req/s)",
+                                   description="Streamed requests/s sent by the client-side TTFT/ITL sampler (part of "
+                                               "the offered rate); 0 = off.")
+    scrape_interval_s: float = Field(1.0, ge=0, le=300, title="Metrics scrape interval (s)",
+                                     description="Scrape every endpoint's /metrics this often during every phase; "
+                                                 "0 = off.")
+
+    def peak_rate(self) -> tuple[float, str]:
+        """The highest arrival rate any selected phase offers, and the field that sets it."""
+        peaks = [(self.rate, "load_rate")]
+        if LoadPhase.PROBE in self.phases:
+            peaks.append((self.probe_max_rps, "probe_max_rps"))
+        if LoadPhase.OVERLOAD in self.phases:
+            peaks.append((self.rate * self.overload_factor, "load_rate x overload_factor"))
+        return max(peaks)
 
     @model_validator(mode="after")
     def _coherent(self) -> "LoadSpec":
@@ -244,10 +373,46 @@ class LoadSpec(_Strict):
 
 
 class SLO(_Strict):
-    p99_latency_ms: float = Field(2000.0, gt=0)
-    p99_ttft_ms: float = Field(0.0, ge=0, description="P99 time to first token limit; 0 = no objective")
-    max_error_rate: float = Field(0.01, ge=0, le=1)
-    min_rps: float = Field(0.0, ge=0, description="cluster target; 0 = no target")
+    p99_latency_ms: float = Field(2000.0, gt=0, le=600_000, title="P99 latency limit (ms)",
+                                  description="P99 end-to-end latency limit.")
+    p99_ttft_ms: float = Field(0.0, ge=0, le=600_000, title="P99 time to first token limit (ms)",
+                               description="Client-measured; 0 = no objective.")
+    max_error_rate: float = Field(0.01, ge=0, le=1, title="Highest error rate",
+                                  description="Fraction of requests that may fail (0.01 = 1 %).")
+    min_rps: float = Field(0.0, ge=0, le=100000, title="Throughput target (req/s)",
+                           description="Cluster throughput the run must reach; 0 = none.")
+
+
+class OnBusy(str, Enum):
+    """What a run does when another run holds its cluster's lease."""
+
+    WAIT = "wait"  # poll until the cluster is free, up to lease.wait_s
+    FAIL = "fail"  # fail at once, naming the holder
+
+
+class LeaseSpec(_Strict):
+    """The cluster lease (deploybench.lease): one run per cluster. Not part of the fingerprint."""
+
+    on_busy: OnBusy = Field(OnBusy.WAIT, title="When the cluster is busy",
+                            description="wait: wait for the run holding the cluster, up to lease.wait_s; fail: fail at "
+                                        "once, naming the holder.")
+    wait_s: float = Field(3600.0, ge=0, le=7 * 86400, title="Wait for the cluster (s)",
+                          description="How long a run waits for the cluster's lease before it fails (on_busy=wait).")
+    ttl_s: float = Field(120.0, ge=2, le=86400, title="Lease expiry (s)",
+                         description="A lease not renewed for this long expires: the next run takes the cluster over "
+                                     "and cleans up after the dead run. Longer than the longest pause between two "
+                                     "tasks of a run.")
+    heartbeat_s: float = Field(10.0, gt=0, le=3600, title="Lease heartbeat (s)",
+                               description="How often a working run renews its lease; a lease broken by hand stops the "
+                                           "run at its next heartbeat.")
+
+    @model_validator(mode="after")
+    def _beats_before_expiry(self) -> "LeaseSpec":
+        if self.heartbeat_s * 2 > self.ttl_s:
+            raise ValueError(f"lease.heartbeat_s={self.heartbeat_s:g} must be at most half of lease.ttl_s="
+                             f"{self.ttl_s:g}, so that one missed heartbeat does not expire the lease; raise ttl_s "
+                             "or lower heartbeat_s")
+        return self
 
 
 # how the load is offered, not what is served: left out of the fingerprint
@@ -259,9 +424,14 @@ LOAD_SHAPE_FIELDS = {
 
 
 class RunConfig(_Strict):
-    inventory: str
-    nodes: int = Field(0, ge=0, description="use the first N nodes of the inventory; 0 = all")
-    source_node: str | None = None
+    inventory: str = Field(min_length=1, max_length=4096, title="Inventory",
+                           description="Path of the inventory JSON (the lab writes one; see the README for a real "
+                                       "cluster).")
+    nodes: int = Field(0, ge=0, le=MAX_NODES, title="Nodes",
+                       description="Use the first N nodes of the inventory; 0 = all.")
+    source_node: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", title="Source node",
+                                    description="Node that holds the model and feeds the fan-out; empty = the first "
+                                                "node.")
     model: ModelSpec = Field(default_factory=ModelSpec)
     preflight: PreflightSpec = Field(default_factory=PreflightSpec)
     fanout: FanoutSpec = Field(default_factory=FanoutSpec)
@@ -269,10 +439,19 @@ class RunConfig(_Strict):
     engine: EngineSpec = Field(default_factory=EngineSpec)
     load: LoadSpec = Field(default_factory=LoadSpec)
     slo: SLO = Field(default_factory=SLO)
-    tags: dict[str, str] = Field(default_factory=dict)
+    lease: LeaseSpec = Field(default_factory=LeaseSpec)  # how the run shares its cluster: not in the fingerprint
+    tags: dict[str, str] = Field(default_factory=dict, max_length=64, title="Tags",
+                                 description="Free labels stored with the run (e.g. {\"purpose\": \"nightly\"}).")
 
     @model_validator(mode="after")
     def _coherent(self) -> "RunConfig":
+        peak, knob = self.load.peak_rate()
+        if not self.load.max_vus and peak * self.slo.p99_latency_ms / 1000 * K6_VU_HEADROOM > MAX_K6_VUS:
+            raise ValueError(
+                f"{knob}={peak:g} req/s with slo_p99_latency_ms={self.slo.p99_latency_ms:g} sizes k6 at "
+                f"{peak * self.slo.p99_latency_ms / 1000 * K6_VU_HEADROOM:.0f} virtual users, past the {MAX_K6_VUS} "
+                f"one load generator holds in memory; lower {knob.split()[0]}, or set k6_max_vus (at most "
+                f"{MAX_K6_VUS}) to cap them")
         if self.nodes and self.rollout.canary_nodes > self.nodes:
             raise ValueError(
                 f"rollout.canary_nodes={self.rollout.canary_nodes} is larger than nodes={self.nodes}; "
@@ -295,9 +474,15 @@ class RunConfig(_Strict):
         ``names`` maps nested paths to the names the user typed (the flat form's), for the message.
         """
         try:
-            return cls.model_validate(data)
+            return cls.validate_strict(data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, names)) from exc
+
+    @classmethod
+    def validate_strict(cls, data: dict[str, Any]) -> "RunConfig":
+        """Validate ``data`` as the JSON it came as (a form, a REST conf, a file): strictly, so that
+        ``true`` is not a node count and ``"4"`` not a number - what the form's JSON schema says too."""
+        return cls.model_validate_json(json.dumps(data, default=_json_default), strict=True)
 
     # -- checks that need the inventory (still before anything touches a node) ----------------
     def resolve_nodes(self, inventory_names: list[str]) -> list[str]:
@@ -362,6 +547,12 @@ def _engine_identity(engine: EngineSpec) -> dict[str, Any]:
     return data
 
 
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Enum):
+        return obj.value
+    raise TypeError(f"{type(obj).__name__} is not a JSON value: {obj!r}")
+
+
 def canonical_hash(obj: Any) -> str:
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()
@@ -371,9 +562,16 @@ def format_validation_error(exc: ValidationError, names: dict[tuple[str, ...], s
     lines = []
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
-        field = (names or {}).get(loc) or ".".join(loc) or "config"
+        # the form's name of the field, or of the list the bad item is in (("load", "phases", "1") -> load_phases[1])
+        known = next((n for i in range(len(loc), 0, -1) if (n := (names or {}).get(loc[:i]))), None)
+        field = (known + "".join(f"[{p}]" for p in loc[len(_path_of(known, names)):])) if known else (
+            ".".join(loc) or "config")
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
         shown = f" (got {value!r})" if not isinstance(value, dict) and loc else ""
         lines.append(f"{field}: {msg}{shown}" if loc else msg)
     return "invalid run configuration:\n  " + "\n  ".join(lines)
+
+
+def _path_of(name: str, names: dict[tuple[str, ...], str] | None) -> tuple[str, ...]:
+    return next(p for p, n in (names or {}).items() if n == name)

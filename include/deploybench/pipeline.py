@@ -28,7 +28,8 @@ from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
 
-STAGES = ("validate", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
+STAGES = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
+LEASED_STAGES = ("preflight", "fanout", "rollout", "load")  # they touch nodes: only under the cluster's lease
 
 
 def now() -> str:
@@ -62,8 +63,13 @@ class Run:
         cfg = RunConfig.model_validate(data["config"])
         return cls(run_key, d, cfg, Inventory.load(cfg.inventory), data["nodes"], data["meta"])
 
+    @classmethod
+    def open_if_validated(cls, run_key: str) -> "Run | None":
+        """The run, or None when validate never wrote it (a failed validate leaves nothing to do)."""
+        return cls.open(run_key) if (paths.run_dir(run_key) / "run.json").is_file() else None
+
     def cluster(self, ssh_overrides: dict | None = None) -> Cluster:
-        return Cluster(self.inventory, ssh_overrides)
+        return Cluster(self.inventory, ssh_overrides, run_key=self.key)
 
     @property
     def source(self) -> str:
@@ -86,6 +92,10 @@ def stage(run_dir: Path, name: str) -> Iterator[dict]:
     (run_dir / "stages").mkdir(parents=True, exist_ok=True)
     path = run_dir / "stages" / f"{name}.json"
     try:
+        if name in LEASED_STAGES:
+            from deploybench.lease import raise_if_lost
+
+            raise_if_lost()  # the heartbeat found the lease broken or taken: no more work on the cluster
         yield rec
         rec["status"] = "success"
     except StageFailed as exc:
@@ -187,14 +197,23 @@ def load(run_key: str, endpoints: list[dict]) -> dict:
     return out
 
 
-def load_phase(run_key: str, endpoints: list[dict], phase: str) -> dict:
+def load_phase(run_key: str, endpoints: list[dict] | None, phase: str) -> dict:
     """One load phase (a DAG task each); a phase not in ``load.phases`` is skipped. The stage record
     'load' is rebuilt from every phase run so far (deploybench.load.phases.assemble): its result is
-    the headline phase's LoadResult with ``phases``, ``capacity`` and ``series`` added."""
+    the headline phase's LoadResult with ``phases``, ``capacity`` and ``series`` added.
+
+    ``endpoints`` None: those of the run's latest rollout record (a cleared phase re-deploys first,
+    so it reads the endpoints of that new rollout)."""
     from deploybench import load as stage_mod
     from deploybench.load import phases
 
     run = Run.open(run_key)
+    if endpoints is None:
+        rec = run.stage_record("rollout") or {}
+        if rec.get("status") != "success":
+            raise StageFailed(f"load {phase}: run {run_key} has no successful rollout to load (rollout record: "
+                              f"{rec.get('status', 'missing')})")
+        endpoints = rec["result"]["endpoints"]
     out_dir = run.dir / "load"
     wanted = [p.value for p in run.cfg.load.phases]
     if phase not in wanted:
@@ -277,8 +296,104 @@ def finish(run_key: str) -> str:
     return stage_mod.summary_text(run)
 
 
+def budget_s(run_key: str, task: str) -> float | None:
+    """The time budget of a run's task from its own durations (deploybench.timeouts); None before validate."""
+    from deploybench.timeouts import stage_budget_s
+
+    run = Run.open_if_validated(run_key)
+    return stage_budget_s(run.cfg, task, len(run.nodes)) if run else None
+
+
+# -- the cluster's lease (deploybench.lease): one run per cluster ------------------------------------
+def acquire_lease(run_key: str, wait_s: float | None = None, on_busy: str | None = None, *, dsn: str | None = None,
+                  dag_id: str | None = None, ttl_s: float | None = None, heartbeat_s: float | None = None,
+                  ssh_overrides: dict | None = None, kube: Any = None) -> dict:
+    """Take the lease of the run's cluster (after validate, before preflight), then clean up after the runs
+    whose leftovers are pending (an expired holder, a broken lease, a failed teardown). Waits or fails as
+    ``on_busy``/``wait_s`` say (default: the run's ``lease`` config); LeaseBusy names the holder.
+
+    Writes the 'lease' stage record: the effective lease settings (``ttl_s``/``heartbeat_s`` override the
+    config here, for ``lease_heartbeat``), how long it waited, whom it took over from and what it cleaned.
+    Returns ``{"cluster", "waited_s", "taken_over", "cleaned": [per dead run: what was stopped where]}``."""
+    from deploybench import leftovers
+    from deploybench.lease import Holder, LeaseBusy, LeaseStore
+
+    run = Run.open(run_key)
+    spec = run.cfg.lease.model_copy(update={k: v for k, v in (("ttl_s", ttl_s), ("heartbeat_s", heartbeat_s))
+                                            if v is not None})
+    spec = type(spec).model_validate(spec.model_dump())  # the overrides checked like the config
+    store = LeaseStore(dsn)
+    cluster = run.inventory.name
+    with stage(run.dir, "lease") as rec:
+        rec["result"] = {"cluster": cluster, "spec": spec.model_dump(mode="json")}
+        try:
+            grant = store.acquire(cluster, Holder(run_key, dag_id or run.meta.get("dag_id") or "cli"), spec,
+                                  wait_s=wait_s, on_busy=on_busy)
+        except LeaseBusy as exc:
+            rec["result"]["holder"] = exc.info.to_dict()
+            raise
+        cleaned = []
+        if grant.cleanup:
+            from deploybench.lease import held
+
+            with held(store, cluster, run_key, spec, interrupt=False):
+                for entry in grant.cleanup:
+                    res = leftovers.clean(run.inventory, entry["run_key"], ssh_overrides=ssh_overrides, kube=kube,
+                                          namespace=run.cfg.rollout.kubernetes.namespace if kube else None,
+                                          grace_s=run.cfg.rollout.stop_grace_s)
+                    cleaned.append({**res, "reason": entry.get("reason"), "dead_holder": entry})
+            store.cleaned(cluster, run_key, [e["run_key"] for e in grant.cleanup], {"cleaned": cleaned})
+        rec["result"].update(waited_s=grant.waited_s, taken_over=grant.taken_over, cleaned=cleaned,
+                             acquired_at=now())
+        rec["summary"] = f"cluster {cluster!r} leased after {grant.waited_s:.1f} s" + "".join(
+            f"; cleaned up after {c['reason']} run {c['run_key']} in {c['seconds']:.1f} s: {leftovers.describe(c)}"
+            for c in cleaned)
+    return {"cluster": cluster, "waited_s": grant.waited_s, "taken_over": grant.taken_over, "cleaned": cleaned}
+
+
+def _lease_spec(run: "Run"):
+    """The lease settings acquire_lease used (its record), else the run's config."""
+    from deploybench.config import LeaseSpec
+
+    got = ((run.stage_record("lease") or {}).get("result") or {}).get("spec")
+    return LeaseSpec.model_validate(got) if got else run.cfg.lease
+
+
+@contextlib.contextmanager
+def lease_heartbeat(run_key: str, dsn: str | None = None, interrupt: bool = True) -> Iterator[Any]:
+    """``with lease_heartbeat(key):`` around work on the cluster (the CLI's stages, or one DAG task): renews
+    the lease at once (LeaseLost if this run no longer holds it), then every ``heartbeat_s`` from a
+    thread; a lease broken or taken meanwhile stops the work with LeaseLost (deploybench.lease.Heartbeat)."""
+    from deploybench.lease import LeaseStore, held
+
+    run = Run.open(run_key)
+    spec = _lease_spec(run)
+    store = LeaseStore(dsn)
+    store.renew(run.inventory.name, run_key, spec.ttl_s)
+    with held(store, run.inventory.name, run_key, spec, interrupt=interrupt) as hb:
+        yield hb
+
+
+def release_lease(run_key: str, dsn: str | None = None) -> dict:
+    """Release the run's lease (after teardown; safe to call twice or when it was never taken). A run whose
+    teardown failed, or that worked on nodes without a teardown, is left for the next run to clean up."""
+    from deploybench.lease import LeaseStore
+
+    run = _open_or_none(run_key)
+    rec = run.stage_record("lease") if run else None
+    if run is None or rec is None or rec.get("status") != "success":
+        return {"released": False}
+    td = run.stage_record("teardown")
+    worked = any(run.stage_record(s) for s in LEASED_STAGES)
+    dirty = (td or {}).get("status") == "failed" or (td is None and worked)
+    released = LeaseStore(dsn).release(run.inventory.name, run_key, leftovers=dirty)
+    rec["result"] = {**(rec.get("result") or {}), "released_at": now(), "released": released, "leftovers": dirty}
+    _write_json(run.dir / "stages" / "lease.json", rec)
+    return {"released": released, "leftovers": dirty}
+
+
 def _open_or_none(run_key: str) -> "Run | None":
-    if not (paths.run_dir(run_key) / "run.json").is_file():
+    run = Run.open_if_validated(run_key)
+    if run is None:
         log.warning("run %s was never validated; nothing to do", run_key)
-        return None
-    return Run.open(run_key)
+    return run
