@@ -157,16 +157,15 @@ def _value(v: Any) -> str:
 def configurations(cmp: "Comparison", root: str) -> str:
     """The runs' configurations side by side; rows whose values differ first, highlighted (class diff)."""
     from deploybench.analyse.compare import config_diff
-    from deploybench.report.compare_html import config_label
 
     rows = {str(r["run_key"]): r for _, r in cmp.table.iterrows()}
     diff = config_diff({k: (r["config"] if isinstance(r["config"], dict) else {}) for k, r in rows.items()})
     n_diff = sum(1 for _, _, d in diff if d)
-    headers = [Html("config key"), *[link(run_href(root, k), config_label(r)) for k, r in rows.items()]]
+    headers = [Html("config key"), *[link(run_href(root, k), k, code=True) for k in rows]]
     body = [[Html(f"<code>{esc(key)}</code>"), *[_value(v) for v in values]] for key, values, _ in diff]
     return (
         "<h2>Configurations side by side</h2>"
-        f"<p>{n_diff} configuration key{'s' if n_diff != 1 else ''} differ between the runs (highlighted); "
+        f"<p>{n_diff} configuration key{'s differ' if n_diff != 1 else ' differs'} between the runs (highlighted); "
         f"{len(diff) - n_diff} are the same in every run.</p>"
         + table(headers, body, ["diff" if d else "" for _, _, d in diff])
     )

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 
-from deploybench.report.html import Html, esc, figure, fmt_num, fmt_time, table
+from deploybench.report.html import Html, esc, figure, fmt_num, table
 from deploybench.webapp_access import ReadAccess, forbid, may_read_row
-from deploybench.webapp_html import compare_href, link, page, run_href, status_html
+from deploybench.webapp_html import compare_href, link, page, run_href, status_html, when
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -125,10 +125,10 @@ def _run_table(view: HistoryView, root: str) -> str:
         if key == newest and hist is not None:
             note.append("newest analysed run: " + ", ".join(
                 f"{m} {v['verdict']}" for m, v in hist.verdicts.items()))
-        rows.append([fmt_time(r["started_at"]), link(run_href(root, key), key, code=True), r["dag_id"],
+        rows.append([when(r["started_at"]), link(run_href(root, key), key, code=True), r["dag_id"],
                      status_html(str(r["status"])), _num(r["capacity_rps"]), _num(r["latency_p99_ms"], 1),
                      _num(r["latency_p50_ms"], 1), _num(r["output_tps"], 1), "; ".join(note)])
-        classes.append("excluded" if _left_out(r) else ("change" if key in marks else ""))
+        classes.append("excluded" if _left_out(r) else ("changepoint" if key in marks else ""))
     return "<h2>Runs of this series</h2>" + table(
         ["started", "run", "DAG", "status", "capacity req/s", "P99 ms", "P50 ms", "output tok/s", "note"],
         rows, classes, numeric_from=4)

@@ -22,7 +22,7 @@ DEFAULT_LIMIT = 25
 
 __all__ = [
     "DEFAULT_LIMIT", "Html", "RunRow", "compare_href", "esc", "fmt_ms", "fmt_num", "fmt_pct", "fmt_time",
-    "headline_phase", "page", "render_run_list", "render_run_page", "run_href", "series_href", "table",
+    "headline_phase", "link", "page", "render_run_list", "render_run_page", "run_href", "series_href", "status_html", "table", "when",
 ]
 
 if TYPE_CHECKING:
@@ -72,6 +72,11 @@ def status_html(value: str) -> Html:
     return Html(f"<span class='st {esc(value)}'>{esc(value)}</span>")
 
 
+def when(value: Any) -> Html:
+    """A time stamp that does not wrap inside a table cell."""
+    return Html(f"<span class='t'>{esc(fmt_time(value))}</span>")
+
+
 def link(href: str, text: str, *, code: bool = False, title: str | None = None) -> Html:
     """A link whose text (and title) are escaped; ``code`` sets the text in <code>."""
     inner = f"<code>{esc(text)}</code>" if code else esc(text)
@@ -99,7 +104,8 @@ form.filter{display:flex;flex-wrap:wrap;gap:.8em;align-items:end;margin:.4em 0 .
 form.filter label{display:flex;flex-direction:column;font-size:.9em;color:var(--muted)}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em}
 dt{color:var(--muted)}dd{margin:0}.err{color:var(--bad)}
-tr.diff td{background:var(--mark)}tr.best td{background:var(--good)}tr.change td{border-top:2px solid var(--bad)}
+tr.diff td{background:var(--mark)}tr.best td{background:var(--good)}
+tr.changepoint td{border-top:2px solid var(--bad)}.t{white-space:nowrap}
 tr.excluded td{color:var(--muted);opacity:.55}tr.excluded a{color:var(--muted)}
 figure{margin:.8em 0}figure svg{max-width:100%;height:auto;background:#fff}figcaption{color:var(--muted)}
 nav{margin-bottom:.6em}
@@ -172,7 +178,7 @@ def render_run_list(
                 link(run_href(root, r.run_key), r.run_key, code=True),
                 r.dag_id,
                 status_html(r.status),
-                fmt_time(r.started_at),
+                when(r.started_at),
                 r.node_count,
                 engine_of(r),
                 link(fp_link, r.fingerprint[:12], code=True, title=r.fingerprint),
@@ -266,7 +272,7 @@ def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str
                 [
                     s.stage,
                     status_html(s.status),
-                    fmt_time(s.started_at),
+                    when(s.started_at),
                     fmt_num(s.seconds, 1),
                     stage_summary(s),
                     Html(f"<pre class='err'>{esc(s.error)}</pre>") if s.error else "",

@@ -375,3 +375,61 @@ def test_inside_airflows_api_server_the_pages_need_an_airflow_user(dsn, runs, ai
     assert re.search(r"href='/deploybench/runs/[^']+'", out["header"][1])
     assert out["tab"] == 200
     assert {v["url_route"] for v in out["views"]} >= {"deploybench", "deploybench-run"}
+
+
+AUTH_MANAGER = '''
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+
+class OneDagPerUser(SimpleAuthManager):
+    """SimpleAuthManager, except: 'outsider' may not read deploybench_run, 'dagonly' may read no DAG as a whole."""
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        dag = details.id if details else None
+        if user.get_name() == "outsider" and dag == "deploybench_run":
+            return False
+        if user.get_name() == "dagonly" and dag is None:
+            return False
+        return super().is_authorized_dag(method=method, user=user, access_entity=access_entity, details=details)
+'''
+
+
+def test_inside_airflows_api_server_each_user_sees_the_runs_of_the_dags_they_may_read(
+    dsn, runs, airflow_db, tmp_path
+):
+    """Airflow's real app and JWTs, with an auth manager that refuses one DAG to one user: that user's list
+    leaves the DAG's run out and its page is 403; a user without access to all DAGs loses the CLI run."""
+    old, new = runs
+    (tmp_path / "deploybench_test_auth.py").write_text(AUTH_MANAGER)
+    out = _python(
+        f"""
+        import json
+        from airflow.api_fastapi.app import create_app, get_auth_manager
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+        from starlette.testclient import TestClient
+        client = TestClient(create_app())
+        result = {{}}
+        for name in ("viewer", "outsider", "dagonly"):
+            token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=name, role="viewer"))
+            headers = {{"Authorization": f"Bearer {{token}}"}}
+            result[name] = {{
+                "list": client.get("/deploybench/", headers=headers).text,
+                "old": client.get("/deploybench/runs/{quote(old.run_key, safe="")}", headers=headers).status_code,
+                "tab": client.get("/deploybench/dag-runs/deploybench_run/{quote(old.airflow_run_id, safe="")}",
+                                  headers=headers).status_code,
+                "cli": client.get("/deploybench/runs/{quote(new.run_key, safe="")}", headers=headers).status_code,
+            }}
+        print(json.dumps(result))
+    """,
+        DEPLOYBENCH_DSN=dsn,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        AIRFLOW__CORE__AUTH_MANAGER="deploybench_test_auth.OneDagPerUser",
+    )
+    old_key, cli_key = webapp.esc(old.run_key), webapp.esc(new.run_key)
+    viewer, outsider, dagonly = out["viewer"], out["outsider"], out["dagonly"]
+    assert old_key in viewer["list"] and cli_key in viewer["list"]
+    assert (viewer["old"], viewer["tab"], viewer["cli"]) == (200, 200, 200)
+    assert old_key not in outsider["list"] and cli_key in outsider["list"]
+    assert (outsider["old"], outsider["tab"], outsider["cli"]) == (403, 403, 200)
+    assert old_key in dagonly["list"] and cli_key not in dagonly["list"]
+    assert (dagonly["old"], dagonly["cli"]) == (200, 403)

@@ -152,7 +152,7 @@ def test_comparison_names_the_best_run_and_tests_against_the_baseline(admin, sto
     assert doc.count("<svg") >= 2
     # configurations side by side: the one differing key highlighted, an equal one not
     configs = doc[doc.index("Configurations side by side"):doc.index("Workload group 1")]
-    assert "1 configuration key differ" in configs
+    assert "1 configuration key differs between the runs" in configs
     assert _row(configs, "<code>engine.max_num_seqs</code>").startswith("<tr class='diff'>")
     assert _row(configs, "<code>inventory</code>").startswith("<tr>")
 
@@ -190,7 +190,7 @@ def test_history_marks_the_change_point_the_verdict_and_greys_the_excluded_run(a
     assert f"<h1>History of series <code>{series[:12]}</code></h1>" in doc
     runs = doc[doc.index("Runs of this series"):]
     changed = _row(runs, html.escape(history[STEP_AT]))
-    assert changed.startswith("<tr class='change'>") and "change point in latency_p99_ms: regression" in changed
+    assert changed.startswith("<tr class='changepoint'>") and "change point in latency_p99_ms: regression" in changed
     assert _row(runs, html.escape(history[STEP_AT - 1])).startswith("<tr>")
     excluded = _row(runs, html.escape(history[EXCLUDED_AT]))
     assert excluded.startswith("<tr class='excluded'>") and "excluded: node n2 was throttling" in excluded
