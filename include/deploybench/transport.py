@@ -8,7 +8,10 @@ changed key is refused, never accepted silently.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import re
 import shlex
 import socket
 import subprocess
@@ -241,10 +244,15 @@ class Cluster:
     """One transport per node, opened on first use and closed together.
 
     ``with Cluster(inv) as c: c[node].run([...])``
+
+    ``run_key`` names the run that works on the cluster through this object: the processes it
+    starts on nodes carry it (``spawn_script(run_key=...)``, ``run_tag``), so they can be told
+    apart from another run's. None: a caller outside a run (tests, one-off tools).
     """
 
-    def __init__(self, inventory: "Inventory", ssh_overrides: dict | None = None):
+    def __init__(self, inventory: "Inventory", ssh_overrides: dict | None = None, run_key: str | None = None):
         self.inventory = inventory
+        self.run_key = run_key
         self._overrides = ssh_overrides
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
@@ -280,20 +288,36 @@ class Cluster:
         return argv
 
 
-def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[str, str] | None = None) -> str:
+RUN_ENV = "DEPLOYBENCH_RUN"  # set in every process a run starts on a node: /proc/<pid>/environ names the run
+
+
+def run_tag(run_key: str) -> str:
+    """A file-name-safe tag of ``run_key`` for per-run pid and log files on nodes (readable prefix + digest)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_key)[:40]
+    return f"{safe}-{hashlib.sha256(run_key.encode()).hexdigest()[:8]}"
+
+
+def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[str, str] | None = None,
+                 run_key: str | None = None) -> str:
     """A shell script that starts ``argv`` detached (own session, fds closed) and records its pid.
 
-    Used to start long-lived processes (engines, iperf3 servers) on a node through any
-    transport; the caller stops them by pid file.
+    Used to start long-lived processes (engines, iperf3 servers, relays) on a node through any
+    transport; the caller stops them by pid file. With ``run_key`` the pid file names its run
+    and its command (lines ``run=<key>`` and ``argv=<JSON list>`` after the pid) and the process
+    gets ``DEPLOYBENCH_RUN=<key>`` in its environment, so a later run can stop exactly the
+    processes of a run that died (deploybench.leftovers), and never a reused pid.
     """
-    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+    env = {**(env or {}), **({RUN_ENV: run_key} if run_key else {})}
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     logdir = shlex.quote(str(PurePosixPath(log_path).parent))
+    record = "echo $!" + (f"; printf '%s\\n' {shlex.quote('run=' + run_key)} "
+                          f"{shlex.quote('argv=' + json.dumps(list(argv)))}" if run_key else "")
     # Sequential mkdir first: backgrounding a whole `a && b &` list would fork a subshell,
     # record the subshell's pid, and race the pid file against the mkdir.
     return (
         f"mkdir -p {logdir} || exit 1; {exports}"
         f"setsid nohup {shlex.join(argv)} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
-        f"echo $! > {shlex.quote(pid_path)}; echo $!"
+        f"{{ {record}; }} > {shlex.quote(pid_path)}; echo $!"
     )
 
 
@@ -308,7 +332,7 @@ _ALIVE_FN = (
 def alive_script(pid_path: str) -> str:
     """Exit 0 when the process recorded in ``pid_path`` is running (zombies excluded)."""
     q = shlex.quote(pid_path)
-    return f"{_ALIVE_FN}[ -f {q} ] && alive $(cat {q})"
+    return f"{_ALIVE_FN}[ -f {q} ] && alive $(head -n 1 {q})"
 
 
 def stop_script(pid_path: str, grace_s: float = 5.0) -> str:
@@ -316,7 +340,7 @@ def stop_script(pid_path: str, grace_s: float = 5.0) -> str:
     q = shlex.quote(pid_path)
     ticks = max(1, int(grace_s * 10))
     return (
-        f"{_ALIVE_FN}if [ -f {q} ]; then pid=$(cat {q}); "
+        f"{_ALIVE_FN}if [ -f {q} ]; then pid=$(head -n 1 {q}); "
         f"kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; "
         f"i=0; while alive $pid && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done; "
         f"kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; rm -f {q}; fi; true"

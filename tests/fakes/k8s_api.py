@@ -4,7 +4,8 @@ It is not Kubernetes. No real API server can run on this machine, so this fake a
 few REST calls the kubernetes deployer makes, over real HTTP, to the real ``kubernetes``
 Python client: server-side apply (PATCH application/apply-patch+yaml, fieldManager
 required) of Deployments, Services and ConfigMaps; merge-patches of a Deployment's scale
-subresource; GET of Deployments; pod lists by label selector; pod logs; DELETE.
+subresource; GET of Deployments; lists of pods, Deployments, Services and ConfigMaps by label
+selector; pod logs; DELETE.
 
 A tiny "controller" runs on every request: each Deployment gets ``spec.replicas`` pods,
 scheduled like the real scheduler under the manifests' rules (a required node affinity
@@ -154,6 +155,9 @@ _ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$"), "ConfigMap", "obj"),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$"), "Pod", "log"),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods$"), "Pod", "list"),
+    (re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments$"), "Deployment", "list"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/services$"), "Service", "list"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$"), "ConfigMap", "list"),
 ]
 
 
@@ -200,9 +204,11 @@ def _handler(fake: FakeCluster):
                 fake.reconcile()
                 if what == "list":
                     sel = dict(s.split("=", 1) for s in q.get("labelSelector", [""])[0].split(",") if s)
-                    items = [_public(p) for (pns, _), p in sorted(fake.pods.items()) if pns == ns
-                             and all(p["metadata"]["labels"].get(k) == v for k, v in sel.items())]
-                    return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+                    pool = (sorted(fake.pods.items()) if kind == "Pod" else
+                            sorted(((n, nm), o) for (k, n, nm), o in fake.objects.items() if k == kind))
+                    items = [_public(p) for (pns, _), p in pool if pns == ns
+                             and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
+                    return self._send(200, {"kind": f"{kind}List", "apiVersion": "v1", "items": items})
                 if what == "log":
                     return self._send(200, fake.pod_log(ns, name, int(q.get("tailLines", ["50"])[0])), "text/plain")
                 obj = fake.objects.get((kind, ns, name))

@@ -170,7 +170,8 @@ class Relays:
                 "--downstream", f"{down.data_address}:{self.spec.port}" if down else ""]
 
     def _spawn(self, node: str, token: str, argv: list[str], started: list) -> None:
-        script = spawn_script(argv, self._file(node, token, "log"), self._file(node, token, "pid"))
+        script = spawn_script(argv, self._file(node, token, "log"), self._file(node, token, "pid"),
+                              run_key=self.cluster.run_key)
         started.append((node, token))
         self.cluster[node].run(script, timeout=30).check()
 

@@ -29,7 +29,7 @@ from deploybench.config import LinkMode, PreflightNetwork, PreflightSpec
 from deploybench.errors import DeploybenchError
 from deploybench.inventory import Inventory, Node
 from deploybench.preflight.model import Direction, LinkTest, node_errors
-from deploybench.transport import Cluster, alive_script, spawn_script, stop_script
+from deploybench.transport import Cluster, alive_script, run_tag, spawn_script, stop_script
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def _hex_ipv4(address: str) -> str:
 
 
 def server_script(address: str, first_port: int, tries: int, pid_path: str, log_path: str, bound_s: float,
-                  one_off: bool) -> str:
+                  one_off: bool, run_key: str | None = None) -> str:
     """Start an iperf3 server on the first free port from ``first_port``; prints ``port=N`` once it listens.
 
     A port something else listens on is skipped (``busy=N``); a server that dies at start
@@ -154,7 +154,7 @@ def server_script(address: str, first_port: int, tries: int, pid_path: str, log_
         argv += ["-1"] if one_off else []
         body.append(
             f"if listening {port:04X}; then echo busy={port}; else "
-            f"{spawn_script(argv, log_path, pid_path)} >/dev/null; i=0; "
+            f"{spawn_script(argv, log_path, pid_path, run_key=run_key)} >/dev/null; i=0; "
             f"while [ $i -lt 60 ]; do if listening {port:04X}; then echo port={port}; exit 0; fi; "
             f"( {alive_script(pid_path)} ) || break; sleep 0.05; i=$((i+1)); done; "
             f"{stop_script(pid_path, 0.5)}; "
@@ -170,7 +170,7 @@ def sweep_script(directory: str) -> str:
     """
     d = shlex.quote(directory)
     return (
-        f"for f in {d}/iperf3-*.pid; do [ -f \"$f\" ] || continue; pid=$(cat \"$f\"); "
+        f"for f in {d}/iperf3-*.pid; do [ -f \"$f\" ] || continue; pid=$(head -n 1 \"$f\"); "
         "case \"$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null)\" in \"timeout \"*\" iperf3 \"*|iperf3\\ *|*/iperf3\\ *) "
         "kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; sleep 0.2; "
         "kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; echo swept=$pid;; esac; rm -f \"$f\"; done"
@@ -189,7 +189,7 @@ def start_server(cluster: Cluster, node: Node, network: PreflightNetwork, pid: s
                  one_off: bool = False) -> tuple[int | None, str | None]:
     """Start an iperf3 server on ``node``: (port, None), or (None, why not)."""
     srv = cluster[node].run(server_script(test_address(node, network), IPERF_PORT, PORT_TRIES, pid, logf, bound_s,
-                                          one_off=one_off), timeout=30)
+                                          one_off=one_off, run_key=cluster.run_key), timeout=30)
     found = dict(line.split("=", 1) for line in srv.stdout.splitlines() if "=" in line)
     if "port" not in found:
         return None, (f"no iperf3 server could start on {node.name} (ports {IPERF_PORT}-{IPERF_PORT + PORT_TRIES - 1}"
@@ -210,7 +210,9 @@ class Servers:
 
     def _files(self, name: str) -> tuple[str, str]:
         d = preflight_dir(self.cluster.inventory, name)
-        return f"{d}/iperf3-server.pid", f"{d}/iperf3-server.log"
+        key = self.cluster.run_key
+        suffix = f"-{run_tag(key)}" if key else ""  # one server per node per run
+        return f"{d}/iperf3-server{suffix}.pid", f"{d}/iperf3-server{suffix}.log"
 
     def start(self, name: str) -> None:
         self.ports.pop(name, None)

@@ -37,7 +37,7 @@ def deployer(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClie
     if cfg.rollout.backend is RolloutBackend.KUBERNETES:
         from deploybench.rollout.kubernetes import KubernetesDeployer
 
-        return KubernetesDeployer(kube, cluster.inventory, names, cfg)
+        return KubernetesDeployer(kube, cluster.inventory, names, cfg, run_key=cluster.run_key)
     from deploybench.rollout.ssh import SSHDeployer
 
     return SSHDeployer(cluster, cfg)
@@ -56,7 +56,7 @@ def teardown(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClie
     if cfg.rollout.backend is RolloutBackend.KUBERNETES:
         from deploybench.rollout.kubernetes import KubernetesDeployer
 
-        return KubernetesDeployer(kube, cluster.inventory, names, cfg).teardown()
+        return KubernetesDeployer(kube, cluster.inventory, names, cfg, run_key=cluster.run_key).teardown()
     from deploybench.rollout.ssh import SSHDeployer
 
     return SSHDeployer(cluster, cfg).teardown(names)

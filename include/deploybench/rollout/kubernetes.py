@@ -93,14 +93,16 @@ class KubernetesDeployer(Deployer):
     backend = "kubernetes"
     exact_placement = False  # the scheduler picks which allowed node a new stable pod lands on
 
-    def __init__(self, kube: KubeClients | None, inventory: Inventory, names: list[str], cfg: RunConfig):
+    def __init__(self, kube: KubeClients | None, inventory: Inventory, names: list[str], cfg: RunConfig,
+                 run_key: str | None = None):
         if kube is None:
             raise ConfigError("rollout.backend=kubernetes needs Kubernetes API clients; in Airflow they come from "
                               f"the connection {cfg.rollout.kubernetes.conn_id!r} (rollout.kubernetes.conn_id)")
         self.kube, self.inv, self.names, self.cfg = kube, inventory, list(names), cfg
         self.profile = engines.profile(cfg.engine.profile)
         self.ns = cfg.rollout.kubernetes.namespace
-        self.obj = manifests.Names.of(cfg.model.name)
+        self.run_key = run_key
+        self.obj = manifests.Names.of(cfg.model.name, run_key)
         self.canary: list[str] = []
         self._by_host = {inventory.node(n).kubernetes_name: n for n in names}
         self._ready_at: dict[str, float] = {}  # pod -> when this deployer first saw it ready
@@ -147,7 +149,7 @@ class KubernetesDeployer(Deployer):
     # -- the interface ----------------------------------------------------------------------------
     def manifests(self, canary_replicas: int, stable_replicas: int) -> list[dict[str, Any]]:
         objs = manifests.render_all(self.cfg, self.inv, self.canary, self.names[len(self.canary):],
-                                    canary_replicas, stable_replicas)
+                                    canary_replicas, stable_replicas, self.run_key)
         for o in objs:
             manifests.validate(o)
         return objs
@@ -225,7 +227,12 @@ class KubernetesDeployer(Deployer):
         self._scale_stable(max(0, len(nodes) - len(self.canary)))
 
     def teardown(self) -> dict[str, str]:
-        """Delete both Deployments, both Services and the ConfigMap; absent objects count as done."""
+        """Delete the run's objects: by the run's label when it has a run key (whatever names they have),
+        else both Deployments, both Services and the ConfigMap by name; absent objects count as done."""
+        self._ready_at.clear()
+        if self.run_key:
+            return {k: "stopped" if v == "deleted" else v
+                    for k, v in delete_run_objects(self.kube, self.ns, self.run_key).items()}
         calls = [("deployment", self.obj.canary, self.kube.apps.delete_namespaced_deployment),
                  ("deployment", self.obj.stable, self.kube.apps.delete_namespaced_deployment),
                  ("service", self.obj.service, self.kube.core.delete_namespaced_service),
@@ -238,5 +245,31 @@ class KubernetesDeployer(Deployer):
                 out[f"{kind}/{name}"] = "stopped"
             except Exception as exc:  # noqa: BLE001 - 404 is fine, anything else is reported
                 out[f"{kind}/{name}"] = "stopped" if getattr(exc, "status", None) == 404 else f"error: {exc}"
-        self._ready_at.clear()
         return out
+
+
+def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[str, str]:
+    """Delete every Deployment, Service and ConfigMap in ``namespace`` labelled with ``run_key``
+    (``deploybench/run``): ``{"deployment/<name>": "deleted" | "error: ..."}``; nothing found = ``{}``."""
+    selector = f"{manifests.RUN}={manifests.run_label(run_key)}"
+    kinds = [("deployment", kube.apps.list_namespaced_deployment, kube.apps.delete_namespaced_deployment),
+             ("service", kube.core.list_namespaced_service, kube.core.delete_namespaced_service),
+             ("configmap", kube.core.list_namespaced_config_map, kube.core.delete_namespaced_config_map)]
+    out: dict[str, str] = {}
+    for kind, list_fn, delete_fn in kinds:
+        try:
+            items = KubernetesDeployer._json(list_fn(namespace, label_selector=selector,
+                                                     _preload_content=False)).get("items", [])
+        except Exception as exc:  # noqa: BLE001 - ApiException, connection errors
+            out[f"{kind}s"] = f"error: listing {kind}s labelled {selector} in {namespace!r} failed: {exc}"
+            continue
+        for item in items:
+            name = item["metadata"]["name"]
+            try:
+                delete_fn(name, namespace, propagation_policy="Foreground", _preload_content=False)
+                out[f"{kind}/{name}"] = "deleted"
+            except Exception as exc:  # noqa: BLE001 - 404: deleted meanwhile
+                out[f"{kind}/{name}"] = "deleted" if getattr(exc, "status", None) == 404 else f"error: {exc}"
+    if out:
+        log.info("kubernetes: objects of run %s in %s: %s", run_key, namespace, out)
+    return out

@@ -2,7 +2,9 @@
 
 One run serves from two Deployments with a shared ``app.kubernetes.io/instance`` label:
 ``<name>-canary`` pinned to the canary nodes, and ``<name>`` over the run's other nodes,
-scaled step by step. A required pod anti-affinity on that label and the node's hostname
+scaled step by step. ``<name>`` carries a digest of the run key and every object the label
+``deploybench/run`` (the run key), so two runs in one namespace never touch each other's
+objects and teardown (or a later run's recovery) deletes by that label. A required pod anti-affinity on that label and the node's hostname
 keeps one engine per node; a required node affinity keeps pods on the inventory's nodes.
 The model comes read-only from the node's local model root (hostPath); the engine gets its
 GPU limit and startup/readiness/liveness probes on the profile's health path. A Service
@@ -13,6 +15,7 @@ against the Kubernetes OpenAPI schema shipped offline in ``kubernetes-validate``
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -27,14 +30,31 @@ K8S_VERSION = "1.33.0"  # the schema manifests are validated against (kubernetes
 HOSTNAME = "kubernetes.io/hostname"
 INSTANCE = "app.kubernetes.io/instance"
 TRACK = "deploybench/track"
+RUN = "deploybench/run"  # the run key (run_label): teardown and recovery delete by it
 POD_WORK_DIR = "/var/run/deploybench"
 PROBE_PERIOD_S = 5
 
 
-def resource_name(model: str) -> str:
-    """A DNS-1123 name for the run's objects, from the model name: ``deploybench-<model>``."""
+def _digest(run_key: str) -> str:
+    return hashlib.sha256(run_key.encode()).hexdigest()[:8]
+
+
+def resource_name(model: str, run_key: str | None = None) -> str:
+    """A DNS-1123 name for the run's objects: ``deploybench-<model>-<digest of the run key>``, so two runs
+    in one namespace never share an object (without a run key: ``deploybench-<model>``)."""
     base = re.sub(r"[^a-z0-9-]+", "-", f"deploybench-{model}".lower()).strip("-")
-    return base[:50].rstrip("-")
+    if not run_key:
+        return base[:50].rstrip("-")
+    return f"{base[:41].rstrip('-')}-{_digest(run_key)}"
+
+
+def run_label(run_key: str) -> str:
+    """The run key as a label value (at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends); a key that
+    does not fit keeps its readable start and gets a digest of the whole."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_key).strip("_.-")
+    if len(safe) > 63 or safe != run_key:
+        safe = f"{safe[:54].rstrip('_.-')}-{_digest(run_key)}".strip("_.-")
+    return safe
 
 
 @dataclass(frozen=True)
@@ -44,16 +64,19 @@ class Names:
     service: str
     headless: str
     config: str
+    run_key: str | None = None
 
     @classmethod
-    def of(cls, model: str) -> "Names":
-        n = resource_name(model)
-        return cls(n, f"{n}-canary", n, f"{n}-pods", f"{n}-files")
+    def of(cls, model: str, run_key: str | None = None) -> "Names":
+        n = resource_name(model, run_key)
+        return cls(n, f"{n}-canary", n, f"{n}-pods", f"{n}-files", run_key)
 
 
 def _labels(names: Names, track: str | None = None) -> dict[str, str]:
     out = {"app.kubernetes.io/name": "deploybench-engine", INSTANCE: names.stable,
            "app.kubernetes.io/managed-by": "deploybench"}
+    if names.run_key:
+        out[RUN] = run_label(names.run_key)
     return {**out, TRACK: track} if track else out
 
 
@@ -62,10 +85,11 @@ def _probe(path: str, port: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures}
 
 
-def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], replicas: int) -> dict[str, Any]:
+def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], replicas: int,
+               run_key: str | None = None) -> dict[str, Any]:
     """The engine Deployment of ``track`` ("canary" or "stable"), its pods allowed on ``nodes`` only."""
     k, r = cfg.rollout.kubernetes, cfg.rollout
-    names = Names.of(cfg.model.name)
+    names = Names.of(cfg.model.name, run_key)
     prof = engines.profile(cfg.engine.profile)
     image = engines.image_of(cfg.engine, k.image)
     node_objs = [inv.node(n) for n in nodes]
@@ -127,7 +151,7 @@ def _key(path: str) -> str:
     return re.sub(r"[^-._a-zA-Z0-9]", "_", path.rsplit("/triton-repo/", 1)[-1])
 
 
-def config_map(cfg: RunConfig, inv: Inventory) -> dict[str, Any] | None:
+def config_map(cfg: RunConfig, inv: Inventory, run_key: str | None = None) -> dict[str, Any] | None:
     """The profile's generated files (Triton's model repository), or None when it has none."""
     prof = engines.profile(cfg.engine.profile)
     ctx = engines.LaunchContext(inv, inv.nodes[0], f"{engines.CONTAINER_MODEL_ROOT}/{cfg.model.name}",
@@ -135,16 +159,16 @@ def config_map(cfg: RunConfig, inv: Inventory) -> dict[str, Any] | None:
     files = prof.files(ctx)
     if not files:
         return None
-    names = Names.of(cfg.model.name)
+    names = Names.of(cfg.model.name, run_key)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": names.config, "namespace": cfg.rollout.kubernetes.namespace,
                          "labels": _labels(names)},
             "data": {_key(p): text for p, text in files.items()}}
 
 
-def service(cfg: RunConfig, headless: bool = False) -> dict[str, Any]:
+def service(cfg: RunConfig, headless: bool = False, run_key: str | None = None) -> dict[str, Any]:
     """The Service in front of every engine pod (both tracks); ``headless`` for per-pod endpoints."""
-    names = Names.of(cfg.model.name)
+    names = Names.of(cfg.model.name, run_key)
     spec: dict[str, Any] = {"selector": {INSTANCE: names.stable},
                             "ports": [{"name": "http", "port": cfg.rollout.port, "targetPort": "http",
                                        "protocol": "TCP"}]}
@@ -157,10 +181,10 @@ def service(cfg: RunConfig, headless: bool = False) -> dict[str, Any]:
 
 
 def render_all(cfg: RunConfig, inv: Inventory, canary: list[str], stable: list[str],
-               canary_replicas: int, stable_replicas: int) -> list[dict[str, Any]]:
-    objs = [config_map(cfg, inv), service(cfg), service(cfg, headless=True),
-            deployment(cfg, inv, "canary", canary, canary_replicas),
-            deployment(cfg, inv, "stable", stable, stable_replicas)]
+               canary_replicas: int, stable_replicas: int, run_key: str | None = None) -> list[dict[str, Any]]:
+    objs = [config_map(cfg, inv, run_key), service(cfg, run_key=run_key), service(cfg, headless=True, run_key=run_key),
+            deployment(cfg, inv, "canary", canary, canary_replicas, run_key),
+            deployment(cfg, inv, "stable", stable, stable_replicas, run_key)]
     return [o for o in objs if o is not None]
 
 

@@ -1,7 +1,7 @@
 """The ssh deployer: the engine as a supervised process (or a container) on each node.
 
 Each engine gets a folder under the inventory's run_root (``<run_root>/<node>/``) with its
-pid file, its log, and the files its profile generates (Triton's model repository). It is
+pid file and its log (one pair per run key, see ``_paths``), and the files its profile generates (Triton's model repository). It is
 started detached through the node's transport; stopped with TERM, then KILL after the grace
 period, and only counted as stopped once its port no longer answers. Failures carry the
 engine's log tail, read back from the node.
@@ -18,7 +18,7 @@ from deploybench.config import ContainerRuntime, RunConfig
 from deploybench.errors import DeploybenchError
 from deploybench.inventory import Node
 from deploybench.rollout.base import Deployer, NodeFailure
-from deploybench.transport import Cluster, alive_script, spawn_script, stop_script
+from deploybench.transport import Cluster, alive_script, run_tag, spawn_script, stop_script
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,12 @@ class SSHDeployer(Deployer):
         return f"{self.cluster.inventory.run_root.rstrip('/')}/{node.name}"
 
     def _paths(self, node: Node) -> tuple[str, str]:
+        """The engine's pid and log files: one pair per run (``engine-<run tag>.pid``), so a run only ever
+        stops its own engine, and a later run can stop a dead run's by that run's key."""
         base = self.work_dir(node)
-        return f"{base}/engine.pid", f"{base}/engine.log"
+        key = self.cluster.run_key
+        suffix = f"-{run_tag(key)}" if key else ""
+        return f"{base}/engine{suffix}.pid", f"{base}/engine{suffix}.log"
 
     def url(self, node: Node) -> str:
         return f"http://{node.address}:{self.port}"
@@ -66,12 +70,12 @@ class SSHDeployer(Deployer):
         pid, logf = self._paths(node)
         t = self.cluster[node]
         try:
-            self._stop_node(node)  # a leftover engine from an earlier run
+            self._stop_node(node)  # a leftover engine of this run (a retried task); other runs': deploybench.leftovers
             files = self.profile.files(self._context(node))
             if files:
                 script, blob = engines.write_files_script(files, self.cluster.inventory.python)
                 t.run(script, stdin=blob, timeout=30).check()
-            t.run(spawn_script(self.launch_argv(node), logf, pid), timeout=30).check()
+            t.run(spawn_script(self.launch_argv(node), logf, pid, run_key=self.cluster.run_key), timeout=30).check()
         except DeploybenchError as exc:
             raise NodeFailure(name, f"could not start the {self.profile.name} engine: {exc}") from exc
         log.info("%s: started %s engine on port %d", name, self.profile.name, self.port)

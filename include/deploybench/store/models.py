@@ -365,3 +365,42 @@ class Verdict(Base):
     magnitude: Mapped[float | None] = mapped_column(Double)
     p_value: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = _ts(server_default=text("now()"))
+
+
+# -- the cluster lease (migration 0003; deploybench.lease) -------------------------------------------
+LEASE_EVENTS = ("acquired", "released", "taken_over", "broken", "recovered", "lost")
+
+
+class ClusterLease(Base):
+    """Which run holds a cluster (NULL holder: free); expires when its heartbeat stops."""
+
+    __tablename__ = "cluster_leases"
+    __table_args__ = (CheckConstraint("holder IS NULL OR expires_at IS NOT NULL", name="expiry"),)
+
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True)
+    holder: Mapped[str | None] = mapped_column(Text)
+    dag_id: Mapped[str | None] = mapped_column(Text)
+    host: Mapped[str | None] = mapped_column(Text)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    acquired_at: Mapped[datetime | None] = _ts(nullable=True)
+    heartbeat_at: Mapped[datetime | None] = _ts(nullable=True)
+    expires_at: Mapped[datetime | None] = _ts(nullable=True)
+    ttl_s: Mapped[float | None] = mapped_column(Double)
+    pending_cleanup: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, nullable=False,
+                                                                   server_default=text("'[]'::jsonb"))
+    updated_at: Mapped[datetime] = _ts(server_default=text("now()"))
+
+
+class LeaseEvent(Base):
+    """What happened to a cluster's lease, and what a run cleaned up after a dead one."""
+
+    __tablename__ = "lease_events"
+    __table_args__ = (CheckConstraint(f"event IN {LEASE_EVENTS!r}", name="event"), Index(None, "cluster", "at"),
+                      Index(None, "run_key"))
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    cluster: Mapped[str] = mapped_column(Text, nullable=False)
+    event: Mapped[str] = mapped_column(Text, nullable=False)
+    run_key: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    at: Mapped[datetime] = _ts(server_default=text("now()"))
