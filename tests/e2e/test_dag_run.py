@@ -107,16 +107,11 @@ def test_full_run_succeeds_and_lands_in_postgres(lab, dag):
 def test_with_a_results_connection_store_and_report_use_that_database(lab, dag, monkeypatch):
     """AIRFLOW_CONN_DEPLOYBENCH_RESULTS set: the run, its stages and the report's verdict go to that
     database, and nothing of the run reaches the embedded default one."""
-    from sqlalchemy.engine import make_url
-
     from deploybench.store import db, load_run
 
     dsn, _ = fx.make_database()
     try:
-        url = make_url(dsn)
-        conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
-                "password": url.password, "schema": url.database}
-        monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", json.dumps(conn))
+        monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", fx.airflow_connection(dsn))
         dr = dag.test(run_conf=_conf(lab, load_duration_s=4))
         key = _key(dr)
         assert dr.state == "success"

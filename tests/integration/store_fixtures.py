@@ -36,6 +36,20 @@ def make_database() -> tuple[str, str]:
     return url.set(database=name).render_as_string(hide_password=False), name
 
 
+def airflow_connection(dsn: str) -> str:
+    """An Airflow connection (JSON, for AIRFLOW_CONN_DEPLOYBENCH_RESULTS) for ``dsn``. A Unix-socket DSN
+    (the embedded PostgreSQL's, ``...@/db?host=/dir&port=N``) keeps its host and port as SQLAlchemy
+    query arguments: given as the connection's host, PostgresHook.get_uri() would make the directory a
+    hostname."""
+    import json
+
+    url = make_url(dsn)
+    conn = {"conn_type": "postgres", "login": url.username, "password": url.password, "host": url.host,
+            "port": url.port, "schema": url.database,
+            "extra": {"sqlalchemy_query": {k: v for k, v in url.query.items() if isinstance(v, str)}}}
+    return json.dumps({k: v for k, v in conn.items() if v not in (None, "")})
+
+
 def drop_database(test_dsn: str) -> None:
     db.dispose_engines()
     url = make_url(test_dsn)
