@@ -321,7 +321,9 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         return _run_page(request, _load(target, run_key, access))
 
     @app.get("/dag-runs/{dag_id}/{run_id:path}", response_class=HTMLResponse)
-    def dag_run_page(request: Request, target: Target, access: Access, dag_id: str, run_id: str) -> HTMLResponse:
+    def dag_run_page(
+        request: Request, target: Target, access: Access, dag_id: str, run_id: str
+    ) -> HTMLResponse:
         stored = _readable(store.load_run(target, paths.dag_run_key(dag_id, run_id)), access)
         if stored is None:
             raise HTTPException(

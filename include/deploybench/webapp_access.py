@@ -98,7 +98,9 @@ class AirflowReadAccess:
                 )
             )
             if not self._cache[dag_id]:
-                log.info("results pages: user %r may not read runs of DAG %s", self.user_name, dag_id or "(all)")
+                log.info(
+                    "results pages: user %r may not read runs of DAG %s", self.user_name, dag_id or "(all)"
+                )
         return self._cache[dag_id]
 
     def may_read_dag(self, dag_id: str) -> bool:

@@ -71,7 +71,8 @@ class CompareQuery:
             raise HTTPException(400, f"bad filter: {exc}") from exc
         fp = text(series)
         if fp is not None and len(fp) < 8:
-            raise HTTPException(400, f"series {fp!r} is too short: give 8 or more characters of its fingerprint")
+            raise HTTPException(
+                400, f"series {fp!r} is too short: give 8 or more characters of its fingerprint")
         return cls(runs=tuple(dict.fromkeys(r for r in runs if r.strip())), baseline=text(baseline),
                    model=text(model), series=fp, inventory=text(inventory), tags=pairs, since=start, until=end,
                    include_excluded=include_excluded, alpha=alpha)
@@ -106,8 +107,8 @@ def build(target: str, q: CompareQuery, access: ReadAccess) -> ComparisonView | 
     if not q.runs and not q.has_filter:
         return None
     if q.runs and q.has_filter:
-        raise HTTPException(400, "give runs (run=...) or a filter (model, series, inventory, tag, since, until), "
-                                 "not both: clear the filter fields, or untick the runs")
+        raise HTTPException(400, "give runs (run=...) or a filter (model, series, inventory, tag, since, "
+                                 "until), not both: clear the filter fields, or untick the runs")
     from deploybench.analyse import AnalysisError
     from deploybench.analyse.compare import compare, curves
     from deploybench.store.db import open_store
@@ -161,11 +162,12 @@ def configurations(cmp: "Comparison", root: str) -> str:
     rows = {str(r["run_key"]): r for _, r in cmp.table.iterrows()}
     diff = config_diff({k: (r["config"] if isinstance(r["config"], dict) else {}) for k, r in rows.items()})
     n_diff = sum(1 for _, _, d in diff if d)
+    verb = "s differ" if n_diff != 1 else " differs"
     headers = [Html("config key"), *[link(run_href(root, k), k, code=True) for k in rows]]
     body = [[Html(f"<code>{esc(key)}</code>"), *[_value(v) for v in values]] for key, values, _ in diff]
     return (
         "<h2>Configurations side by side</h2>"
-        f"<p>{n_diff} configuration key{'s differ' if n_diff != 1 else ' differs'} between the runs (highlighted); "
+        f"<p>{n_diff} configuration key{verb} between the runs (highlighted); "
         f"{len(diff) - n_diff} are the same in every run.</p>"
         + table(headers, body, ["diff" if d else "" for _, _, d in diff])
     )
@@ -202,7 +204,8 @@ def render(view: ComparisonView | None, q: CompareQuery, root: str, error: str |
     """The whole comparison page (also with an error, or before anything is selected)."""
     from deploybench.report.compare_html import sections
 
-    choices = list(dict.fromkeys([*(view.cmp.run_keys() if view else q.runs), *([q.baseline] if q.baseline else [])]))
+    picked = view.cmp.run_keys() if view else list(q.runs)
+    choices = list(dict.fromkeys([*picked, *([q.baseline] if q.baseline else [])]))
     parts = ["<h1>Comparison</h1>", _form(q, root, choices)]
     if error:
         parts.append(f"<p class='err'>{esc(error)}</p>")
@@ -213,8 +216,8 @@ def render(view: ComparisonView | None, q: CompareQuery, root: str, error: str |
         if view.note:
             parts.append(f"<p class='note'>{esc(view.note)}</p>")
         if view.cmp.baseline:
-            parts.append(f"<p>Baseline: {link(run_href(root, view.cmp.baseline), view.cmp.baseline, code=True)}"
-                         " — every other run of its workload is tested against it.</p>")
+            base = link(run_href(root, view.cmp.baseline), view.cmp.baseline, code=True)
+            parts.append(f"<p>Baseline: {base} — every other run of its workload is tested against it.</p>")
         parts.append(configurations(view.cmp, root))
         parts += sections(view.cmp, view.curves, lambda key, text: link(run_href(root, key), text))
     return page("deploybench comparison", "".join(parts), root)

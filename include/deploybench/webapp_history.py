@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_PREFIX = 8
+MAX_RUNS = 500  # the newest runs of a long series (every run costs a goodput query)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class HistoryView:
     runs: "pd.DataFrame"  # every readable run of the series with its figures, oldest first
     history: "History | None"  # None: no run is left to analyse (all excluded or failed)
     hidden: int = 0  # runs of DAGs the user may not read
+    note: str = ""
 
 
 def build(target: str, fingerprint: str, access: ReadAccess) -> HistoryView:
@@ -70,10 +72,14 @@ def build(target: str, fingerprint: str, access: ReadAccess) -> HistoryView:
     frame = frame[keep]
     if frame.empty:
         raise forbid(access, f"any run of series {fingerprint!r}")
+    note = ""
+    if len(frame) > MAX_RUNS:
+        note = f"The series has {len(frame)} runs; the newest {MAX_RUNS} are shown and analysed."
+        frame = frame.tail(MAX_RUNS)
     figs = run_figures(engine, frame).reset_index(drop=True)
     analysed = figs[(figs["status"] == "success") & ~figs["excluded"].astype(bool)]
     hist = (analyse_figures(int(figs["series_id"].iloc[0]), series[0], analysed) if len(analysed) else None)
-    return HistoryView(series[0], figs, hist, hidden)
+    return HistoryView(series[0], figs, hist, hidden, note)
 
 
 # -- rendering (pure) ------------------------------------------------------------------------
@@ -106,8 +112,11 @@ def _plots(view: HistoryView) -> list[str]:
         changes = [{"t": when[c.run_key], "text": f"change point: {c.direction} {c.magnitude:+.1%}"}
                    for c in (hist.changes if hist else []) if c.metric == metric and c.run_key in when]
         verdict = hist.verdicts.get(metric) if hist else None
-        title = label + (f" (newest run: {verdict['verdict']}, {verdict['magnitude']:+.1%})" if verdict else "")
-        parts.append(figure(plots.metric_history(points, changes, title, label), f"{label} over the series' runs"))
+        title = label
+        if verdict:
+            title += f" (newest run: {verdict['verdict']}, {verdict['magnitude']:+.1%})"
+        svg = plots.metric_history(points, changes, title, label)
+        parts.append(figure(svg, f"{label} over the series' runs"))
     return parts
 
 
@@ -144,15 +153,16 @@ def _identity(view: HistoryView) -> str:
     items = "".join(f"<dt>{esc(k)}</dt><dd>{v if isinstance(v, Html) else esc(v)}</dd>" for k, v in facts)
     hidden = (f" {view.hidden} run{'s' if view.hidden != 1 else ''} of DAGs you may not read "
               f"{'are' if view.hidden != 1 else 'is'} left out." if view.hidden else "")
+    note = f" {view.note}" if view.note else ""
     return (f"<dl>{items}</dl><p>{n} runs; {analysed} analysed, {n - analysed} excluded or failed "
-            f"(greyed).{esc(hidden)}</p>")
+            f"(greyed).{esc(hidden)}{esc(note)}</p>")
 
 
 def _verdict_line(hist: "History", root: str) -> str:
-    parts = [f"<span class='{esc(v['verdict'])}'>{esc(m)}: <b>{esc(v['verdict'])}</b> ({v['magnitude']:+.1%})</span>"
-             for m, v in hist.verdicts.items()]
-    return (f"<p class='verdict'>Verdict on the newest run {link(run_href(root, hist.newest), hist.newest, code=True)}"
-            f": {'; '.join(parts)}</p>")
+    parts = [f"<span class='{esc(v['verdict'])}'>{esc(m)}: <b>{esc(v['verdict'])}</b> "
+             f"({v['magnitude']:+.1%})</span>" for m, v in hist.verdicts.items()]
+    newest = link(run_href(root, hist.newest), hist.newest, code=True)
+    return f"<p class='verdict'>Verdict on the newest run {newest}: {'; '.join(parts)}</p>"
 
 
 def render(view: HistoryView, root: str) -> str:
@@ -163,7 +173,8 @@ def render(view: HistoryView, root: str) -> str:
     parts = [f"<h1>History of series <code>{esc(fp[:12])}</code></h1>", _identity(view),
              f"<p>{link(compare_href(root, series=fp), 'Compare the runs of this series')}</p>"]
     if view.history is None:
-        parts.append("<p class='note'>No run of this series can be analysed: every run is excluded or failed.</p>")
+        parts.append("<p class='note'>No run of this series can be analysed: every run is excluded or "
+                     "failed.</p>")
     else:
         parts.append(_verdict_line(view.history, root))
         parts += history_section(view.history, "Verdict and change points")

@@ -22,7 +22,8 @@ DEFAULT_LIMIT = 25
 
 __all__ = [
     "DEFAULT_LIMIT", "Html", "RunRow", "compare_href", "esc", "fmt_ms", "fmt_num", "fmt_pct", "fmt_time",
-    "headline_phase", "link", "page", "render_run_list", "render_run_page", "run_href", "series_href", "status_html", "table", "when",
+    "headline_phase", "link", "page", "render_run_list", "render_run_page", "run_href", "series_href",
+    "status_html", "table", "when",
 ]
 
 if TYPE_CHECKING:
