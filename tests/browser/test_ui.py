@@ -121,6 +121,7 @@ def assert_submittable(dialog) -> None:
 def set_field(dialog, section: str, name: str, value: str) -> None:
     """Open ``section`` and type ``value`` into the field ``name`` (select all, then type, as a person)."""
     By = _by()
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.keys import Keys
 
     trigger = next(b for b in dialog.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")
@@ -131,11 +132,21 @@ def set_field(dialog, section: str, name: str, value: str) -> None:
     field = _wait(dialog.parent, 10).until(lambda d: next(
         (e for e in dialog.find_elements(By.CSS_SELECTOR, f"[name=element_{name}]") if e.is_displayed()), None))
     dialog.parent.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
-    field.click()
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(value, Keys.TAB)
-    _wait(dialog.parent, 10).until(lambda d: field.get_attribute("value") == value,
-                                   f"field {name} shows {field.get_attribute('value')!r}, typed {value!r}")
+    shown = None
+    for _ in range(3):
+        field.click()
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(Keys.DELETE)
+        for char in value:  # key by key: the form re-renders on every change and drops keys sent in a burst
+            field.send_keys(char)
+            time.sleep(0.02)
+        field.send_keys(Keys.TAB)
+        try:
+            _wait(dialog.parent, 3).until(lambda d: field.get_attribute("value") == value)
+            return
+        except TimeoutException:
+            shown = field.get_attribute("value")
+    pytest.fail(f"field {name} in section {section} shows {shown!r} after typing {value!r} three times")
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -201,3 +212,108 @@ def test_the_run_gets_what_was_typed_into_the_form(form_run, lab_inventory):
     assert stored.run.status == "success"
     assert stored.run.node_count == LAB_NODES
     assert {s.stage: s.status for s in stored.stages}.keys() >= set(STAGES)
+
+
+# -- the results pages -----------------------------------------------------------------------------
+_TABLE_JS = """
+const h = [...document.querySelectorAll('h2')].find(e => e.textContent.trim() === arguments[0]);
+let t = h && h.nextElementSibling;
+while (t && t.tagName !== 'TABLE') t = t.querySelector('table') || t.nextElementSibling;
+if (!t) return null;
+const head = [...t.querySelectorAll('tr')][0];
+const names = [...head.children].map(c => c.innerText.trim());
+return [...t.querySelectorAll('tr')].slice(1).map(r =>
+  Object.fromEntries([...r.children].map((c, i) => [names[i], c.innerText.trim()])));
+"""
+
+
+def table_under(driver, heading: str) -> list[dict[str, str]]:
+    """The rows of the first table after the <h2> ``heading``, as {column header: cell text}."""
+    rows = driver.execute_script(_TABLE_JS, heading)
+    assert rows is not None, f"no table under the heading {heading!r}; the page says:\n{body_text(driver)[:2000]}"
+    return rows
+
+
+def body_text(driver) -> str:
+    return driver.find_element(_by().TAG_NAME, "body").text
+
+
+def heading(driver, timeout_s: float = PAGE_TIMEOUT_S) -> str:
+    """The page's <h1> once it is there (an error page of the plugin has '<h1>404</h1>' etc.)."""
+    return _wait(driver, timeout_s).until(
+        lambda d: (h := d.find_elements(_by().TAG_NAME, "h1")) and h[0].text.strip()) or ""
+
+
+def open_results_tab(driver, url: str, run_id: str) -> str:
+    """The run's page in Airflow, then its "Benchmark results" tab; the driver is left inside the tab's
+    frame. Returns the frame's heading."""
+    By = _by()
+    from selenium.webdriver.support import expected_conditions as ec
+
+    driver.switch_to.default_content()
+    driver.get(f"{url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}")
+    tab = _wait(driver).until(ec.element_to_be_clickable(
+        (By.XPATH, "//a[normalize-space()='Benchmark results'] | //button[normalize-space()='Benchmark results']")))
+    tab.click()
+    frame = _wait(driver).until(ec.presence_of_element_located((By.TAG_NAME, "iframe")))
+    assert "/deploybench/dag-runs/" in (frame.get_attribute("src") or ""), frame.get_attribute("src")
+    driver.switch_to.frame(frame)
+    return heading(driver)
+
+
+def follow(driver, text: str) -> str:
+    """Click the link whose text starts with ``text`` (inside the current frame); returns the new heading."""
+    By = _by()
+    before = driver.find_element(By.TAG_NAME, "h1")
+    link = _wait(driver, 10).until(lambda d: next(
+        (a for a in d.find_elements(By.TAG_NAME, "a") if a.text.strip().startswith(text)), None))
+    link.click()
+    from selenium.webdriver.support import expected_conditions as ec
+
+    _wait(driver).until(ec.staleness_of(before))
+    return heading(driver)
+
+
+def test_benchmark_results_tab_shows_the_runs_stages_and_throughput(airflow, browser, form_run):
+    from deploybench.webapp_html import fmt_num, headline_phase
+
+    stored = form_run["stored"]
+    assert open_results_tab(browser, airflow.url, form_run["run_id"]) == f"Run {form_run['key']}"
+    stages = {r["stage"]: r["status"] for r in table_under(browser, "Stages")}
+    for stage in STAGES:
+        assert stages.get(stage) == "success", stages
+    ph = headline_phase(stored.phases)
+    assert ph is not None and ph.phase == "sustained" and ph.requests > 0, stored.phases
+    phases = table_under(browser, "Load phases")
+    cluster = [r for r in phases if r["phase"] == "sustained" and r["node"] == "cluster"]
+    assert len(cluster) == 1, phases
+    # what a person reads is what the run stored: requests/s, requests, errors
+    assert cluster[0]["achieved req/s"] == fmt_num(ph.achieved_rps), (cluster[0], ph)
+    assert cluster[0]["requests"] == fmt_num(ph.requests), (cluster[0], ph)
+    assert cluster[0]["errors"] == "0", cluster[0]
+    nodes = {r["node"] for r in phases if r["phase"] == "sustained"} - {"cluster"}
+    assert len(nodes) == LAB_NODES, phases
+    text = body_text(browser)
+    assert form_run["conf"]["inventory"] in text
+
+
+def test_series_history_and_comparison_pages_show_the_run(airflow, browser, form_run):
+    stored = form_run["stored"]
+    key, fp = form_run["key"], stored.series_fingerprint
+    assert fp, "the run was stored without a series"
+    open_results_tab(browser, airflow.url, form_run["run_id"])
+
+    assert follow(browser, "History of this series") == f"History of series {fp[:12]}"
+    runs = table_under(browser, "Runs of this series")
+    mine = [r for r in runs if r["run"] == key]
+    assert len(mine) == 1 and mine[0]["status"] == "success", runs
+    text = body_text(browser)
+    assert "Metrics over time" in text and fp in text
+    assert browser.find_elements(_by().CSS_SELECTOR, "figure svg"), "the history page draws no plot"
+
+    assert follow(browser, "Compare the runs of this series") == "Comparison"
+    text = body_text(browser)
+    assert "Configurations side by side" in text, text[:2000]
+    assert "Best configuration meeting the SLO" in text, text[:2000]
+    assert key in text
+    assert len(browser.find_elements(_by().CSS_SELECTOR, "figure svg")) >= 2, "no throughput-latency/Pareto plots"
