@@ -141,6 +141,8 @@ def test_comparison_names_the_best_run_and_tests_against_the_baseline(admin, sto
     assert r.status_code == 200, r.text[-2000:]
     doc = r.text
     assert "<h1>Comparison</h1>" in doc and "<script" not in doc
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+    assert "script-src" not in r.headers["content-security-policy"]
     best = doc[doc.index("Best configuration meeting the SLO"):]
     best = best[: best.index("</p>")]
     assert html.escape(k["seq16"]) in best and html.escape(k["seq8"]) not in best
@@ -226,6 +228,7 @@ def test_a_user_limited_to_one_dag_sees_only_its_runs(limited, admin, stored):
     secret = limited.get(f"/deploybench/runs/{quote(k['secret'], safe='')}")
     assert secret.status_code == 403 and "may not read run" in secret.text
     assert limited.get(f"/deploybench/api/runs/{quote(k['secret'], safe='')}").status_code == 403
+    assert limited.get(f"/deploybench/runs/{quote(k['secret'], safe='')}/report").status_code == 403
     assert limited.get(f"/deploybench/dag-runs/{SECRET_DAG}/manual__s1").status_code == 403
     assert limited.get(f"/deploybench/runs/{quote(k['cli'], safe='')}").status_code == 403  # no DAG: all DAGs
     assert admin.get(f"/deploybench/runs/{quote(k['cli'], safe='')}").status_code == 200
