@@ -21,6 +21,7 @@ Nothing here imports Airflow at import time (the plugin file is imported by ever
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from fastapi import HTTPException, Request
@@ -76,24 +77,44 @@ class AllowAll:
 ALLOW_ALL = AllowAll()
 
 
-class AirflowReadAccess:
-    """Airflow's auth manager asked once per DAG and request (answers are cached on the object)."""
+def _no_team(dag_id: str) -> str | None:
+    return None
 
-    def __init__(self, auth_manager: Any, user: Any) -> None:
+
+class AirflowReadAccess:
+    """Airflow's auth manager asked once per DAG and request (answers are cached on the object).
+
+    ``team_of`` names the team owning a DAG (multi-team Airflow), as Airflow's own API passes it in
+    ``DagDetails``; the plugin gives ``DagModel.get_team_name``."""
+
+    def __init__(self, auth_manager: Any, user: Any, team_of: Callable[[str], str | None] = _no_team) -> None:
         self._manager = auth_manager
         self._user = user
+        self._team_of = team_of
         self._cache: dict[str | None, bool] = {}
         self.user_name = str(user.get_name())
 
+    def _details(self, dag_id: str) -> Any:
+        from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+        try:
+            team = self._team_of(dag_id)
+        except Exception as exc:  # a metadata-database error: refuse, and say why
+            raise AccessUnavailable(
+                f"looking up the team of DAG {dag_id!r} in Airflow's metadata database failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return DagDetails(id=dag_id, team_name=team)
+
     def _ask(self, dag_id: str | None) -> bool:
         if dag_id not in self._cache:
-            from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+            from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 
             self._cache[dag_id] = bool(
                 self._manager.is_authorized_dag(
                     method="GET",
                     access_entity=DagAccessEntity.RUN,
-                    details=None if dag_id is None else DagDetails(id=dag_id),
+                    details=None if dag_id is None else self._details(dag_id),
                     user=self._user,
                 )
             )
@@ -140,6 +161,7 @@ async def require_airflow_user(request: Request) -> None:
         from airflow.api_fastapi.app import get_auth_manager
         from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
         from airflow.api_fastapi.core_api.security import get_user
+        from airflow.models.dag import DagModel
     except ImportError as exc:
         raise AccessUnavailable(
             f"Airflow's authentication cannot be imported here ({exc}); refusing access"
@@ -148,4 +170,4 @@ async def require_airflow_user(request: Request) -> None:
     manager = get_auth_manager()
     if not manager.is_authorized_view(access_view=AccessView.WEBSITE, user=user):
         raise HTTPException(403, f"Airflow user {user.get_name()!r} may not view Airflow's pages")
-    setattr(request.state, STATE_KEY, AirflowReadAccess(manager, user))
+    setattr(request.state, STATE_KEY, AirflowReadAccess(manager, user, DagModel.get_team_name))

@@ -19,7 +19,7 @@ from deploybench.analyse.compare import Comparison, config_diff
 from deploybench.analyse.history import analyse_figures
 from deploybench.report import plots
 from deploybench.store import RunRecord, StoredRun
-from deploybench.webapp_access import AirflowReadAccess, may_read
+from deploybench.webapp_access import AccessUnavailable, AirflowReadAccess, may_read
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
 EVIL = "<script>alert(1)</script>"
@@ -217,6 +217,23 @@ def test_a_dag_run_needs_its_dag_and_a_cli_run_needs_every_dag():
     assert may_read(access, "deploybench_run", "manual__2")  # cached: not asked again
     assert manager.calls == [("GET", "RUN", "deploybench_run"), ("GET", "RUN", "secret"), ("GET", "RUN", None)]
     assert may_read(AirflowReadAccess(Manager({None}), User()), "cli", None)
+
+
+def test_the_dags_team_is_passed_as_airflow_passes_it_and_a_failed_lookup_refuses():
+    seen = []
+
+    class Teams(Manager):
+        def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+            seen.append(details.team_name)
+            return details.team_name == "red"
+
+    assert AirflowReadAccess(Teams(set()), User(), {"d": "red"}.get).may_read_dag("d") and seen == ["red"]
+
+    def broken(dag_id: str) -> str | None:
+        raise RuntimeError("no such table: team")
+
+    with pytest.raises(AccessUnavailable, match="team of DAG 'd'.*no such table"):
+        AirflowReadAccess(Teams(set()), User(), broken).may_read_dag("d")
 
 
 def test_an_auth_dependency_that_names_no_user_is_refused_not_trusted():
