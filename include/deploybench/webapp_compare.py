@@ -156,20 +156,27 @@ def _value(v: Any) -> str:
 
 
 def configurations(cmp: "Comparison", root: str) -> str:
-    """The runs' configurations side by side; rows whose values differ first, highlighted (class diff)."""
+    """The runs' configurations side by side: the keys whose values differ in a table, highlighted
+    (class diff); the keys equal in every run below them, folded (<details>, no script needed)."""
     from deploybench.analyse.compare import config_diff
 
     rows = {str(r["run_key"]): r for _, r in cmp.table.iterrows()}
     diff = config_diff({k: (r["config"] if isinstance(r["config"], dict) else {}) for k, r in rows.items()})
-    n_diff = sum(1 for _, _, d in diff if d)
-    verb = "s differ" if n_diff != 1 else " differs"
     headers = [Html("config key"), *[link(run_href(root, k), k, code=True) for k in rows]]
-    body = [[Html(f"<code>{esc(key)}</code>"), *[_value(v) for v in values]] for key, values, _ in diff]
+
+    def body(differ: bool) -> list[list[Any]]:
+        return [[Html(f"<code>{esc(key)}</code>"), *[_value(v) for v in values]]
+                for key, values, d in diff if d == differ]
+
+    differing, same = body(True), body(False)
+    verb = "s differ" if len(differing) != 1 else " differs"
     return (
         "<h2>Configurations side by side</h2>"
-        f"<p>{n_diff} configuration key{verb} between the runs (highlighted); "
-        f"{len(diff) - n_diff} are the same in every run.</p>"
-        + table(headers, body, ["diff" if d else "" for _, _, d in diff])
+        f"<p>{len(differing)} configuration key{verb} between the runs (highlighted); "
+        f"{len(same)} are the same in every run.</p>"
+        + (table(headers, differing, ["diff"] * len(differing)) if differing else "")
+        + (f"<details><summary>the {len(same)} keys that are the same in every run</summary>"
+           + table(headers, same) + "</details>" if same else "")
     )
 
 

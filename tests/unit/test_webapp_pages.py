@@ -72,6 +72,7 @@ def test_comparison_page_names_best_run_baseline_and_highlights_differing_keys()
     assert "Baseline: <a href='/deploybench/runs/dag__a'><code>dag__a</code></a>" in doc
     assert _row(doc, "<code>engine.max_num_seqs</code>").startswith("<tr class='diff'>")
     assert _row(doc, "<code>inventory</code>").startswith("<tr>")
+    assert doc.index("<code>engine.max_num_seqs</code>") < doc.index("<details>") < doc.index("<code>inventory</code>")
     assert "1 configuration key differs between the runs" in doc
     assert _row(doc, "+21.0%").startswith("<tr class='worse'>") and "1e-40" in _row(doc, "+21.0%")
     assert "Pareto front: throughput up, P99 latency down" in doc and doc.count("<svg") == 2
