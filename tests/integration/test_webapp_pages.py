@@ -10,6 +10,7 @@ refuses one DAG (the plumbing, in a subprocess as Airflow caches its auth manage
 from __future__ import annotations
 
 import html
+import os
 import re
 import signal
 import sys
@@ -252,3 +253,58 @@ def test_comparison_and_history_leave_out_what_the_user_may_not_read(limited, ad
     with nobody:
         assert nobody.get(f"/deploybench/series/{series}").status_code == 403
         assert re.search(r"No runs match", nobody.get("/deploybench/").text)
+
+
+SECRET_AUTH_MANAGER = f'''
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+
+class NoSecretDag(SimpleAuthManager):
+    """SimpleAuthManager, except that user 'outsider' may not read {SECRET_DAG}."""
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        if user.get_name() == "outsider" and details is not None and details.id == "{SECRET_DAG}":
+            return False
+        return super().is_authorized_dag(method=method, user=user, access_entity=access_entity, details=details)
+'''
+
+
+def test_inside_airflows_api_server_the_comparison_and_history_pages_answer_per_user(stored, airflow_db,
+                                                                                    tmp_path):
+    """Airflow's real app, its JWT cookie (what the UI's iframe sends) and matplotlib in the api-server."""
+    from test_webapp import _python  # the helper that runs code in a fresh interpreter with Airflow's env
+
+    dsn, k, history, series = stored
+    (tmp_path / "deploybench_test_auth2.py").write_text(SECRET_AUTH_MANAGER)
+    out = _python(
+        f"""
+        import json
+        from airflow.api_fastapi.app import create_app, get_auth_manager
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+        from starlette.testclient import TestClient
+        result = {{}}
+        for name in ("viewer", "outsider"):
+            client = TestClient(create_app())
+            client.cookies.set("_token", get_auth_manager().generate_jwt(
+                SimpleAuthManagerUser(username=name, role="viewer")))
+            history = client.get("/deploybench/series/{series}")
+            compare = client.get("/deploybench/compare", params={{"series": "{series}", "baseline": "{history[0]}"}})
+            secret = client.get("/deploybench/compare", params=[("run", "{k['seq8']}"), ("run", "{k['secret']}")])
+            result[name] = {{"history": [history.status_code, history.text],
+                            "compare": [compare.status_code, compare.text], "secret": secret.status_code}}
+        print(json.dumps(result))
+    """,
+        DEPLOYBENCH_DSN=dsn,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        AIRFLOW__CORE__AUTH_MANAGER="deploybench_test_auth2.NoSecretDag",
+    )
+    secret = html.escape(k["secret"])
+    viewer, outsider = out["viewer"], out["outsider"]
+    assert viewer["history"][0] == 200 and f"History of series <code>{series[:12]}</code>" in viewer["history"][1]
+    assert secret in viewer["history"][1] and "<svg" in viewer["history"][1]
+    assert viewer["compare"][0] == 200 and "Best configuration meeting the SLO" in viewer["compare"][1]
+    assert secret in viewer["compare"][1] and viewer["secret"] == 200
+    assert outsider["history"][0] == 200 and secret not in outsider["history"][1]
+    assert "1 run of DAGs you may not read is left out" in outsider["history"][1]
+    assert outsider["compare"][0] == 200 and secret not in outsider["compare"][1]
+    assert outsider["secret"] == 403
