@@ -144,10 +144,10 @@ def _run_table(view: HistoryView, root: str) -> str:
 
 
 def _identity(view: HistoryView) -> str:
-    first = view.runs.iloc[-1]
-    facts = [("fingerprint", Html(f"<code>{esc(view.fingerprint)}</code>")), ("model", first.get("model")),
-             ("cluster", first.get("cluster")), ("engine", first.get("engine")),
-             ("workload", Html(f"<code>{esc(str(first.get('workload') or '')[:12])}</code>"))]
+    newest = view.runs.iloc[-1]  # the identity columns are the same on every run of a series
+    facts = [("fingerprint", Html(f"<code>{esc(view.fingerprint)}</code>")), ("model", newest.get("model")),
+             ("cluster", newest.get("cluster")), ("engine", newest.get("engine")),
+             ("workload", Html(f"<code>{esc(str(newest.get('workload') or '')[:12])}</code>"))]
     n = len(view.runs)
     analysed = 0 if view.history is None else len(view.history.runs)
     items = "".join(f"<dt>{esc(k)}</dt><dd>{v if isinstance(v, Html) else esc(v)}</dd>" for k, v in facts)
