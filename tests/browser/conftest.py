@@ -4,9 +4,10 @@
 with a throwaway AIRFLOW_HOME, this checkout's dags/ and plugins/ (as ``deploybench.airflow_env``
 sets them), on a free loopback port, in its own session. The Airflow connection
 ``deploybench_results`` names a throwaway database, so the DAG's tasks and the results pages
-read and write the same one. Stopping kills the session's process groups and then every process
-that carries this fixture's marker in its environment (k6 runs in a session of its own, and task
-processes in groups of their own), and fails the test session if anything is left.
+read and write the same one. Stopping notes every process Airflow started (its descendants, its
+session, and any process with the fixture's marker in its environment: task processes run in
+process groups of their own, k6 in a session of its own), sends SIGTERM to the process group, then
+SIGKILL to what is left, and fails if anything is still running.
 
 ``browser`` is Debian's chromium driven by Debian's chromedriver through Selenium, with a fresh
 profile and no network beyond what the pages ask of loopback; it is logged in to Airflow once.
@@ -57,63 +58,90 @@ def free_port() -> int:
 
 
 # -- processes -----------------------------------------------------------------------------------
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(process group, session) of ``pid``, or None if it is gone."""
+@dataclass(frozen=True)
+class Proc:
+    """A process as /proc shows it; (pid, start) names it even if the pid is reused later."""
+
+    pid: int
+    ppid: int
+    session: int
+    start: int
+    zombie: bool
+
+
+def _proc(pid: int) -> Proc | None:
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-    return int(fields[2]), int(fields[3])
+    f = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ... starttime (22nd)
+    return Proc(pid, int(f[1]), int(f[3]), int(f[19]), f[0] == "Z")
 
 
-def _all_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+def _procs() -> dict[int, Proc]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (p := _proc(int(name))) is not None:
+            out[p.pid] = p
+    return out
 
 
-def processes_of(session: int, marker: str) -> list[int]:
-    """Every live process in ``session`` or with ``marker`` in its environment (not a zombie)."""
-    found = []
+def processes_of(root: int, marker: str, known: set[tuple[int, int]] = frozenset()) -> set[tuple[int, int]]:
+    """Live processes that are ``root``'s descendants, in ``root``'s session, carry ``marker`` in their
+    environment, or are in ``known`` and still alive, as (pid, start) pairs (zombies left out)."""
+    procs = _procs()
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:  # descendants, whatever session or group they moved to (k6 has a session of its own)
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
     needle = marker.encode()
-    for pid in _all_pids():
-        if pid == os.getpid():
-            continue
-        st = _stat(pid)
-        if st is None:
-            continue
-        try:
-            if Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] == "Z":
-                continue
-            mine = st[1] == session or needle in Path(f"/proc/{pid}/environ").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if mine:
-            found.append(pid)
-    return found
+    for p in procs.values():
+        if p.session == root or (p.pid, p.start) in known:
+            found.add(p.pid)
+        elif p.pid not in found:
+            try:  # orphans: the environment survives a dead parent (and TMPDIR reaches even k6)
+                if needle in Path(f"/proc/{p.pid}/environ").read_bytes():
+                    found.add(p.pid)
+            except OSError:
+                pass
+    if root in procs:
+        found.add(root)
+    found.discard(os.getpid())
+    return {(pid, procs[pid].start) for pid in found if pid in procs and not procs[pid].zombie}
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
+def _signal_all(pids: set[tuple[int, int]], sig: int) -> None:
+    for pid, start in pids:
+        p = _proc(pid)
+        if p is None or p.start != start:
+            continue  # gone, or the pid is someone else's now
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
 
 
-def stop_everything(proc: subprocess.Popen, marker: str, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
-    """SIGTERM the process group, then SIGKILL what is left of the session and the marked processes;
-    returns the pids still alive after ``timeout_s`` (none, unless something escaped)."""
+def stop_everything(proc: subprocess.Popen, marker: str, timeout_s: float = STOP_TIMEOUT_S) -> set[tuple[int, int]]:
+    """Note every process Airflow started, SIGTERM its process group, give it ~10 s, then SIGKILL
+    whatever is left; returns what is still alive after ``timeout_s`` (nothing, unless something escaped)."""
     deadline = time.monotonic() + timeout_s
+    known = processes_of(proc.pid, marker)  # before any signal: afterwards orphans lose their parent link
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
     try:
-        proc.wait(timeout=max(1.0, deadline - time.monotonic() - 10))
+        proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
     while True:
-        left = processes_of(proc.pid, marker)
+        left = processes_of(proc.pid, marker, known)
         if not left or time.monotonic() > deadline:
             break
         _signal_all(left, signal.SIGKILL)
@@ -210,12 +238,15 @@ def results_dsn() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def airflow(results_dsn) -> Iterator[Airflow]:
-    """``airflow standalone`` on a free loopback port; deploybench_run parsed and unpaused."""
+def airflow(results_dsn, lab_inventory) -> Iterator[Airflow]:
+    """``airflow standalone`` on a free loopback port; deploybench_run parsed and unpaused. It depends
+    on the lab so that it stops first: no task of an interrupted run touches a lab being taken down."""
     home = Path(tempfile.mkdtemp(prefix="deploybench-browser-airflow-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     marker = f"deploybench-browser-{uuid.uuid4().hex}"
+    tmpdir = home / marker
+    tmpdir.mkdir()
     env = airflow_env({k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")})
     env.update({
         "AIRFLOW_HOME": str(home),
@@ -229,6 +260,8 @@ def airflow(results_dsn) -> Iterator[Airflow]:
         "AIRFLOW__CORE__PARALLELISM": "4",  # LocalExecutor workers: 4, not 32, on a 2-core machine
         "AIRFLOW_CONN_DEPLOYBENCH_RESULTS": results_connection(results_dsn),
         "DEPLOYBENCH_BROWSER_TEST": marker,
+        # deploybench hands k6 a minimal environment, TMPDIR included: the marker reaches it this way
+        "TMPDIR": str(tmpdir),
     })
     log = home / "standalone.log"
     with open(log, "wb") as out:
@@ -250,7 +283,7 @@ def airflow(results_dsn) -> Iterator[Airflow]:
         kept = os.environ.get("DEPLOYBENCH_KEEP_BROWSER_HOME")
         if not kept:
             shutil.rmtree(home, ignore_errors=True)
-        assert left == [], f"processes of the Airflow fixture still running after stop: {left}"
+        assert not left, f"processes of the Airflow fixture still running after stop (pid, start): {left}"
 
 
 def _dag_is_parsed(af: Airflow) -> bool:
@@ -283,15 +316,12 @@ def lab_inventory() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def browser(airflow, tmp_path_factory):
     """Headless Chromium, logged in to ``airflow`` as admin; every chromium process gone afterwards."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="the selenium wheel is not installed")
+    from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    for binary in (CHROMIUM, CHROMEDRIVER):
-        if not Path(binary).is_file():
-            pytest.skip(f"{binary} is missing: apt-get install chromium chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tmp_path_factory.mktemp("chromium-profile")
@@ -303,6 +333,7 @@ def browser(airflow, tmp_path_factory):
     service = Service(CHROMEDRIVER, env={**os.environ, "DEPLOYBENCH_BROWSER_TEST": marker},
                       log_output=str(profile / "chromedriver.log"))
     driver = webdriver.Chrome(service=service, options=options)
+    driver_pid = service.process.pid
     try:
         driver.set_page_load_timeout(PAGE_TIMEOUT_S)
         driver.get(airflow.url + "/auth/login")
@@ -315,7 +346,46 @@ def browser(airflow, tmp_path_factory):
     finally:
         driver.quit()
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while (left := processes_of(-1, marker)) and time.monotonic() < deadline:
+        while (left := processes_of(driver_pid, marker)) and time.monotonic() < deadline:
             _signal_all(left, signal.SIGKILL)
             time.sleep(0.3)
         assert not left, f"chromium/chromedriver processes still running after quit: {left}"
+
+
+# -- what the browser showed -----------------------------------------------------------------------
+def shots_dir() -> Path:
+    """Where screenshots go: $DEPLOYBENCH_BROWSER_SHOTS (CI can keep it as an artifact), else a temp folder."""
+    path = Path(os.environ.get("DEPLOYBENCH_BROWSER_SHOTS") or Path(tempfile.gettempdir()) / "deploybench-browser-shots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def screenshot(driver, name: str, always: bool = False) -> Path | None:
+    """Save what the browser shows (whole window) and the current frame's HTML; only when
+    $DEPLOYBENCH_BROWSER_SHOTS is set, unless ``always`` (a failure)."""
+    if not (always or os.environ.get("DEPLOYBENCH_BROWSER_SHOTS")):
+        return None
+    base = shots_dir() / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    driver.save_screenshot(str(base.with_suffix(".png")))
+    base.with_suffix(".html").write_text(driver.page_source)
+    return base.with_suffix(".png")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On a failure with a browser open, keep a screenshot and the page's HTML and name them in the report."""
+    report = yield
+    driver = item.funcargs.get("browser") if hasattr(item, "funcargs") else None
+    if report.failed and driver is not None:
+        try:
+            path = screenshot(driver, f"FAILED-{item.name}-{report.when}", always=True)
+            report.sections.append(("browser", f"screenshot of the failure: {path} (and .html)"))
+        except Exception as exc:  # noqa: BLE001 - the browser may be what failed; the report must still be written
+            report.sections.append(("browser", f"no screenshot: {exc!r}"))
+    return report
+
+
+@pytest.fixture(scope="module")
+def shot(browser):
+    """``shot(name)`` saves what the browser shows now, when $DEPLOYBENCH_BROWSER_SHOTS is set."""
+    return lambda name: screenshot(browser, name)

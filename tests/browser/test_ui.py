@@ -2,7 +2,7 @@
 
 Log in, open deploybench_run, press Trigger: with the defaults the form must be submittable (no
 section flagged red, the modal's Trigger button enabled). Then point the form at a 2-node lab and
-shorten the run (one field in each of three sections), trigger, wait for the run to succeed, and
+shorten the run (fields in the Cluster, Preflight and Load sections), trigger, wait for the run to succeed, and
 read what a person reads: the run's "Benchmark results" tab, the series history and the comparison
 page of the results plugin, checked against what the run stored.
 """
@@ -19,7 +19,18 @@ import pytest
 
 from deploybench import paths
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration]
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's packages
+pytestmark = [
+    pytest.mark.browser, pytest.mark.integration,
+    pytest.mark.skipif(not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
+                       reason="needs Debian's chromium and chromium-driver (.ci/bootstrap installs them)"),
+]
+pytest.importorskip("selenium", reason="needs the selenium wheel (requirements.txt)")
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 DAG_ID = "deploybench_run"
 LAB_NODES = 2  # the lab_inventory fixture's
@@ -36,15 +47,7 @@ CHANGES = {
 }
 
 
-def _by():
-    from selenium.webdriver.common.by import By
-
-    return By
-
-
-def _wait(driver, timeout_s: float = PAGE_TIMEOUT_S):
-    from selenium.webdriver.support.ui import WebDriverWait
-
+def _wait(driver, timeout_s: float = PAGE_TIMEOUT_S) -> WebDriverWait:
     return WebDriverWait(driver, timeout_s, poll_frequency=0.25)
 
 
@@ -82,9 +85,6 @@ def flagged_sections(dialog) -> list[str]:
 
 def open_trigger_form(driver, url: str):
     """The trigger modal of deploybench_run, as the "Trigger" button on the DAG page opens it."""
-    By = _by()
-    from selenium.webdriver.support import expected_conditions as ec
-
     driver.get(f"{url}/dags/{DAG_ID}")
     _wait(driver).until(ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Trigger']"))).click()
     dialog = _wait(driver).until(lambda d: next(
@@ -94,7 +94,7 @@ def open_trigger_form(driver, url: str):
 
 
 def submit_button(dialog):
-    return dialog.find_element(_by().CSS_SELECTOR, "[data-testid=trigger-dag-submit]")
+    return dialog.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]")
 
 
 def assert_submittable(dialog) -> None:
@@ -120,10 +120,6 @@ def assert_submittable(dialog) -> None:
 
 def set_field(dialog, section: str, name: str, value: str) -> None:
     """Open ``section`` and type ``value`` into the field ``name`` (select all, then type, as a person)."""
-    By = _by()
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.keys import Keys
-
     trigger = next(b for b in dialog.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")
                    if b.text.strip() == section)
     if trigger.get_attribute("aria-expanded") != "true":
@@ -165,8 +161,8 @@ def _why_failed(airflow, run_id: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def form_run(airflow, browser, lab_inventory, results_dsn) -> dict:
-    """A run triggered from the form (inventory and three load/preflight fields changed), finished."""
+def form_run(airflow, browser, lab_inventory, results_dsn, shot) -> dict:
+    """A run triggered from the form (the lab's inventory, and CHANGES), finished; with its stored results."""
     before = _run_ids(airflow)
     dialog = open_trigger_form(browser, airflow.url)
     set_field(dialog, "Cluster", "inventory", str(lab_inventory))
@@ -174,6 +170,7 @@ def form_run(airflow, browser, lab_inventory, results_dsn) -> dict:
         for name, value in changes:
             set_field(dialog, section, name, value)
     assert_submittable(dialog)
+    shot("02-trigger-form-changed")
     submit_button(dialog).click()
     new = airflow.wait_for("the triggered run", lambda: _run_ids(airflow) - before, 30, every_s=0.5)
     assert len(new) == 1, new
@@ -194,8 +191,9 @@ def form_run(airflow, browser, lab_inventory, results_dsn) -> dict:
 
 
 # -- tests -----------------------------------------------------------------------------------------
-def test_trigger_form_can_be_submitted_with_its_defaults(airflow, browser):
+def test_trigger_form_can_be_submitted_with_its_defaults(airflow, browser, shot):
     dialog = open_trigger_form(browser, airflow.url)
+    shot("01-trigger-form-defaults")
     sections = [s["name"] for s in browser.execute_script(_SECTIONS_JS, dialog)]
     for section in ("Cluster", "Preflight", "Rollout", "Load", "SLO"):
         assert section in sections, sections
@@ -235,21 +233,18 @@ def table_under(driver, heading: str) -> list[dict[str, str]]:
 
 
 def body_text(driver) -> str:
-    return driver.find_element(_by().TAG_NAME, "body").text
+    return driver.find_element(By.TAG_NAME, "body").text
 
 
 def heading(driver, timeout_s: float = PAGE_TIMEOUT_S) -> str:
     """The page's <h1> once it is there (an error page of the plugin has '<h1>404</h1>' etc.)."""
     return _wait(driver, timeout_s).until(
-        lambda d: (h := d.find_elements(_by().TAG_NAME, "h1")) and h[0].text.strip()) or ""
+        lambda d: (h := d.find_elements(By.TAG_NAME, "h1")) and h[0].text.strip()) or ""
 
 
 def open_results_tab(driver, url: str, run_id: str) -> str:
     """The run's page in Airflow, then its "Benchmark results" tab; the driver is left inside the tab's
     frame. Returns the frame's heading."""
-    By = _by()
-    from selenium.webdriver.support import expected_conditions as ec
-
     driver.switch_to.default_content()
     driver.get(f"{url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}")
     tab = _wait(driver).until(ec.element_to_be_clickable(
@@ -263,22 +258,20 @@ def open_results_tab(driver, url: str, run_id: str) -> str:
 
 def follow(driver, text: str) -> str:
     """Click the link whose text starts with ``text`` (inside the current frame); returns the new heading."""
-    By = _by()
     before = driver.find_element(By.TAG_NAME, "h1")
     link = _wait(driver, 10).until(lambda d: next(
         (a for a in d.find_elements(By.TAG_NAME, "a") if a.text.strip().startswith(text)), None))
     link.click()
-    from selenium.webdriver.support import expected_conditions as ec
-
     _wait(driver).until(ec.staleness_of(before))
     return heading(driver)
 
 
-def test_benchmark_results_tab_shows_the_runs_stages_and_throughput(airflow, browser, form_run):
+def test_benchmark_results_tab_shows_the_runs_stages_and_throughput(airflow, browser, form_run, shot):
     from deploybench.webapp_html import fmt_num, headline_phase
 
     stored = form_run["stored"]
     assert open_results_tab(browser, airflow.url, form_run["run_id"]) == f"Run {form_run['key']}"
+    shot("03-benchmark-results-tab")
     stages = {r["stage"]: r["status"] for r in table_under(browser, "Stages")}
     for stage in STAGES:
         assert stages.get(stage) == "success", stages
@@ -297,23 +290,25 @@ def test_benchmark_results_tab_shows_the_runs_stages_and_throughput(airflow, bro
     assert form_run["conf"]["inventory"] in text
 
 
-def test_series_history_and_comparison_pages_show_the_run(airflow, browser, form_run):
+def test_series_history_and_comparison_pages_show_the_run(airflow, browser, form_run, shot):
     stored = form_run["stored"]
     key, fp = form_run["key"], stored.series_fingerprint
     assert fp, "the run was stored without a series"
     open_results_tab(browser, airflow.url, form_run["run_id"])
 
     assert follow(browser, "History of this series") == f"History of series {fp[:12]}"
+    shot("04-series-history")
     runs = table_under(browser, "Runs of this series")
     mine = [r for r in runs if r["run"] == key]
     assert len(mine) == 1 and mine[0]["status"] == "success", runs
     text = body_text(browser)
     assert "Metrics over time" in text and fp in text
-    assert browser.find_elements(_by().CSS_SELECTOR, "figure svg"), "the history page draws no plot"
+    assert browser.find_elements(By.CSS_SELECTOR, "figure svg"), "the history page draws no plot"
 
     assert follow(browser, "Compare the runs of this series") == "Comparison"
+    shot("05-comparison")
     text = body_text(browser)
     assert "Configurations side by side" in text, text[:2000]
     assert "Best configuration meeting the SLO" in text, text[:2000]
     assert key in text
-    assert len(browser.find_elements(_by().CSS_SELECTOR, "figure svg")) >= 2, "no throughput-latency/Pareto plots"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "figure svg")) >= 2, "no throughput-latency/Pareto plots"
