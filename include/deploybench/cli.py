@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "deploybench.store.cli",
     "deploybench.analyse.cli",
     "deploybench.runner",
+    "deploybench.lease_cli",
 ]
 
 

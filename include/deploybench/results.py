@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # stages whose records go into stage_results (store and report describe the storing itself)
-STORED_STAGES = ("validate", "preflight", "fanout", "rollout", "load", "teardown")
+STORED_STAGES = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown")
 _TRIGGERS = ("manual", "scheduled", "backfill", "asset_triggered", "dataset_triggered")
 
 

@@ -23,6 +23,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run every stage in this process, without Airflow")
     p.add_argument("--conf", default="{}", help="flat parameters as JSON (the DAG's trigger form)")
     p.add_argument("--key", default=None, help="run key (default: cli__<timestamp>)")
+    p.add_argument("--on-busy", choices=["wait", "fail"], default=None,
+                   help="when another run holds the cluster: wait for it, or fail naming it (default: lease.on_busy)")
+    p.add_argument("--lease-wait", type=float, default=None, metavar="S",
+                   help="wait at most this long for the cluster's lease (default: lease.wait_s)")
+    p.add_argument("--lease-ttl", type=float, default=None, metavar="S",
+                   help="the lease expires this long after the last heartbeat (default: lease.ttl_s)")
+    p.add_argument("--lease-heartbeat", type=float, default=None, metavar="S",
+                   help="renew the lease this often (default: lease.heartbeat_s)")
     p.set_defaults(func=cmd_run)
 
     d = sub.add_parser("demo", help="start a lab and run the deploybench_run DAG on it through Airflow")
@@ -45,18 +53,30 @@ def cmd_airflow(args: argparse.Namespace) -> int:
     return subprocess.run(["airflow", *args.args], env=env, check=False).returncode
 
 
-def run_inline(run_key: str, flat: dict) -> str:
-    """All stages in order, teardown/store/report always; returns the summary, raises if the run failed."""
+def run_inline(run_key: str, flat: dict, lease: dict | None = None) -> str:
+    """All stages in order under the cluster's lease, teardown/store/report always; returns the summary,
+    raises if the run failed.
+
+    The lease is taken after validate (nothing has touched a node before), after cleaning up what a
+    dead holder left; a heartbeat renews it while the stages work, and it is released after teardown.
+    ``lease``: overrides of the run's lease settings for acquire_lease (wait_s, on_busy, ttl_s,
+    heartbeat_s). A run refused by the lease touches no node, not even for teardown.
+    """
+    leased = False
     try:
         pipeline.validate(run_key, flat)
-        healthy = pipeline.preflight(run_key)["healthy"]
-        copied = pipeline.fanout(run_key, healthy)["nodes"]
-        endpoints = pipeline.rollout(run_key, copied)["endpoints"]
-        pipeline.load(run_key, endpoints)
+        pipeline.acquire_lease(run_key, **(lease or {}))
+        leased = True
+        with pipeline.lease_heartbeat(run_key):
+            healthy = pipeline.preflight(run_key)["healthy"]
+            copied = pipeline.fanout(run_key, healthy)["nodes"]
+            endpoints = pipeline.rollout(run_key, copied)["endpoints"]
+            pipeline.load(run_key, endpoints)
     except DeploybenchError as exc:
         log.error("%s", exc)
     finally:
-        for final in (pipeline.teardown, pipeline.store, pipeline.report):
+        finals = ((pipeline.teardown, pipeline.release_lease) if leased else ()) + (pipeline.store, pipeline.report)
+        for final in finals:
             try:
                 final(run_key)
             except Exception as exc:  # noqa: BLE001 - keep going: every final step must get its chance
@@ -77,8 +97,10 @@ def _conf(text: str) -> dict:
 def cmd_run(args: argparse.Namespace) -> int:
     key = args.key or "cli__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     conf = _conf(args.conf)
+    lease = {k: v for k, v in (("on_busy", args.on_busy), ("wait_s", args.lease_wait), ("ttl_s", args.lease_ttl),
+                               ("heartbeat_s", args.lease_heartbeat)) if v is not None}
     try:
-        print(run_inline(key, conf))
+        print(run_inline(key, conf, lease))
         return 0
     except StageFailed as exc:
         if (paths.run_dir(key) / "run.json").exists():

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ORDER = ("validate", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
+ORDER = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
 
 
 def run_status(records: dict[str, dict]) -> str:
