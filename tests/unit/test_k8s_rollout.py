@@ -159,3 +159,42 @@ def test_canary_failure_deletes_everything():
 def test_kubernetes_backend_without_clients_is_refused_before_anything_starts():
     with pytest.raises(ConfigError, match="kubernetes_default"):
         rollout.run(Cluster(_inv()), NODES[:4], _cfg())
+
+
+def test_names_and_labels_carry_the_run_key_and_stay_valid():
+    cfg = RunConfig.parse({"inventory": "x", "engine": {"profile": "vllm"}})
+    key = "deploybench_run__manual__2026-12-03T07:29:15.123456+00:00"
+    objs = manifests.render_all(cfg, _inv(), NODES[:2], NODES[2:], 2, 0, run_key=key)
+    for o in objs:
+        manifests.validate(o)
+        assert o["metadata"]["labels"][manifests.RUN] == manifests.run_label(key)
+        assert o["metadata"]["name"] != manifests.Names.of(cfg.model.name).stable  # not the model-only name
+    label = manifests.run_label(key)
+    assert len(label) <= 63 and label[0].isalnum() and label[-1].isalnum()
+    assert manifests.run_label("a" * 80) != manifests.run_label("a" * 79 + "b")  # long keys stay distinct
+    assert manifests.Names.of("m", "run-1").stable != manifests.Names.of("m", "run-2").stable
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    assert dep["spec"]["template"]["metadata"]["labels"][manifests.RUN] == label
+
+
+def test_two_runs_in_one_namespace_never_touch_each_others_objects():
+    from deploybench.rollout.kubernetes import delete_run_objects
+
+    cfg = _cfg()
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        kube = KubeClients.from_api_client(srv.api_client())
+        res_a = rollout.run(Cluster(_inv(), run_key="run-a"), NODES[:4], cfg, kube=kube, **_checks([]))
+        res_b = rollout.run(Cluster(_inv(), run_key="run-b"), NODES[4:8], cfg, kube=kube, **_checks([]))
+        assert len(res_a.endpoints) == 4 and len(res_b.endpoints) == 4
+        by_run = {}
+        for (kind, _, name), o in srv.cluster.objects.items():
+            by_run.setdefault(o["metadata"]["labels"][manifests.RUN], set()).add(name)
+        assert set(by_run) == {"run-a", "run-b"} and not by_run["run-a"] & by_run["run-b"]
+        out = rollout.teardown(Cluster(_inv(), run_key="run-a"), NODES[:4], cfg, kube=kube)
+        assert len(out) == 4 and set(out.values()) == {"stopped"}  # 2 Deployments + 2 Services, by label
+        left = {o["metadata"]["labels"][manifests.RUN] for o in srv.cluster.objects.values()}
+        assert left == {"run-b"} and len(srv.cluster.pods) == 4  # run b still serves
+        # a later run cleaning up after a dead run b: by b's label, whatever the names are
+        assert set(delete_run_objects(kube, "deploybench", "run-b").values()) == {"deleted"}
+        assert srv.cluster.objects == {} and srv.cluster.pods == {}
+        assert delete_run_objects(kube, "deploybench", "run-b") == {}
