@@ -163,3 +163,29 @@ def test_a_broken_lease_stops_the_main_thread_at_the_next_heartbeat(store, clust
     assert time.monotonic() - t0 < 0.7 + FAST.heartbeat_s + 1.5
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is gone after the run stopped
     raise_if_lost()  # outside the heartbeat nothing is raised any more
+
+
+def test_the_deferrable_trigger_fires_when_the_lease_is_free_and_times_out_naming_the_holder(store, cluster, dsn,
+                                                                                             monkeypatch):
+    import asyncio
+
+    pytest.importorskip("airflow")
+    from deploybench import airflow_lease_trigger as trig
+
+    monkeypatch.setattr(trig, "_results_dsn", lambda: dsn)
+    store.acquire(cluster, Holder("run-a", host="ctl-1", pid=7), LeaseSpec(ttl_s=60, heartbeat_s=1))
+
+    async def first_event(t: trig.LeaseFreeTrigger) -> dict:
+        async for ev in t.run():
+            return ev.payload
+        raise AssertionError("the trigger ended without an event")
+
+    t = trig.LeaseFreeTrigger(cluster, "run-b", poll_s=0.2, timeout_s=1)
+    ev = asyncio.run(first_event(t))
+    assert ev["status"] == "timeout" and "run-a" in ev["why"] and ev["holder"]["host"] == "ctl-1"
+    classpath, kwargs = t.serialize()
+    assert classpath == "deploybench.airflow_lease_trigger.LeaseFreeTrigger" and kwargs["run_key"] == "run-b"
+    threading.Timer(0.8, store.release, (cluster, "run-a")).start()
+    t0 = time.monotonic()
+    ev = asyncio.run(first_event(trig.LeaseFreeTrigger(cluster, "run-b", poll_s=0.2, timeout_s=20)))
+    assert ev["status"] == "free" and ev["why"] == "free" and 0.6 < time.monotonic() - t0 < 5
