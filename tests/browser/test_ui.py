@@ -26,7 +26,7 @@ pytestmark = [
                        reason="needs Debian's chromium and chromium-driver (.ci/bootstrap installs them)"),
 ]
 pytest.importorskip("selenium", reason="needs the selenium wheel (requirements.txt)")
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import ElementClickInterceptedException, TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
@@ -97,8 +97,9 @@ def submit_button(dialog):
     return dialog.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]")
 
 
-def assert_submittable(dialog) -> None:
-    """Enabled Trigger button and no red section, after the form has validated its fields (bounded)."""
+def assert_submittable(dialog, state: str) -> None:
+    """Enabled Trigger button and no red section, after the form has validated its fields (bounded);
+    ``state`` says which values the form holds, for the failure message."""
     deadline = time.monotonic() + FORM_TIMEOUT_S
     steady_since = None
     while time.monotonic() < deadline:
@@ -112,10 +113,38 @@ def assert_submittable(dialog) -> None:
         time.sleep(0.25)
     driver = dialog.parent
     pytest.fail(
-        f"the trigger form cannot be submitted with its defaults: Trigger button "
+        f"the trigger form cannot be submitted {state}: Trigger button "
         f"{'enabled' if submit_button(dialog).is_enabled() else 'DISABLED'}, sections flagged red: "
         f"{flagged_sections(dialog)}, required fields left empty: {driver.execute_script(_EMPTY_REQUIRED_JS, dialog)}"
     )
+
+
+def _still(element, timeout_s: float = 10) -> None:
+    """Scroll ``element`` to the middle and wait until it stops moving (a section opens with an animation)."""
+    driver = element.parent
+    last = None
+
+    def settled(_):
+        nonlocal last
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+        now = element.rect
+        done, last = now == last, now
+        return done
+
+    _wait(driver, timeout_s).until(settled)
+    time.sleep(0.1)
+
+
+def _click(element) -> None:
+    """Click as a person does; if something still covers the element (an animation), wait for it to
+    settle and click again, and at last click it from script (which also gives it the focus)."""
+    for _ in range(2):
+        try:
+            element.click()
+            return
+        except ElementClickInterceptedException:
+            _still(element)
+    element.parent.execute_script("arguments[0].click(); arguments[0].focus()", element)
 
 
 def set_field(dialog, section: str, name: str, value: str) -> None:
@@ -123,14 +152,14 @@ def set_field(dialog, section: str, name: str, value: str) -> None:
     trigger = next(b for b in dialog.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")
                    if b.text.strip() == section)
     if trigger.get_attribute("aria-expanded") != "true":
-        dialog.parent.execute_script("arguments[0].scrollIntoView({block: 'center'})", trigger)
-        trigger.click()
+        _still(trigger)
+        _click(trigger)
     field = _wait(dialog.parent, 10).until(lambda d: next(
         (e for e in dialog.find_elements(By.CSS_SELECTOR, f"[name=element_{name}]") if e.is_displayed()), None))
-    dialog.parent.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
+    _still(field)
     shown = None
     for _ in range(3):
-        field.click()
+        _click(field)
         field.send_keys(Keys.CONTROL, "a")
         field.send_keys(Keys.DELETE)
         for char in value:  # key by key: the form re-renders on every change and drops keys sent in a burst
@@ -169,7 +198,7 @@ def form_run(airflow, browser, lab_inventory, results_dsn, shot) -> dict:
     for section, changes in CHANGES.items():
         for name, value in changes:
             set_field(dialog, section, name, value)
-    assert_submittable(dialog)
+    assert_submittable(dialog, "with the test's changes")
     shot("02-trigger-form-changed")
     submit_button(dialog).click()
     new = airflow.wait_for("the triggered run", lambda: _run_ids(airflow) - before, 30, every_s=0.5)
@@ -197,7 +226,7 @@ def test_trigger_form_can_be_submitted_with_its_defaults(airflow, browser, shot)
     sections = [s["name"] for s in browser.execute_script(_SECTIONS_JS, dialog)]
     for section in ("Cluster", "Preflight", "Rollout", "Load", "SLO"):
         assert section in sections, sections
-    assert_submittable(dialog)
+    assert_submittable(dialog, "with its defaults")
 
 
 def test_the_run_gets_what_was_typed_into_the_form(form_run, lab_inventory):
