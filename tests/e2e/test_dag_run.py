@@ -168,3 +168,46 @@ def test_params_that_do_not_fit_the_cluster_are_refused_before_any_node_is_touch
     rec = json.loads((paths.run_dir(_key(dr)) / "stages" / "validate.json").read_text())
     assert "canary_nodes" in rec["error"]
     assert not (paths.run_dir(_key(dr)) / "stages" / "preflight.json").exists()
+
+
+def test_a_run_waits_deferred_for_a_busy_cluster_or_fails_naming_the_holder(lab, dag):
+    """Another run holds the lab's lease: with lease_on_busy=fail the DAG run fails at lease.acquire
+    naming that holder, before any node is touched; with wait it defers (AcquireLease ->
+    LeaseFreeTrigger) and goes on once the holder releases, and its lease record says how long it waited."""
+    import threading
+    import time
+    from datetime import datetime
+
+    from deploybench.lease import Holder, LeaseStore
+
+    store, holder = LeaseStore(None), Holder("someone-else__manual_1", dag_id="deploybench_run", pid=4242)
+    got = store.try_acquire(lab.name, holder, ttl_s=300)
+    assert not hasattr(got, "holder"), f"the lab's lease was not free: {got}"
+    try:
+        dr = dag.test(run_conf=_conf(lab, lease_on_busy="fail", load_duration_s=3))
+        assert dr.state == "failed"
+        states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+        assert states["lease.acquire"] == "failed" and states["preflight.nodes_and_links"] == "upstream_failed"
+        rec = json.loads((paths.run_dir(_key(dr)) / "stages" / "lease.json").read_text())
+        assert "someone-else__manual_1" in rec["error"] and "4242" in rec["error"], rec["error"]
+        assert not (paths.run_dir(_key(dr)) / "stages" / "preflight.json").exists()
+
+        released: list[float] = []
+
+        def let_go() -> None:
+            released.append(time.time())
+            store.release(lab.name, holder.run_key)
+
+        timer = threading.Timer(6.0, let_go)
+        timer.start()
+        dr = dag.test(run_conf=_conf(lab, lease_on_busy="wait", lease_wait_s=120, load_duration_s=3))
+        timer.join()
+        assert dr.state == "success"
+        rec = json.loads((paths.run_dir(_key(dr)) / "stages" / "lease.json").read_text())
+        assert rec["status"] == "success" and rec["result"]["released"] is True
+        pre = json.loads((paths.run_dir(_key(dr)) / "stages" / "preflight.json").read_text())
+        # preflight started only after the other holder let go
+        assert datetime.fromisoformat(pre["started_at"]).timestamp() >= released[0], (pre["started_at"], released)
+        assert store.status(lab.name).free
+    finally:
+        store.release(lab.name, holder.run_key)

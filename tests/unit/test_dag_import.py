@@ -23,9 +23,9 @@ def test_stages_are_task_groups_in_order():
     ids = set(dag.task_ids)
     for group in ("preflight", "fanout", "rollout", "load", "store", "report"):
         assert any(t.startswith(group + ".") for t in ids), group
-    order = ["validate", "preflight.nodes_and_links", "fanout.copy_and_verify", "rollout.canary_then_scale",
-             "load.probe", "load.sustained", "load.overload", "teardown", "store.write_results", "report.render",
-             "finish"]
+    order = ["validate", "lease.acquire", "preflight.nodes_and_links", "fanout.copy_and_verify",
+             "rollout.canary_then_scale", "load.probe", "load.sustained", "load.overload", "teardown", "lease.release",
+             "store.write_results", "report.render", "finish"]
     for a, b in zip(order, order[1:]):
         assert b in dag.get_task(a).get_flat_relative_ids(upstream=False), f"{a} must come before {b}"
 
@@ -43,6 +43,9 @@ def test_rollout_is_the_setup_of_the_engine_teardown_and_phases_can_be_skipped()
     deploy, down = dag.get_task("rollout.canary_then_scale"), dag.get_task("teardown")
     assert deploy.is_setup and down.is_teardown
     assert "rollout.canary_then_scale" in down.upstream_task_ids
+    take, release = dag.get_task("lease.acquire"), dag.get_task("lease.release")
+    assert take.is_setup and release.is_teardown and "lease.acquire" in release.upstream_task_ids
+    assert "teardown" in release.upstream_task_ids  # the cluster is released only after the engines stopped
     assert dag.get_task("load.probe").trigger_rule == "all_success"  # Airflow's rule right after a setup
     for phase in ("load.sustained", "load.overload"):
         assert dag.get_task(phase).trigger_rule == "none_failed", phase  # a skipped phase does not skip the next

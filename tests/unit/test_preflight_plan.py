@@ -90,6 +90,7 @@ def test_tests_run_concurrently_in_round_order_per_node_never_two_at_once():
     rounds = schedule_rounds(link_pairs(NAMES[:8], LinkMode.MESH))
     plan = [(i, pair) for i, rnd in enumerate(rounds) for pair in rnd]
     lock, active, started, most = threading.Lock(), set(), [], [0]
+    cond = threading.Condition(lock)
     rng = random.Random(7)
     delays = {pair: rng.choice([0.001, 0.004, 0.02]) for _, pair in plan}
 
@@ -99,6 +100,10 @@ def test_tests_run_concurrently_in_round_order_per_node_never_two_at_once():
             active.update(pair)
             started.append((i, pair))
             most[0] = max(most[0], len(active) // 2)
+            cond.notify_all()
+            # give the round's other tests a second to start (a busy machine starts threads late): a runner
+            # that starts them together reaches four at once, a sequential one never does
+            cond.wait_for(lambda: len(active) // 2 >= 4, timeout=1.0)
         time.sleep(delays[pair])
         with lock:
             active.difference_update(pair)
