@@ -19,7 +19,6 @@ import pytest
 from deploybench import http, paths, pipeline
 from deploybench.errors import StageFailed
 from deploybench.lab.state import LabFiles
-from deploybench.transport import Cluster
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.netns,
@@ -178,13 +177,13 @@ def test_engine_dying_after_ready_rolls_back_to_the_last_good_step(lab):
     nodes = _validate(key, lab, nodes=4, canary_nodes=2, on_step_failure="rollback")
     run = pipeline.Run.open(key)
     victim = nodes[3]
-    with Cluster(run.inventory) as cluster:
+    with run.cluster() as cluster:  # the run's own pid files (per run key), as pipeline.teardown finds them
         dep = SSHDeployer(cluster, run.cfg)
 
         def gate(eps, step):
             if step == 1:
                 pid, _ = dep._paths(run.inventory.node(victim))
-                cluster[victim].run(f"kill -KILL $(cat {pid})", timeout=10)
+                cluster[victim].run(f"kill -KILL $(head -n 1 {pid})", timeout=10)
             return gates.gate_load(eps, run.cfg, dep.profile, run.dir / "rollout", step)
 
         with pytest.raises(StageFailed) as err:
