@@ -12,6 +12,7 @@ kubernetes backend its Deployments and Services. The run that takes the cluster 
   environment (when readable) names that run; pid 1, this script's own pids and a pid that now
   runs something else are left alone, with a warning. A process group leader (everything a run
   starts is one, under ``setsid``) is stopped with its group: TERM, then KILL after a grace.
+- an engine in a container (``docker|podman run --name ...``) is removed by that name too;
 - k6 runs on the controller; its pid file (``*.k6.pid``, same format) is in the dead run's folder.
 - Kubernetes objects carry the label ``deploybench/run`` (``rollout.manifests.run_label``).
 
@@ -120,6 +121,12 @@ for d, _, files in os.walk(root):
         else:
             rec["action"] = "killed"
             drop(path)
+        if os.path.basename(argv[0]) in ("docker", "podman") and argv[1:2] == ["run"] and "--name" in argv:
+            # the engine ran in a container: its client is gone, the container is not
+            import subprocess
+            name = argv[argv.index("--name") + 1]
+            rm = subprocess.run([argv[0], "rm", "-f", name], capture_output=True, text=True)
+            rec["container"] = name + (" removed" if rm.returncode == 0 else ": " + rm.stderr.strip()[-200:])
 print(json.dumps(out))
 '''
 

@@ -336,13 +336,17 @@ def acquire_lease(run_key: str, wait_s: float | None = None, on_busy: str | None
         if grant.cleanup:
             from deploybench.lease import held
 
-            with held(store, cluster, run_key, spec, interrupt=False):
-                for entry in grant.cleanup:
-                    res = leftovers.clean(run.inventory, entry["run_key"], ssh_overrides=ssh_overrides, kube=kube,
-                                          namespace=run.cfg.rollout.kubernetes.namespace if kube else None,
-                                          grace_s=run.cfg.rollout.stop_grace_s)
-                    cleaned.append({**res, "reason": entry.get("reason"), "dead_holder": entry})
-            store.cleaned(cluster, run_key, [e["run_key"] for e in grant.cleanup], {"cleaned": cleaned})
+            try:
+                with held(store, cluster, run_key, spec, interrupt=False):
+                    for entry in grant.cleanup:
+                        res = leftovers.clean(run.inventory, entry["run_key"], ssh_overrides=ssh_overrides, kube=kube,
+                                              namespace=run.cfg.rollout.kubernetes.namespace if kube else None,
+                                              grace_s=run.cfg.rollout.stop_grace_s)
+                        cleaned.append({**res, "reason": entry.get("reason"), "dead_holder": entry})
+                store.cleaned(cluster, run_key, [e["run_key"] for e in grant.cleanup], {"cleaned": cleaned})
+            except BaseException:
+                store.release(cluster, run_key)  # the dead runs stay pending: the next taker cleans up after them
+                raise
         rec["result"].update(waited_s=grant.waited_s, taken_over=grant.taken_over, cleaned=cleaned,
                              acquired_at=now())
         rec["summary"] = f"cluster {cluster!r} leased after {grant.waited_s:.1f} s" + "".join(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run every stage in this process, without Airflow")
     p.add_argument("--conf", default="{}", help="flat parameters as JSON (the DAG's trigger form)")
-    p.add_argument("--key", default=None, help="run key (default: cli__<timestamp>)")
+    p.add_argument("--key", default=None, help="run key (default: cli__<timestamp>_<pid>)")
     p.add_argument("--on-busy", choices=["wait", "fail"], default=None,
                    help="when another run holds the cluster: wait for it, or fail naming it (default: lease.on_busy)")
     p.add_argument("--lease-wait", type=float, default=None, metavar="S",
@@ -95,7 +96,8 @@ def _conf(text: str) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    key = args.key or "cli__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    # the pid too: two runs started in the same second must not share a key (the lease's holder)
+    key = args.key or f"cli__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}_{os.getpid()}"
     conf = _conf(args.conf)
     lease = {k: v for k, v in (("on_busy", args.on_busy), ("wait_s", args.lease_wait), ("ttl_s", args.lease_ttl),
                                ("heartbeat_s", args.lease_heartbeat)) if v is not None}

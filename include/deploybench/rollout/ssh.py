@@ -57,7 +57,8 @@ class SSHDeployer(Deployer):
                                      self.cfg.model.name, self.port, self.cfg.engine, self.work_dir(node))
 
     def _container_name(self, node: Node) -> str:
-        return f"deploybench-{node.name}"
+        key = self.cluster.run_key
+        return f"deploybench-{node.name}" + (f"-{run_tag(key)}" if key else "")
 
     def launch_argv(self, node: Node) -> list[str]:
         ctx = self._context(node)
