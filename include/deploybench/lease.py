@@ -20,7 +20,7 @@ failed land in ``pending_cleanup`` too. ``lease_events`` keeps what happened, wi
 cleaned.
 
 This module never imports Airflow; the DAG's deferrable wait is
-``deploybench.airflow_lease_trigger``.
+``deploybench.airflow.lease``.
 """
 
 from __future__ import annotations
