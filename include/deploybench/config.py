@@ -132,7 +132,8 @@ class KubernetesSpec(_Strict):
                                           "engine profile's default.")
     gpus_per_pod: int = Field(1, ge=0, le=64, title="Kubernetes: GPUs per pod",
                               description="kubernetes backend: GPU limit of each engine pod.")
-    gpu_resource: str = Field("nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$", title="Kubernetes: GPU resource",
+    gpu_resource: str = Field("nvidia.com/gpu", max_length=253, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$",
+                              title="Kubernetes: GPU resource",
                               description="kubernetes backend: the extended resource name of a GPU (nvidia.com/gpu, "
                                           "amd.com/gpu, ...).")
     progress_deadline_s: int = Field(600, ge=10, le=86400)

@@ -142,3 +142,16 @@ def test_extra_engine_args_reach_the_command_and_cannot_override_managed_flags()
 def test_a_bad_list_item_is_named_with_its_index():
     with pytest.raises(ConfigError, match=r"load_phases\[1\]"):
         params.to_config({"load_phases": ["probe", "bogus"]})
+
+
+def test_every_number_and_list_in_the_form_has_an_upper_bound():
+    """A value a person can type must not be able to hurt the worker or the cluster by its size."""
+    for f in params.FIELDS:
+        s = f.schema
+        types = s["type"] if isinstance(s["type"], list) else [s["type"]]
+        if "number" in types or "integer" in types:
+            assert "maximum" in s or "exclusiveMaximum" in s, f.name
+        if "array" in types:
+            assert "maxItems" in s or "enum" in s.get("items", {}), f.name  # a list of choices is bounded by them
+        if "string" in types and "enum" not in s:
+            assert "maxLength" in s or "{" in s.get("pattern", ""), f.name  # patterns here bound their length
