@@ -12,7 +12,7 @@ import json
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deploybench.errors import ConfigError
 
@@ -28,6 +28,8 @@ MAX_NODES = 4096
 MAX_K6_VUS = 10_000
 K6_VU_HEADROOM = 4.0
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+# an inventory name, or an absolute path (accepted only inside the inventory folders, see _inventory_in_folders)
+INVENTORY_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,127}|/[^\x00-\x1f\x7f]*)$"
 
 
 class EngineProfileName(str, Enum):
@@ -425,9 +427,10 @@ LOAD_SHAPE_FIELDS = {
 
 
 class RunConfig(_Strict):
-    inventory: str = Field(min_length=1, max_length=4096, title="Inventory",
-                           description="Path of the inventory JSON (the lab writes one; see the README for a real "
-                                       "cluster).")
+    inventory: str = Field(min_length=1, max_length=4096, pattern=INVENTORY_PATTERN, title="Inventory",
+                           description="Name of the cluster's inventory in the inventory folder ($DEPLOYBENCH_INVENTORIES"
+                                       ", default the lab's: 'demo' is the lab `deploybench lab up demo` writes), or "
+                                       "its path inside that folder.")
     nodes: int = Field(0, ge=0, le=MAX_NODES, title="Nodes",
                        description="Use the first N nodes of the inventory; 0 = all.")
     source_node: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", title="Source node",
@@ -443,6 +446,19 @@ class RunConfig(_Strict):
     lease: LeaseSpec = Field(default_factory=LeaseSpec)  # how the run shares its cluster: not in the fingerprint
     tags: dict[str, str] = Field(default_factory=dict, max_length=64, title="Tags",
                                  description="Free labels stored with the run (e.g. {\"purpose\": \"nightly\"}).")
+
+    @field_validator("inventory")
+    @classmethod
+    def _inventory_in_folders(cls, v: str) -> str:
+        """A name, or a path inside the inventory folders: a person who can trigger a run cannot point it at
+        any file the worker can read. Whether the file exists is checked when the run loads it."""
+        from deploybench.inventory import resolve
+
+        try:
+            resolve(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return v
 
     @model_validator(mode="after")
     def _coherent(self) -> "RunConfig":

@@ -3,18 +3,72 @@
 An inventory is a JSON file. The lab writes one for the cluster it builds; for a real
 cluster a person writes it (see README). The DAG only ever reads an inventory, so the
 same DAG runs against the lab and against real GPU servers.
+
+A run names its inventory (``inventory: demo``); the name is looked up in the inventory
+folders (``$DEPLOYBENCH_INVENTORIES``, ``:``-separated; default the lab's folder,
+``<home>/lab``): ``<folder>/<name>.json`` or ``<folder>/<name>/inventory.json`` (what
+``deploybench lab up <name>`` writes). A path is accepted only inside those folders, so a
+person who can trigger a run cannot point it at an arbitrary file.
+
+Every value that reaches a command line is checked here: host names and addresses, the SSH
+user, folders and the Python command may not look like an option (``-oProxyCommand=...``) nor
+hold a control character. An invalid inventory's error names the fields, never their values
+(an inventory may hold secrets).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from deploybench import paths
 from deploybench.errors import ConfigError
+
+INVENTORIES_ENV = "DEPLOYBENCH_INVENTORIES"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+USER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_host(value: str | None) -> str | None:
+    """A host name (RFC 1123 labels) or an IPv4/IPv6 address; anything else (``-oProxyCommand=x``, a space, a
+    shell character) could be read as an option or a second argument by ssh, rsync or iperf3."""
+    if value is None:
+        return None
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not _HOST.match(value):
+        raise ValueError(f"{value[:80]!r} is not a host name or an IP address (letters, digits, '-' and '.', "
+                         "not starting with '-')")
+    return value
+
+
+def check_path(value: str | None, absolute: bool = True) -> str | None:
+    """A folder or file on a node: absolute (or, for a command, not starting with '-'), no control character,
+    no '..' part."""
+    if value is None:
+        return None
+    if _CONTROL.search(value):
+        raise ValueError("a control character is not allowed in a path")
+    if absolute and not value.startswith("/"):
+        raise ValueError(f"{value[:120]!r} must be an absolute path")
+    if value.startswith("-"):
+        raise ValueError(f"{value[:120]!r} may not start with '-' (it would be read as an option)")
+    if ".." in value.split("/"):
+        raise ValueError(f"{value[:120]!r} may not hold a '..' part")
+    return value
 
 
 class TransportKind(str, Enum):
@@ -33,12 +87,17 @@ class SSHSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    user: str = "root"
+    user: str = Field("root", pattern=USER_PATTERN)
     port: int = Field(22, ge=1, le=65535)
     key_file: str | None = None
     known_hosts: str | None = None
-    conn_id: str | None = None
+    conn_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,250}$")
     connect_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("key_file", "known_hosts")
+    @classmethod
+    def _file(cls, v: str | None) -> str | None:
+        return check_path(v, absolute=False)
 
 
 class Node(BaseModel):
@@ -51,6 +110,16 @@ class Node(BaseModel):
     model_root: str | None = Field(None, description="overrides the inventory's model_root for this node")
     labels: dict[str, str] = Field(default_factory=dict)
     k8s_node: str | None = Field(None, description="the Kubernetes node name (kubernetes.io/hostname); default = name")
+
+    @field_validator("address", "backend_address", "k8s_node")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        return check_host(v)
+
+    @field_validator("model_root")
+    @classmethod
+    def _root(cls, v: str | None) -> str | None:
+        return check_path(v)
 
     @property
     def kubernetes_name(self) -> str:
@@ -75,11 +144,28 @@ class Inventory(BaseModel):
     # The command that runs Python on a node (the simulated engine needs it); the lab
     # sets it to the controller's venv, which every lab node sees.
     python: str = "python3"
-    # Where engine logs and pid files go on each node.
-    run_root: str = "/var/tmp/deploybench"
+    # Where engine logs, pid files and the relay program go on each node: the deploy user's own
+    # folder, checked before use (transport.Cluster.run_dir). Not under a world-writable folder
+    # such as /var/tmp, where another user could create it first.
+    run_root: str = "/var/lib/deploybench/run"
     controller_address: str | None = None
     lab: dict[str, Any] | None = Field(None, description="set by the lab: its name and mode")
     nodes: list[Node]
+
+    @field_validator("controller_address")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        return check_host(v)
+
+    @field_validator("model_root", "run_root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        return check_path(v)
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        return check_path(v, absolute=False)
 
     @field_validator("nodes")
     @classmethod
@@ -124,11 +210,13 @@ class Inventory(BaseModel):
     # -- files -------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path) -> "Inventory":
-        p = Path(path)
+        """The inventory at ``path``, or, for a bare name (no ``/``), the one of that name in the inventory
+        folders (``resolve``)."""
+        p = resolve(path) if isinstance(path, str) and "/" not in path else Path(path)
         if not p.is_file():
             raise ConfigError(
-                f"inventory {str(p)!r} does not exist; start the lab with `deploybench lab up` "
-                "(it writes one) or pass the path of your cluster's inventory file"
+                f"inventory {str(path)!r} does not exist (looked for {str(p)!r}); start the lab with `deploybench "
+                f"lab up` (it writes one) or put your cluster's inventory in {folders_text()}"
             )
         try:
             data = json.loads(p.read_text())
@@ -137,7 +225,7 @@ class Inventory(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(f"inventory {str(p)!r} is invalid:\n{exc}") from exc
+            raise ConfigError(f"inventory {str(p)!r} is invalid:\n  {describe_errors(exc)}") from exc
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
@@ -146,3 +234,47 @@ class Inventory(BaseModel):
         tmp.write_text(self.model_dump_json(indent=2, exclude_none=True) + "\n")
         tmp.replace(p)
         return p
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """One line per error: the field and what is wrong, never the value that was there (an inventory may
+    hold a password or a token; our own validators name non-secret values such as an address)."""
+    lines = []
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "inventory"
+        lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+    return "\n  ".join(lines)
+
+
+# -- where inventories are ------------------------------------------------------------------------
+def folders() -> list[Path]:
+    """The inventory folders: ``$DEPLOYBENCH_INVENTORIES`` (``:``-separated), else ``<home>/lab``."""
+    env = os.environ.get(INVENTORIES_ENV, "")
+    found = [Path(p) for p in env.split(os.pathsep) if p.strip()]
+    return found or [paths.home() / "lab"]
+
+
+def folders_text() -> str:
+    where = ", ".join(str(f) for f in folders())
+    return f"{where} (${INVENTORIES_ENV})" if os.environ.get(INVENTORIES_ENV) else f"{where} (the lab's; set " \
+        f"${INVENTORIES_ENV} for your own)"
+
+
+def resolve(ref: str) -> Path:
+    """The file of the inventory ``ref``: a name (``<folder>/<name>.json`` or ``<folder>/<name>/inventory.json``,
+    the first that exists, in folder order), or a path inside an inventory folder. ConfigError otherwise."""
+    if _CONTROL.search(ref):
+        raise ConfigError("inventory: a control character is not allowed; give the name of an inventory")
+    if "/" not in ref:
+        if not _NAME.match(ref):
+            raise ConfigError(f"inventory {ref[:80]!r} is not an inventory name (letters, digits, '_', '.', '-'); "
+                              f"inventories are looked up in {folders_text()}")
+        candidates = [c for f in folders() for c in (f / ref / "inventory.json", f / f"{ref}.json")]
+        return next((c for c in candidates if c.is_file()), candidates[0])
+    p = Path(ref).resolve()
+    for f in folders():
+        if p.is_relative_to(f.resolve()):
+            return p
+    raise ConfigError(f"inventory {ref[:200]!r} is outside the inventory folders {folders_text()}; give the name "
+                      "of an inventory in them (e.g. 'demo' for the lab of `deploybench lab up demo`), or add its "
+                      f"folder to ${INVENTORIES_ENV}")

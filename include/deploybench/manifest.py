@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from deploybench.errors import DeploybenchError
+from deploybench.relay import entry_problem
 
 MANIFEST_NAME = ".deploybench-manifest.json"
 _CHUNK = 1 << 20
@@ -26,9 +27,17 @@ class ManifestMismatch(DeploybenchError):
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file of a model folder. The path is checked on construction (relative, no ``..``, no control
+    character: ``relay.path_problem``), so a manifest from a node can never name a file outside the folder."""
+
     path: str
     size: int
     sha256: str
+
+    def __post_init__(self) -> None:
+        why = entry_problem({"path": self.path, "size": self.size, "sha256": self.sha256})
+        if why:
+            raise ManifestMismatch(f"manifest entry {why}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,9 @@ def build(model_dir: str | Path) -> Manifest:
             rel = full.relative_to(root).as_posix()
             if rel == MANIFEST_NAME or rel.endswith(".tmp"):
                 continue
+            if full.is_symlink() or not full.is_file():
+                raise ManifestMismatch(f"{full}: not a regular file (a symbolic link is never followed into a "
+                                       "manifest); replace it by the file itself or remove it")
             entries.append(FileEntry(rel, full.stat().st_size, sha256_file(full)))
     return Manifest(tuple(sorted(entries, key=lambda e: e.path)))
 

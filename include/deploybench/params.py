@@ -19,7 +19,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from deploybench import paths
 from deploybench.config import LoadPhase, RunConfig
 from deploybench.errors import ConfigError
 
@@ -59,8 +58,8 @@ class FormField:
 
 
 def default_inventory() -> str:
-    """The demo lab's inventory (written by `deploybench lab up`)."""
-    return str(paths.PROJECT_ROOT / ".deploybench" / "lab" / "demo" / "inventory.json")
+    """The demo lab's inventory, by name (`deploybench lab up` writes it; see deploybench.inventory.resolve)."""
+    return "demo"
 
 
 def _f(name: str, path: str, section: str, **ui: Any) -> FormField:

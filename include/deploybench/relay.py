@@ -24,6 +24,16 @@ Commands (each prints one JSON object on stdout):
 
 The stream: one JSON header line ``{"token", "manifest", "files": [{path, size, sha256,
 offset}]}`` then, per listed file, its bytes from ``offset`` to its end.
+
+A relay trusts nothing its peer sends: the transfer token comes on its own stdin (never on
+its command line, where any local user could read it in /proc); the manifest's digest comes
+from the controller (``--expect``), and a header whose manifest does not hash to it, or that
+names a file, size or digest not in it, or a path that is absolute, holds ``..``, a control
+character or an empty part, is refused. Files are opened under the staging folder only, one
+folder at a time without following a symbolic link (``O_NOFOLLOW``); what a stream may write
+is bounded by the manifest and by the free space; ``--deadline-s`` bounds the whole serve. A
+model folder holding a symbolic link is refused by ``manifest`` (a link to ~/.ssh/id_ed25519
+would otherwise be sent to every node).
 """
 
 from __future__ import annotations
@@ -34,10 +44,13 @@ import json
 import os
 import shutil
 import socket
+import stat
 import sys
 import time
 
 MANIFEST_NAME = ".deploybench-manifest.json"
+MAX_PATH = 4096
+_HEX = set("0123456789abcdef")
 CHUNK = 1 << 18
 # Send buffer only; the receive buffer is left to the kernel's autotuning. A hop that both
 # receives and forwards queues its ACKs upstream behind its own forwarded data: with equal
@@ -101,15 +114,109 @@ class HashCache:
         os.replace(tmp, self.path)
 
 
-def list_files(root: str) -> list[str]:
-    out = []
+def path_problem(path: object) -> str | None:
+    """Why ``path`` may not name a file of a model folder (None: it may): relative, ``/``-separated,
+    no empty, ``.`` or ``..`` part, no control character, not the manifest itself."""
+    if not isinstance(path, str) or not path:
+        return "not a non-empty string"
+    if len(path) > MAX_PATH:
+        return f"longer than {MAX_PATH} characters"
+    if path.startswith("/"):
+        return "an absolute path"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "a control character in it"
+    if "\\" in path:
+        return "a backslash in it"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return "an empty, '.' or '..' part"
+    if path == MANIFEST_NAME:
+        return "the manifest's own name"
+    return None
+
+
+def entry_problem(f: object) -> str | None:
+    """Why ``f`` is not a manifest entry ``{path, size, sha256}`` (None: it is)."""
+    if not isinstance(f, dict):
+        return "not an object"
+    why = path_problem(f.get("path"))
+    if why:
+        return f"path {str(f.get('path'))[:200]!r}: {why}"
+    size, digest = f.get("size"), f.get("sha256")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"{f['path']}: size {size!r} is not a byte count"
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+        return f"{f['path']}: sha256 {str(digest)[:80]!r} is not a hex digest"
+    return None
+
+
+def list_files(root: str) -> tuple[list[str], list[str]]:
+    """(regular files, refused entries) under ``root``: a symbolic link (to a file or a folder), a
+    device, a fifo or a name that is not a safe path is refused, never followed nor listed."""
+    out, refused = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
+        for name in list(dirnames):
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                refused.append(f"{os.path.relpath(full, root)} -> {os.readlink(full)} (a symbolic link)")
+                dirnames.remove(name)
         for name in filenames:
-            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-            if rel != MANIFEST_NAME and not rel.endswith(".tmp"):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            if rel == MANIFEST_NAME or rel.endswith(".tmp"):
+                continue
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                refused.append(f"{rel} -> {os.readlink(full)} (a symbolic link)")
+            elif not stat.S_ISREG(st.st_mode):
+                refused.append(f"{rel} (not a regular file)")
+            elif path_problem(rel):
+                refused.append(f"{rel!r} ({path_problem(rel)})")
+            else:
                 out.append(rel)
-    return sorted(out)
+    return sorted(out), refused
+
+
+def open_under(root: str, rel: str, write: bool) -> int:
+    """A file descriptor for ``root/rel``, opened one folder at a time with ``O_NOFOLLOW``: no symbolic
+    link is followed, so nothing outside ``root`` is ever opened. ``write`` creates it and its folders."""
+    why = path_problem(rel)
+    if why:
+        raise OSError(f"refused path {rel[:200]!r}: {why}")
+    nofollow = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    parts = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | nofollow)
+    try:
+        for part in parts[:-1]:
+            if write:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        flags = (os.O_RDWR | os.O_CREAT) if write else os.O_RDONLY
+        out = os.open(parts[-1], flags | nofollow, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+    real = os.path.realpath(f"/proc/self/fd/{out}")
+    top = os.path.realpath(root)
+    if os.path.isdir("/proc/self/fd") and not real.startswith(top.rstrip("/") + "/"):
+        os.close(out)
+        raise OSError(f"refused path {rel[:200]!r}: it resolves to {real}, outside {top}")
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise OSError(f"refused path {rel[:200]!r}: not a regular file")
+    return out
+
+
+def regular_file(path: str) -> bool:
+    """A regular file, not a symbolic link to one."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def manifest_doc(files: list[dict]) -> dict:
@@ -122,9 +229,15 @@ def manifest_doc(files: list[dict]) -> dict:
 def cmd_manifest(a: argparse.Namespace) -> dict:
     if not os.path.isdir(a.dir):
         return {"error": "missing", "dir": a.dir}
+    if os.path.islink(a.dir.rstrip("/")):
+        return {"error": "refused", "dir": a.dir, "paths": [f"{a.dir} -> {os.readlink(a.dir.rstrip('/'))} (the "
+                                                             "model folder is a symbolic link)"]}
+    names, refused = list_files(a.dir)
+    if refused:
+        return {"error": "refused", "dir": a.dir, "paths": refused[:20], "count": len(refused)}
     cache = HashCache(a.cache)
     files = [{"path": p, "size": os.path.getsize(os.path.join(a.dir, p)), "sha256": cache.sha256(os.path.join(a.dir, p))}
-             for p in list_files(a.dir)]
+             for p in names]
     cache.save()
     declared = None
     try:
@@ -147,13 +260,16 @@ def _published_digest(final: str) -> str | None:
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
     m = json.load(sys.stdin)
+    bad_entries = [why for f in m["files"] if (why := entry_problem(f))]
+    if bad_entries:
+        return {"error": "refused", "paths": bad_entries[:20]}
     cache = HashCache(a.cache)
     published = _published_digest(a.final) == m["digest"]
     bad, good_final = [], {}
     if os.path.isdir(a.final):
         for f in m["files"]:
             p = os.path.join(a.final, f["path"])
-            ok = os.path.isfile(p) and os.path.getsize(p) == f["size"] and cache.sha256(p) == f["sha256"]
+            ok = regular_file(p) and os.path.getsize(p) == f["size"] and cache.sha256(p) == f["sha256"]
             if ok:
                 good_final[f["path"]] = p
             elif published:
@@ -163,7 +279,7 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
     if not clean:
         for f in m["files"]:
             s = os.path.join(a.staging, f["path"])
-            if os.path.isfile(s) and os.path.getsize(s) == f["size"] and cache.lookup(s) == f["sha256"]:
+            if regular_file(s) and os.path.getsize(s) == f["size"] and cache.lookup(s) == f["sha256"]:
                 staged[f["path"]] = "ok"
             elif f["path"] in good_final:  # reuse the good published file: link it into staging
                 os.makedirs(os.path.dirname(s), exist_ok=True)
@@ -172,7 +288,7 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
                 os.link(good_final[f["path"]], s)
                 cache.record(s, f["sha256"])
                 staged[f["path"]] = "ok"
-            elif os.path.isfile(s):
+            elif regular_file(s):
                 staged[f["path"]] = min(os.path.getsize(s), f["size"])
     cache.save()
     root = a.final
@@ -243,12 +359,56 @@ class Downstream:
             self.sock = None
 
 
+def header_problem(header: object, expect: str, free_bytes: int) -> str | None:
+    """Why a stream's header may not be written (None: it may). The manifest must hash to ``expect`` (the
+    digest the controller gave this relay); every file must be one of the manifest's, with its size and
+    digest, sent once, from an offset inside it; the bytes it carries must fit in ``free_bytes``."""
+    if not isinstance(header, dict) or not isinstance(header.get("manifest"), dict):
+        return "no manifest in the header"
+    entries = header["manifest"].get("files")
+    if not isinstance(entries, list):
+        return "the manifest has no file list"
+    for f in entries:
+        why = entry_problem(f)
+        if why:
+            return f"manifest entry {why}"
+    digest = manifest_doc(entries)["digest"]
+    if digest != expect:
+        return f"manifest {digest[:12]} is not the expected {expect[:12]}"
+    known = {f["path"]: f for f in entries}
+    files, seen, total = header.get("files"), set(), 0
+    if not isinstance(files, list):
+        return "no file list in the header"
+    for f in files:
+        if not isinstance(f, dict) or f.get("path") not in known:
+            return f"file {str(f.get('path') if isinstance(f, dict) else f)[:200]!r} is not in the manifest"
+        m = known[f["path"]]
+        if f.get("size") != m["size"] or f.get("sha256") != m["sha256"]:
+            return f"file {f['path']!r}: size or sha256 differs from the manifest's"
+        off = f.get("offset")
+        if not isinstance(off, int) or isinstance(off, bool) or not 0 <= off <= m["size"]:
+            return f"file {f['path']!r}: offset {off!r} is outside 0..{m['size']}"
+        if f["path"] in seen:
+            return f"file {f['path']!r} is listed twice"
+        seen.add(f["path"])
+        total += m["size"] - off
+    if total > free_bytes:
+        return f"the stream carries {total} bytes, only {free_bytes} are free"
+    return None
+
+
+def _free_bytes(path: str) -> int:
+    while path and not os.path.isdir(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path or "/").free
+
+
 def _accept(a: argparse.Namespace, st: dict) -> tuple[socket.socket, dict, bytes]:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((a.listen, a.port))
     srv.listen(4)
-    deadline = time.monotonic() + a.accept_timeout
+    deadline = min(time.monotonic() + a.accept_timeout, a.deadline_at)
     try:
         while True:
             srv.settimeout(max(0.1, deadline - time.monotonic()))
@@ -267,8 +427,13 @@ def _accept(a: argparse.Namespace, st: dict) -> tuple[socket.socket, dict, bytes
                 st["refused"].append(f"{peer[0]}: bad header ({exc})")
                 conn.close()
                 continue
-            if header.get("token") != a.token:
+            if not isinstance(header, dict) or header.get("token") != a.token:
                 st["refused"].append(f"{peer[0]}: wrong transfer token")
+                conn.close()
+                continue
+            why = header_problem(header, a.expect, _free_bytes(a.staging))
+            if why:
+                st["refused"].append(f"{peer[0]}: refused header: {why}")
                 conn.close()
                 continue
             return conn, header, raw
@@ -276,7 +441,9 @@ def _accept(a: argparse.Namespace, st: dict) -> tuple[socket.socket, dict, bytes
         srv.close()
 
 
-def _recv_some(conn: socket.socket, n: int, buf: bytearray):
+def _recv_some(conn: socket.socket, n: int, buf: bytearray, deadline_at: float):
+    if time.monotonic() > deadline_at:
+        raise OSError("the transfer passed its deadline (--deadline-s)")
     view = memoryview(buf)[: min(n, len(buf))]
     got = conn.recv_into(view)
     if got == 0:
@@ -285,13 +452,12 @@ def _recv_some(conn: socket.socket, n: int, buf: bytearray):
 
 
 def _receive_file(conn, f: dict, staging: str, need: bool, down: Downstream, cache: HashCache, st: dict,
-                  buf: bytearray) -> None:
+                  buf: bytearray, deadline_at: float) -> None:
     path = os.path.join(staging, f["path"])
     left = f["size"] - f["offset"]
     out, h = None, None
     if need:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        out = open(path, "r+b" if os.path.exists(path) else "w+b")
+        out = os.fdopen(open_under(staging, f["path"], write=True), "r+b")
         h = hashlib.sha256()
         # resume: hash the prefix already on disk, drop anything past the offset
         out.truncate(f["offset"])
@@ -307,7 +473,7 @@ def _receive_file(conn, f: dict, staging: str, need: bool, down: Downstream, cac
         st["resumed_bytes"] += f["offset"]
     try:
         while left > 0:
-            data = _recv_some(conn, left, buf)
+            data = _recv_some(conn, left, buf, deadline_at)
             left -= len(data)
             st["bytes_received"] += len(data)
             down.send(data)
@@ -327,6 +493,14 @@ def _receive_file(conn, f: dict, staging: str, need: bool, down: Downstream, cac
             st["files_bad"].append(f["path"])
 
 
+def old_name(final: str) -> str:
+    """Where the previous copy of ``final`` waits while the new one is renamed in: a dot name, which no
+    model name can be (model names start with a letter or digit), so publishing ``x`` never touches a
+    model called ``x.old``."""
+    parent, name = os.path.split(final.rstrip("/"))
+    return os.path.join(parent, f".{name}.deploybench-old")
+
+
 def publish(staging: str, final: str, manifest: dict) -> None:
     """Write the manifest into staging, then swap staging into place with renames."""
     tmp = os.path.join(staging, MANIFEST_NAME + ".tmp")
@@ -335,7 +509,7 @@ def publish(staging: str, final: str, manifest: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(staging, MANIFEST_NAME))
-    old = final.rstrip("/") + ".old"
+    old = old_name(final)
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(final):
         os.rename(final, old)
@@ -357,23 +531,23 @@ def cmd_serve(a: argparse.Namespace) -> dict:
     cache = HashCache(a.cache)
     down = Downstream(None)
     try:
+        os.makedirs(a.staging, exist_ok=True)
         conn, header, raw = _accept(a, st)
         st["first_byte"] = time.time()
         if a.downstream:
             host, _, port = a.downstream.rpartition(":")
             try:
-                down = Downstream(_connect(host, int(port), a.listen, time.monotonic() + a.accept_timeout,
-                                           a.io_timeout))
+                down = Downstream(_connect(host, int(port), a.listen, min(time.monotonic() + a.accept_timeout,
+                                                                          a.deadline_at), a.io_timeout))
                 down.send(raw)
             except OSError as exc:
                 down = Downstream(None, str(exc))
-        os.makedirs(a.staging, exist_ok=True)
         buf = bytearray(CHUNK)
         try:
             for f in header["files"]:
                 s = os.path.join(a.staging, f["path"])
-                have = os.path.isfile(s) and os.path.getsize(s) == f["size"] and cache.lookup(s) == f["sha256"]
-                _receive_file(conn, f, a.staging, not have, down, cache, st, buf)
+                have = regular_file(s) and os.path.getsize(s) == f["size"] and cache.lookup(s) == f["sha256"]
+                _receive_file(conn, f, a.staging, not have, down, cache, st, buf, a.deadline_at)
         except OSError as exc:
             st["upstream_error"] = str(exc)
         finally:
@@ -381,7 +555,7 @@ def cmd_serve(a: argparse.Namespace) -> dict:
             down.close()
         st["downstream_error"] = down.error
         m = header["manifest"]
-        complete = all(os.path.isfile(p) and cache.lookup(p) == f["sha256"]
+        complete = all(regular_file(p) and cache.lookup(p) == f["sha256"]
                        for f in m["files"] for p in [os.path.join(a.staging, f["path"])])
         cache.save()
         if complete:
@@ -402,16 +576,22 @@ def cmd_send(a: argparse.Namespace) -> dict:
     try:
         with open(a.plan) as f:
             header = json.load(f)
+        why = next((w for f in header["manifest"]["files"] if (w := entry_problem(f))), None)
+        if why:
+            raise OSError(f"refused plan: manifest entry {why}")
         header["token"] = a.token
         host, _, port = a.downstream.rpartition(":")
-        sock = _connect(host, int(port), a.bind, time.monotonic() + a.accept_timeout, a.io_timeout)
+        sock = _connect(host, int(port), a.bind, min(time.monotonic() + a.accept_timeout, a.deadline_at),
+                        a.io_timeout)
         st["first_byte"] = time.time()
         try:
             sock.sendall(json.dumps(header, separators=(",", ":")).encode() + b"\n")
             for f in header["files"]:
-                with open(os.path.join(a.dir, f["path"]), "rb") as src:
+                with os.fdopen(open_under(a.dir, f["path"], write=False), "rb") as src:
                     count = f["size"] - f["offset"]
                     if count:
+                        if time.monotonic() > a.deadline_at:
+                            raise OSError("the transfer passed its deadline (--deadline-s)")
                         st["bytes_sent"] += sock.sendfile(src, f["offset"], count)
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(a.io_timeout)
@@ -426,6 +606,18 @@ def cmd_send(a: argparse.Namespace) -> dict:
     return st
 
 
+def _token_from_stdin() -> str:
+    """The transfer token: the first line of stdin (not an argument: /proc/<pid>/cmdline is public).
+    stdin is then pointed at /dev/null, so the relay holds no pipe of the command that started it."""
+    token = sys.stdin.readline().strip()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if not token:
+        raise SystemExit("deploybench-relay: no transfer token on stdin (the controller writes it there)")
+    return token
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="deploybench-relay")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -438,10 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--cache")
     for name in ("serve", "send"):
         s = sub.add_parser(name)
-        s.add_argument("--token", required=True)
         s.add_argument("--status", required=True)
         s.add_argument("--io-timeout", type=float, default=15.0)
         s.add_argument("--accept-timeout", type=float, default=30.0)
+        s.add_argument("--deadline-s", type=float, default=3600.0, help="the whole transfer ends within this")
         s.add_argument("--downstream", default="")
     s = sub.choices["serve"]
     s.add_argument("--listen", required=True)
@@ -450,11 +642,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--staging", required=True)
     s.add_argument("--final", required=True)
     s.add_argument("--cache")
+    s.add_argument("--expect", required=True, help="the manifest digest the controller expects")
     s = sub.choices["send"]
     s.add_argument("--plan", required=True)
     s.add_argument("--dir", required=True)
     s.add_argument("--bind", required=True)
     a = p.parse_args(argv)
+    if a.cmd in ("serve", "send"):
+        a.token = _token_from_stdin()
+        a.deadline_at = time.monotonic() + a.deadline_s
     out = {"manifest": cmd_manifest, "inspect": cmd_inspect, "serve": cmd_serve, "send": cmd_send}[a.cmd](a)
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")

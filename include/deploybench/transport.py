@@ -176,26 +176,20 @@ class SSHTransport(Transport):
         command = _as_command(cmd)
         client = self._connect()
         t0 = time.monotonic()
+        deadline = t0 + timeout
         chan = client.get_transport().open_session(timeout=self.params.timeout)
+        out, err = bytearray(), bytearray()
         try:
-            chan.settimeout(1.0)
+            chan.settimeout(0.2)
             chan.exec_command(command)
+            if stdin:
+                self._send_input(chan, command, stdin, deadline, out, err)
             try:
-                if stdin:
-                    chan.sendall(stdin)
                 chan.shutdown_write()
             except OSError:
-                pass  # the command ended without reading all its input: its exit status tells the rest
-            out, err = bytearray(), bytearray()
-            deadline = t0 + timeout
+                pass  # the channel is closed: the command ended (checked by _send_input)
             while True:
-                got = False
-                while chan.recv_ready():
-                    out += chan.recv(65536)
-                    got = True
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-                    got = True
+                got = self._drain(chan, out, err)
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
@@ -208,6 +202,60 @@ class SSHTransport(Transport):
         return CommandResult(
             self.node.name, command, rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - t0
         )
+
+    @staticmethod
+    def _drain(chan: "paramiko.Channel", out: bytearray, err: bytearray) -> bool:
+        got = False
+        while chan.recv_ready():
+            out += chan.recv(65536)
+            got = True
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+            got = True
+        return got
+
+    def _send_input(self, chan: "paramiko.Channel", command: str, data: bytes, deadline: float, out: bytearray,
+                    err: bytearray) -> None:
+        """Send all of ``data`` to the command's stdin, reading its output meanwhile (a command that writes
+        before it reads must not block us both). A command that exits before it read everything is not an
+        error (its exit status tells); a channel that stalls past the deadline, or fails while the command
+        still runs, is: the command would otherwise see a truncated input and could still exit 0."""
+        view, sent = memoryview(data), 0
+        while sent < len(data):
+            if chan.exit_status_ready():
+                return
+            if time.monotonic() > deadline:
+                raise TransportError(
+                    f"node {self.node.name}: `{command[:200]}` took only {sent} of {len(data)} input bytes before its "
+                    "time ran out (a stalled channel or a command that does not read its input); the command still "
+                    "runs and was not given the rest")
+            try:
+                n = chan.send(view[sent:sent + 65536])
+            except socket.timeout:
+                self._drain(chan, out, err)
+                continue
+            except OSError as exc:
+                if self._exited(chan):
+                    return
+                raise TransportError(f"node {self.node.name}: `{command[:200]}`: input cut short after {sent} of "
+                                     f"{len(data)} bytes, the command still runs: {exc}") from exc
+            if n == 0:  # the channel was closed
+                if self._exited(chan):
+                    return
+                raise TransportError(f"node {self.node.name}: `{command[:200]}`: the channel closed after {sent} of "
+                                     f"{len(data)} input bytes without an exit status")
+            sent += n
+            self._drain(chan, out, err)
+
+    @staticmethod
+    def _exited(chan: "paramiko.Channel", wait_s: float = 2.0) -> bool:
+        """Whether the remote command has exited (its status may trail the channel's close a little)."""
+        end = time.monotonic() + wait_s
+        while not chan.exit_status_ready():
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+        return True
 
     def close(self) -> None:
         with self._lock:
@@ -256,6 +304,28 @@ class Cluster:
         self._overrides = ssh_overrides
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
+        self._checked: set[str] = set()
+
+    def run_dir(self, node: "str | Node") -> str:
+        """``<run_root>/<node>``: where the processes a run starts on ``node`` keep their pid files, logs and
+        programs. The run root is checked once per node before it is used: made 0700 if missing, else it
+        must belong to the deploy user and be writable by nobody else, in folders nobody else can swap
+        (a run root someone else created first could hold a planted program or pid file)."""
+        name = node if isinstance(node, str) else node.name
+        root = self.inventory.run_root.rstrip("/") or "/"
+        if name not in self._checked:
+            res = self[name].run(private_dir_argv(self.inventory.python, root), timeout=30)
+            try:
+                verdict = json.loads(res.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                verdict = {"error": f"the check printed no verdict (exit {res.rc}): {(res.stderr or res.stdout)[-300:]}"}
+            if not verdict.get("ok"):
+                raise UnsafeFolder(
+                    f"node {name}: run_root {root!r} is not safe to use: {verdict.get('error')}; remove it (after "
+                    "looking at what is in it) so deploybench creates it, or set run_root in the inventory to a "
+                    "folder only the deploy user can write")
+            self._checked.add(name)
+        return f"{root}/{name}"
 
     def __getitem__(self, node: "str | Node") -> Transport:
         name = node if isinstance(node, str) else node.name
@@ -298,25 +368,29 @@ def run_tag(run_key: str) -> str:
 
 
 def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[str, str] | None = None,
-                 run_key: str | None = None) -> str:
+                 run_key: str | None = None, stdin: bool = False) -> str:
     """A shell script that starts ``argv`` detached (own session, fds closed) and records its pid.
 
     Used to start long-lived processes (engines, iperf3 servers, relays) on a node through any
-    transport; the caller stops them by pid file. With ``run_key`` the pid file names its run
-    and its command (lines ``run=<key>`` and ``argv=<JSON list>`` after the pid) and the process
-    gets ``DEPLOYBENCH_RUN=<key>`` in its environment, so a later run can stop exactly the
-    processes of a run that died (deploybench.leftovers), and never a reused pid.
+    transport; the caller stops them by pid file (``stop_script``, which checks the process's
+    command line against ``argv`` first). The pid file names the command (``argv=<JSON list>``
+    after the pid) and, with ``run_key``, its run (``run=<key>``); the process then gets
+    ``DEPLOYBENCH_RUN=<key>`` in its environment, so a later run can stop exactly the processes
+    of a run that died (deploybench.leftovers), and never a reused pid. ``stdin``: the process
+    reads the script's own stdin (a secret it must not get on its command line), else /dev/null.
     """
     env = {**(env or {}), **({RUN_ENV: run_key} if run_key else {})}
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     logdir = shlex.quote(str(PurePosixPath(log_path).parent))
-    record = "echo $!" + (f"; printf '%s\\n' {shlex.quote('run=' + run_key)} "
-                          f"{shlex.quote('argv=' + json.dumps(list(argv)))}" if run_key else "")
+    lines = ([f"run={run_key}"] if run_key else []) + [f"argv={json.dumps(list(argv))}"]
+    record = "echo $!; printf '%s\\n' " + " ".join(shlex.quote(x) for x in lines)
+    # An asynchronous command's stdin is /dev/null unless redirected: fd 3 carries ours to it.
+    given, keep, drop = ("exec 3<&0; ", "<&3 3<&-", "exec 3<&-; ") if stdin else ("", "< /dev/null", "")
     # Sequential mkdir first: backgrounding a whole `a && b &` list would fork a subshell,
     # record the subshell's pid, and race the pid file against the mkdir.
     return (
-        f"mkdir -p {logdir} || exit 1; {exports}"
-        f"setsid nohup {shlex.join(argv)} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
+        f"mkdir -p {logdir} || exit 1; {exports}{given}"
+        f"setsid nohup {shlex.join(argv)} > {shlex.quote(log_path)} 2>&1 {keep} & {drop}"
         f"{{ {record}; }} > {shlex.quote(pid_path)}; echo $!"
     )
 
@@ -327,21 +401,100 @@ _ALIVE_FN = (
     'alive() { kill -0 "$1" 2>/dev/null || return 1; s=$(ps -o stat= -p "$1" 2>/dev/null) || return 0; '
     'case "$s" in Z*) return 1;; esac; return 0; }; '
 )
+# The pid of a pid file, if it is one a run could have started: a number above 1 that is not this shell.
+_PID_FN = (
+    'pidof_file() { p=$(head -n 1 "$1" 2>/dev/null); case "$p" in ""|*[!0-9]*) return 1;; esac; '
+    '[ "$p" -gt 1 ] && [ "$p" != "$$" ] || return 1; echo "$p"; }; '
+)
+LEFT_ALONE = "deploybench: left alone:"  # what stop_script prints (on stderr) for a pid it will not signal
 
 
-def alive_script(pid_path: str) -> str:
-    """Exit 0 when the process recorded in ``pid_path`` is running (zombies excluded)."""
+def _cmdline_test(argv: Sequence[str] | None) -> str:
+    """Shell test: /proc/$pid/cmdline is ``argv`` (arguments compared one per line)."""
+    if argv is None:
+        return "true"
+    return f'[ "$(tr \'\\0\' \'\\n\' < /proc/$pid/cmdline 2>/dev/null)" = {shlex.quote(chr(10).join(argv))} ]'
+
+
+def alive_script(pid_path: str, argv: Sequence[str] | None = None) -> str:
+    """Exit 0 when the process recorded in ``pid_path`` is running (zombies excluded), and, with ``argv``,
+    still runs that command (a reused pid is not our process)."""
     q = shlex.quote(pid_path)
-    return f"{_ALIVE_FN}[ -f {q} ] && alive $(head -n 1 {q})"
+    return f"{_ALIVE_FN}{_PID_FN}pid=$(pidof_file {q}) && alive $pid && {_cmdline_test(argv)}"
 
 
-def stop_script(pid_path: str, grace_s: float = 5.0) -> str:
-    """Stop the process (group) recorded in ``pid_path``: TERM, wait ``grace_s``, then KILL. Idempotent."""
+def stop_script(pid_path: str, grace_s: float = 5.0, argv: Sequence[str] | None = None) -> str:
+    """Stop the process (group) recorded in ``pid_path``: TERM, wait ``grace_s``, then KILL. Idempotent.
+
+    A pid file is a file on a node, not a proof: a pid that is not a number above 1 (``1`` would make
+    ``kill -1`` signal every process), or, with ``argv``, a live pid whose command line is not ``argv``
+    (a reused pid, a planted file) is left alone: a line starting with ``LEFT_ALONE`` on stderr says so
+    (``stop_pid`` logs it as a warning), and the pid file stays for a person to look at."""
     q = shlex.quote(pid_path)
     ticks = max(1, int(grace_s * 10))
     return (
-        f"{_ALIVE_FN}if [ -f {q} ]; then pid=$(head -n 1 {q}); "
-        f"kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; "
+        f"{_ALIVE_FN}{_PID_FN}if [ -f {q} ]; then "
+        f"if ! pid=$(pidof_file {q}); then printf '%s %s holds no pid a run starts (%s)\\n' {shlex.quote(LEFT_ALONE)} "
+        f"{q} \"$(head -c 40 {q} | head -n 1)\" >&2; "
+        f"elif alive $pid && ! {_cmdline_test(argv)}; then printf '%s pid %s of %s runs %s, not the command deploybench "
+        f"started\\n' {shlex.quote(LEFT_ALONE)} \"$pid\" {q} \"$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | "
+        f"head -c 200)\" >&2; "
+        f"else kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; "
         f"i=0; while alive $pid && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done; "
-        f"kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; rm -f {q}; fi; true"
+        f"kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; rm -f {q}; fi; fi; true"
     )
+
+
+def warn_left_alone(res: CommandResult) -> CommandResult:
+    """Log, as a warning, every pid a ``stop_script`` run left alone."""
+    for line in res.stderr.splitlines():
+        if line.startswith(LEFT_ALONE):
+            log.warning("node %s: %s", res.node, line.removeprefix("deploybench: "))
+    return res
+
+
+# -- the run folder -------------------------------------------------------------------------------
+# argv: <folder>. Prints {"ok": true} or {"error": why}. Makes the folder (0700) if missing.
+PRIVATE_DIR_SCRIPT = r'''
+import json, os, stat, sys
+d, uid = sys.argv[1], os.geteuid()
+def bad(why):
+    print(json.dumps({"error": why})); sys.exit(0)
+if not d.startswith("/"):
+    bad("%r is not an absolute path" % d)
+path = "/"
+for part in [p for p in d.split("/") if p]:
+    path = os.path.join(path, part)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        break
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid not in (0, uid):
+            bad("%s is a symbolic link owned by uid %d" % (path, st.st_uid))
+        continue
+    if st.st_uid not in (0, uid):
+        bad("%s is owned by uid %d, neither root nor the deploy user (uid %d)" % (path, st.st_uid, uid))
+    if path != os.path.normpath(d) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        bad("%s is writable by other users (mode %o) and not sticky" % (path, stat.S_IMODE(st.st_mode)))
+os.makedirs(d, mode=0o700, exist_ok=True)
+real = os.path.realpath(d)
+st = os.stat(real)
+if not stat.S_ISDIR(st.st_mode):
+    bad("%s is not a folder" % real)
+if st.st_uid != uid:
+    bad("%s is owned by uid %d, not the deploy user (uid %d): another user may have created it first" % (real, st.st_uid, uid))
+if st.st_mode & 0o022:
+    bad("%s is writable by other users (mode %o): what is in it may have been planted" % (real, stat.S_IMODE(st.st_mode)))
+if stat.S_IMODE(st.st_mode) != 0o700:
+    os.chmod(real, 0o700)
+print(json.dumps({"ok": True}))
+'''
+
+
+class UnsafeFolder(TransportError):
+    """A node's run folder is not the deploy user's own (owner, mode, a planted link)."""
+
+
+def private_dir_argv(python: str, folder: str) -> list[str]:
+    return [python, "-c", PRIVATE_DIR_SCRIPT, folder]

@@ -53,10 +53,12 @@ def test_a_two_hop_stream_is_written_verified_and_published(tmp_path):
     for i, (addr, root) in enumerate(nodes.items()):
         down = f"{hops[i + 2]}:{port}" if i + 2 < len(hops) else ""
         procs.append(subprocess.Popen(RELAY + [
-            "serve", "--token", "t0k", "--status", str(root) + ".status", "--listen", addr, "--port", str(port),
+            "serve", "--status", str(root) + ".status", "--listen", addr, "--port", str(port),
             "--upstream", hops[i], "--staging", str(root / ".staging" / "m"), "--final", str(root / "m"),
             "--cache", str(root / "cache.json"), "--io-timeout", "10", "--accept-timeout", "20",
-            "--downstream", down], stdout=subprocess.DEVNULL))
+            "--expect", m.digest, "--downstream", down], stdout=subprocess.DEVNULL, stdin=subprocess.PIPE))
+        procs[-1].stdin.write(b"t0k\n")
+        procs[-1].stdin.close()
     # an intruder from another address is turned away, and the transfer still goes through
     time.sleep(0.5)
     with socket.create_connection(("127.0.0.2", port), timeout=5, source_address=("127.0.0.9", 0)) as s:
@@ -69,8 +71,8 @@ def test_a_two_hop_stream_is_written_verified_and_published(tmp_path):
     plan = tmp_path / "plan.json"
     files = [{"path": f.path, "size": f.size, "sha256": f.sha256, "offset": 0} for f in m.files]
     plan.write_text(json.dumps({"manifest": json.loads(m.to_json()), "files": files}))
-    sent = call("send", "--token", "t0k", "--status", str(tmp_path / "send.status"), "--plan", str(plan),
-                "--dir", str(src), "--bind", "127.0.0.1", "--downstream", f"127.0.0.2:{port}")
+    sent = call("send", "--status", str(tmp_path / "send.status"), "--plan", str(plan),
+                "--dir", str(src), "--bind", "127.0.0.1", "--downstream", f"127.0.0.2:{port}", stdin=b"t0k\n")
     for p in procs:
         assert p.wait(timeout=30) == 0
     assert sent["error"] is None and sent["bytes_sent"] == m.total_bytes

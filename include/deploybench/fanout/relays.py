@@ -2,9 +2,12 @@
 
 A round is a set of paths ``[feeder, node1, node2, ...]``. For each path the relays are
 started detached on every receiving node (listening on its backend address, accepting only
-the previous node of the path with this round's token), then the feeder. The controller
-watches the last node of each path, collects every node's status, and always stops every
-relay it started, whatever happened.
+the previous node of the path with this round's token and the manifest digest the controller
+gives it), then the feeder. The token reaches each relay on its stdin, never on a command line
+or in a file name (files are named by a separate round id). The relay program is checked
+against its sha256 before every run: a truncated or altered copy is replaced, never run. The
+controller watches the last node of each path, collects every node's status, and always stops
+every relay it started, whatever happened.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from deploybench.errors import DeploybenchError, NodeUnreachable, TransportError
 from deploybench.fanout.plan import NodeState, header_files
 from deploybench.inventory import Node
 from deploybench.manifest import Manifest
-from deploybench.transport import Cluster, alive_script, spawn_script, stop_script
+from deploybench.transport import Cluster, alive_script, spawn_script, stop_script, warn_left_alone
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +44,12 @@ def relay_source() -> bytes:
     return Path(relay_module.__file__).read_bytes()
 
 
+def relay_digest() -> str:
+    return hashlib.sha256(relay_source()).hexdigest()
+
+
 def relay_version() -> str:
-    return hashlib.sha256(relay_source()).hexdigest()[:12]
+    return relay_digest()[:12]
 
 
 class Relays:
@@ -58,7 +65,7 @@ class Relays:
 
     # -- where things are on a node ----------------------------------------------------------
     def workdir(self, node: str) -> str:
-        return f"{self.inv.run_root.rstrip('/')}/{node}/fanout"
+        return f"{self.cluster.run_dir(node)}/fanout"
 
     def program(self, node: str) -> str:
         """Named by its content: a node that holds this version is not sent it again, run after run."""
@@ -75,24 +82,37 @@ class Relays:
         return f"{self.inv.model_root_of(node).rstrip('/')}/.deploybench/{self.model}.hashes.json"
 
     # -- calls -------------------------------------------------------------------------------
+    def verified(self, node: str) -> str:
+        """Shell test: the node's relay program is this exact version (sha256), not a truncated or altered copy."""
+        check = shlex.quote(f"{relay_digest()}  {self.program(node)}")
+        return f"printf '%s\\n' {check} | sha256sum -c --status - 2>/dev/null"
+
     def install(self, node: str) -> None:
         if node in self._installed:
             return
         wd, prog = shlex.quote(self.workdir(node)), shlex.quote(self.program(node))
-        self.cluster[node].run(f"mkdir -p {wd} && cat > {prog}.tmp && rm -f {wd}/relay.py {wd}/relay-*.py && "
-                               f"mv {prog}.tmp {prog}", stdin=relay_source(), timeout=30).check()
+        tmp = shlex.quote(f"{self.program(node)}.tmp")
+        check = shlex.quote(f"{relay_digest()}  {self.program(node)}.tmp")
+        res = self.cluster[node].run(
+            f"mkdir -p {wd} && cat > {tmp} && {{ printf '%s\\n' {check} | sha256sum -c --status -; }} && "
+            f"rm -f {wd}/relay.py {wd}/relay-*.py && mv {tmp} {prog}", stdin=relay_source(), timeout=30)
+        if not res.ok:
+            raise TransportError(f"node {node}: could not install the relay program in {self.workdir(node)} (exit "
+                                 f"{res.rc}: {res.stderr.strip()[-300:]}); its sha256 must be {relay_digest()[:16]}... "
+                                 "after the copy; check free space and sha256sum on the node")
         self._installed.add(node)
 
     def call(self, node: str, args: list[str], stdin: bytes | None = None, timeout: float = 3600) -> dict:
         """Run the relay's ``args`` on ``node``: one SSH command when this relay version is there already."""
-        prog = shlex.quote(self.program(node))
         argv = shlex.join([self.inv.python, self.program(node), *args])
-        # Not installed: drain stdin before exiting, so sending the input never meets a closed channel.
-        res = self.cluster[node].run(f"[ -f {prog} ] || {{ cat > /dev/null; exit {NOT_INSTALLED}; }}; exec {argv}",
-                                     stdin=stdin, timeout=timeout)
+        # Not installed (or not this exact program): drain stdin before exiting, so sending the input never meets
+        # a closed channel; then install it, and run it only once its hash checks.
+        guarded = f"{self.verified(node)} || {{ cat > /dev/null; exit {NOT_INSTALLED}; }}; exec {argv}"
+        res = self.cluster[node].run(guarded, stdin=stdin, timeout=timeout)
         if res.rc == NOT_INSTALLED:
+            self._installed.discard(node)
             self.install(node)
-            res = self.cluster[node].run(argv, stdin=stdin, timeout=timeout)
+            res = self.cluster[node].run(guarded, stdin=stdin, timeout=timeout)
         else:
             self._installed.add(node)
         if not res.ok:
@@ -116,34 +136,36 @@ class Relays:
                   deadline: float) -> dict[str, dict]:
         """Stream to every path at once; returns each receiver's status (``{"dead": why}`` for a lost node,
         ``{"error": ...}`` for a relay that ended without one). Every relay started here is stopped."""
-        jobs = []  # (token, path)
+        jobs = []  # (round id, path)
         self._dead: dict[str, str] = {}
-        started: list[tuple[str, str]] = []
+        started: list[tuple[str, str, list[str]]] = []
         port = self.spec.port
         try:
             spawns = []
             for path in paths:
-                token = secrets.token_hex(8)
+                # the token authenticates the stream and travels on stdin only; the id names the files
+                token, rid = secrets.token_hex(16), secrets.token_hex(6)
                 feeder, receivers = path[0], path[1:]
                 header = {"manifest": json.loads(manifest.to_json()),
                           "files": header_files(manifest, [states[n] for n in receivers])}
                 self.install(feeder)
-                self.cluster[feeder].run(f"cat > {shlex.quote(self._file(feeder, token, 'plan.json'))}",
+                self.cluster[feeder].run(f"cat > {shlex.quote(self._file(feeder, rid, 'plan.json'))}",
                                          stdin=json.dumps(header).encode(), timeout=30).check()
                 for i, node in enumerate(receivers):
                     up = self.inv.node(path[i])
                     down = self.inv.node(receivers[i + 1]) if i + 1 < len(receivers) else None
-                    argv = self._common(node, token) + [
+                    argv = self._common(node) + [
                         "serve", "--listen", self.inv.node(node).data_address, "--port", str(port),
                         "--upstream", up.data_address, "--staging", self.staging(node), "--final", self.final(node),
-                        "--cache", self.cache(node)] + self._timeouts(token, node, down)
-                    spawns.append((node, token, argv))
+                        "--cache", self.cache(node), "--expect", manifest.digest] + self._timeouts(rid, node, down,
+                                                                                                   deadline)
+                    spawns.append((node, rid, token, argv))
                 first = self.inv.node(receivers[0])
-                argv = self._common(feeder, token) + [
-                    "send", "--plan", self._file(feeder, token, "plan.json"), "--dir", self.final(feeder),
-                    "--bind", self.inv.node(feeder).data_address] + self._timeouts(token, feeder, first)
-                spawns.append((feeder, token, argv))
-                jobs.append((token, path))
+                argv = self._common(feeder) + [
+                    "send", "--plan", self._file(feeder, rid, "plan.json"), "--dir", self.final(feeder),
+                    "--bind", self.inv.node(feeder).data_address] + self._timeouts(rid, feeder, first, deadline)
+                spawns.append((feeder, rid, token, argv))
+                jobs.append((rid, path))
             t0 = time.monotonic()
             with ThreadPoolExecutor(max_workers=min(16, len(spawns))) as pool:
                 list(pool.map(lambda s: self._spawn(*s, started), spawns))
@@ -157,26 +179,33 @@ class Relays:
             self._stop(started)
             log.debug("round: relays stopped in %.2f s", time.monotonic() - t2)
 
-    def _file(self, node: str, token: str, what: str) -> str:
-        return f"{self.workdir(node)}/{token}.{what}"
+    def _file(self, node: str, rid: str, what: str) -> str:
+        return f"{self.workdir(node)}/{rid}.{what}"
 
-    def _common(self, node: str, token: str) -> list[str]:
+    def _common(self, node: str) -> list[str]:
         self.install(node)
         return [self.inv.python, self.program(node)]
 
-    def _timeouts(self, token: str, node: str, down: Node | None) -> list[str]:
-        return ["--token", token, "--status", self._file(node, token, "status.json"),
+    def _timeouts(self, rid: str, node: str, down: Node | None, deadline: float) -> list[str]:
+        left = max(1.0, deadline - time.monotonic())
+        return ["--status", self._file(node, rid, "status.json"),
                 "--io-timeout", f"{self.spec.io_timeout_s:g}", "--accept-timeout", f"{max(30.0, self.spec.io_timeout_s):g}",
+                "--deadline-s", f"{left:.0f}",
                 "--downstream", f"{down.data_address}:{self.spec.port}" if down else ""]
 
-    def _spawn(self, node: str, token: str, argv: list[str], started: list) -> None:
-        script = spawn_script(argv, self._file(node, token, "log"), self._file(node, token, "pid"),
-                              run_key=self.cluster.run_key)
-        started.append((node, token))
-        self.cluster[node].run(script, timeout=30).check()
+    def _spawn(self, node: str, rid: str, token: str, argv: list[str], started: list) -> None:
+        script = spawn_script(argv, self._file(node, rid, "log"), self._file(node, rid, "pid"),
+                              run_key=self.cluster.run_key, stdin=True)
+        started.append((node, rid, argv))
+        res = self.cluster[node].run(f"{self.verified(node)} || exit {NOT_INSTALLED}; {script}",
+                                     stdin=f"{token}\n".encode(), timeout=30)
+        if res.rc == NOT_INSTALLED:
+            raise TransportError(f"node {node}: the relay program {self.program(node)} no longer has sha256 "
+                                 f"{relay_digest()[:16]}... (changed since it was installed); not run")
+        res.check()
 
-    def _poll(self, node: str, token: str) -> dict:
-        s, pid = shlex.quote(self._file(node, token, "status.json")), self._file(node, token, "pid")
+    def _poll(self, node: str, rid: str) -> dict:
+        s, pid = shlex.quote(self._file(node, rid, "status.json")), self._file(node, rid, "pid")
         res = self.cluster[node].run(
             # the status file is checked again after the liveness test: the relay may write it and exit between the two
             f"if [ -f {s} ]; then cat {s}; elif {alive_script(pid)}; then echo '{{\"running\": true}}'; "
@@ -191,16 +220,16 @@ class Relays:
 
         def unresolved(tails_only: bool) -> list[tuple[str, str]]:
             todo = []
-            for token, path in jobs:
-                nodes = [n for n in path if (token, n) not in out and n not in dead]
-                todo += [(nodes[-1], token)] if tails_only and nodes and nodes[-1] == path[-1] else []
-                todo += [] if tails_only else [(n, token) for n in nodes]
+            for rid, path in jobs:
+                nodes = [n for n in path if (rid, n) not in out and n not in dead]
+                todo += [(nodes[-1], rid)] if tails_only and nodes and nodes[-1] == path[-1] else []
+                todo += [] if tails_only else [(n, rid) for n in nodes]
             return todo
 
         def poll(item: tuple[str, str]) -> None:
-            node, token = item
+            node, rid = item
             try:
-                st = self._poll(node, token)
+                st = self._poll(node, rid)
                 misses[node] = 0
             except NodeUnreachable as exc:
                 dead[node] = str(exc)
@@ -211,47 +240,47 @@ class Relays:
                     dead[node] = f"node {node} stopped answering: {exc}"
                 return
             if st.get("gone"):
-                out[(token, node)] = {"error": f"node {node}: the relay ended without a status "
-                                               f"(see {self._file(node, token, 'log')})"}
+                out[(rid, node)] = {"error": f"node {node}: the relay ended without a status "
+                                               f"(see {self._file(node, rid, 'log')})"}
             elif not st.get("running"):
-                out[(token, node)] = st
+                out[(rid, node)] = st
 
         with ThreadPoolExecutor(max_workers=16) as pool:
             for tails_only in (True, False):
                 while todo := unresolved(tails_only):
                     if time.monotonic() > deadline:
-                        for node, token in todo:
-                            out[(token, node)] = {"error": f"node {node}: transfer timed out "
+                        for node, rid in todo:
+                            out[(rid, node)] = {"error": f"node {node}: transfer timed out "
                                                            f"(fanout timeout_s={self.spec.timeout_s:g})"}
                         break
                     list(pool.map(poll, todo))
                     if unresolved(tails_only):
                         time.sleep(POLL_S)
         result: dict[str, dict] = {}
-        for token, path in jobs:
+        for rid, path in jobs:
             for n in path[1:]:
-                result[n] = {"dead": dead[n]} if n in dead else out.get((token, n), {})
+                result[n] = {"dead": dead[n]} if n in dead else out.get((rid, n), {})
                 result[n]["feeder"] = path[0]
                 result[n]["upstream_node"] = path[path.index(n) - 1]
-            fst = out.get((token, path[0])) or {}
+            fst = out.get((rid, path[0])) or {}
             if fst.get("error"):
                 log.warning("feeder %s of %s: %s", path[0], "->".join(path), fst["error"])
         self._dead = dead
         return result
 
-    def _stop(self, started: list[tuple[str, str]]) -> None:
+    def _stop(self, started: list[tuple[str, str, list[str]]]) -> None:
         dead = self._dead
 
-        def stop(item: tuple[str, str]) -> None:
-            node, token = item
+        def stop(item: tuple[str, str, list[str]]) -> None:
+            node, rid, argv = item
             if node in dead:
                 return
             try:
-                pid, wd = self._file(node, token, "pid"), self.workdir(node)
-                rm = " ".join(shlex.quote(f"{wd}/{token}.{x}") for x in ("plan.json", "status.json", "status.json.tmp"))
-                self.cluster[node].run(stop_script(pid, 2) + f"; rm -f {rm}", timeout=15)
+                pid, wd = self._file(node, rid, "pid"), self.workdir(node)
+                rm = " ".join(shlex.quote(f"{wd}/{rid}.{x}") for x in ("plan.json", "status.json", "status.json.tmp"))
+                warn_left_alone(self.cluster[node].run(stop_script(pid, 2, argv) + f"; rm -f {rm}", timeout=15))
             except DeploybenchError as exc:
-                log.warning("node %s: could not stop relay %s: %s", node, token, exc)
+                log.warning("node %s: could not stop relay %s: %s", node, rid, exc)
 
         if started:
             with ThreadPoolExecutor(max_workers=min(16, len(started))) as pool:

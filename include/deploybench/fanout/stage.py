@@ -26,7 +26,7 @@ from deploybench.errors import DeploybenchError, StageFailed
 from deploybench.fanout.plan import NodeState, chain_paths, tree_paths
 from deploybench.fanout.relays import Relays
 from deploybench.fanout.result import FanoutResult, NodeCopy
-from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest
+from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestMismatch
 from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ def diff_manifests(declared: Manifest, actual: Manifest, limit: int = 5) -> list
 
 
 def _manifest(doc: dict) -> Manifest:
-    return Manifest(tuple(FileEntry(f["path"], int(f["size"]), f["sha256"]) for f in doc["files"]))
+    """A manifest from a node's answer; ManifestMismatch for a path that could leave the model folder."""
+    return Manifest(tuple(FileEntry(f["path"], f["size"], f["sha256"]) for f in doc["files"]))
 
 
 def source_manifest(relays: Relays, source: str, model_dir: str) -> tuple[Manifest, int]:
@@ -56,7 +57,18 @@ def source_manifest(relays: Relays, source: str, model_dir: str) -> tuple[Manife
     if out.get("error") == "missing":
         raise StageFailed(f"fanout: model folder {model_dir!r} does not exist on source node {source}; put the "
                           "model there, or set source_node / model_name to where it is")
-    actual = _manifest(out["manifest"])
+    if out.get("error") == "refused":
+        more = out.get("count", 0) - len(out.get("paths") or [])
+        raise StageFailed(
+            f"fanout: model folder {model_dir!r} on source node {source} holds what is never copied: "
+            + "; ".join(out.get("paths") or []) + (f" and {more} more" if more > 0 else "")
+            + ". Nothing was sent. A symbolic link would send whatever it points to (a key, a password file) to "
+              "every node: replace each link by the file itself, or remove it")
+    try:
+        actual = _manifest(out["manifest"])
+    except (ManifestMismatch, KeyError, TypeError) as exc:
+        raise StageFailed(f"fanout: the manifest of {model_dir!r} on source node {source} is refused ({exc}); "
+                          "nothing was sent. Rename the file to a plain relative name") from exc
     if not actual.files:
         raise StageFailed(f"fanout: model folder {model_dir!r} on source node {source} is empty; copy the model "
                           "into it, or set source_node / model_name to where it is")
@@ -64,7 +76,7 @@ def source_manifest(relays: Relays, source: str, model_dir: str) -> tuple[Manife
     if declared is not None:
         try:
             want = _manifest(declared)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, ManifestMismatch) as exc:
             raise StageFailed(f"fanout: {model_dir}/{MANIFEST_NAME} on {source} is not a manifest ({exc}); remove it "
                               "to re-declare the folder as it is") from exc
         if want.digest != actual.digest:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from deploybench.config import FanoutSpec, Policy
 from deploybench.errors import DeploybenchError, StageFailed
 from deploybench.fanout.relays import Relays
+from deploybench.relay import old_name
 from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.inventory import Inventory, Node, TransportKind
 from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest
@@ -55,7 +56,9 @@ def checklist(manifest: Manifest) -> bytes:
 def rsync_argv(cluster: Cluster, src_dir: str, dst: Node, dst_dir: str) -> list[str]:
     """rsync from the source node's model folder into ``dst_dir`` on ``dst`` (run on the source node)."""
     inv = cluster.inventory
-    argv = ["rsync", "-a", "--delete", "--partial", "--inplace", f"--exclude={MANIFEST_NAME}", f"{src_dir.rstrip('/')}/"]
+    # "--" ends the options: no operand is read as one (the inventory's values are validated too)
+    argv = ["rsync", "-a", "--delete", "--partial", "--inplace", f"--exclude={MANIFEST_NAME}", "--",
+            f"{src_dir.rstrip('/')}/"]
     if inv.transport is TransportKind.LOCAL:
         return argv + [f"{dst_dir.rstrip('/')}/"]
     ssh = shlex.join(cluster.ssh_command())
@@ -104,10 +107,10 @@ def copy_to(cluster: Cluster, source: Node, node: Node, model: str, manifest: Ma
         # Publish: the verified staging folder, with the manifest, replaces the old copy by renames.
         cluster[node].run(f"cat > {shlex.quote(staging + '/' + MANIFEST_NAME)}", stdin=manifest.to_json().encode(),
                           timeout=30).check()
-        q_final, q_staging, q_old = shlex.quote(final), shlex.quote(staging), shlex.quote(final + ".old")
+        q_final, q_staging, q_old = shlex.quote(final), shlex.quote(staging), shlex.quote(old_name(final))
         cluster[node].run(
-            f"rm -rf {q_old} && if [ -e {q_final} ]; then mv {q_final} {q_old}; fi && "
-            f"mv {q_staging} {q_final} && rm -rf {q_old}",
+            f"rm -rf -- {q_old} && if [ -e {q_final} ]; then mv -T -- {q_final} {q_old}; fi && "
+            f"mv -T -- {q_staging} {q_final} && rm -rf -- {q_old}",
             timeout=300,
         ).check()
         published = cluster[node].run(["cat", f"{final}/{MANIFEST_NAME}"], timeout=30)

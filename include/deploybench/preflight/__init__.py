@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from deploybench.config import PreflightSpec
 from deploybench.errors import StageFailed
-from deploybench.inventory import Inventory
+from deploybench.inventory import Inventory, Node
 from deploybench.preflight.checks import NODE_BINARIES, Wanted, consistency, gather, judge_node
 from deploybench.preflight.links import (
     IPERF_PORT,
@@ -29,7 +29,7 @@ from deploybench.preflight.links import (
 )
 from deploybench.preflight.model import CheckItem, Direction, LinkTest, NodeCheck, PreflightResult, node_errors
 from deploybench.preflight.policy import blame, decide, describe_link, matrix, node_summary, worst_links
-from deploybench.transport import Cluster
+from deploybench.transport import Cluster, UnsafeFolder
 
 __all__ = [
     "IPERF_PORT", "CheckItem", "Direction", "LinkTest", "NodeCheck", "PreflightResult", "Wanted", "blame",
@@ -66,8 +66,17 @@ def run(
     def wanted(node_name: str) -> Wanted:
         return Wanted(inv.model_root_of(node_name), model_name, engine_port, binaries, source, required_bytes)
 
+    def one(n: Node) -> NodeCheck:
+        try:
+            cluster.run_dir(n.name)  # the run root must be the deploy user's own before anything is put there
+        except UnsafeFolder:
+            raise
+        except node_errors():
+            pass  # an unreachable node: gather says so, and the policy decides
+        return gather(cluster, n, wanted(n.name), preflight_dir(inv, n.name))
+
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
-        checks = list(pool.map(lambda n: gather(cluster, n, wanted(n.name), preflight_dir(inv, n.name)), nodes))
+        checks = list(pool.map(one, nodes))
     by_name = {c.node: c for c in checks}
     model_bytes = required_bytes or (int(by_name[source].facts.get("model_bytes") or 0)
                                      if source in by_name and model_name else 0)

@@ -18,7 +18,7 @@ from deploybench.config import ContainerRuntime, RunConfig
 from deploybench.errors import DeploybenchError
 from deploybench.inventory import Node
 from deploybench.rollout.base import Deployer, NodeFailure
-from deploybench.transport import Cluster, alive_script, run_tag, spawn_script, stop_script
+from deploybench.transport import Cluster, alive_script, run_tag, spawn_script, stop_script, warn_left_alone
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ class SSHDeployer(Deployer):
         return self.cluster.inventory.node(name)
 
     def work_dir(self, node: Node) -> str:
-        return f"{self.cluster.inventory.run_root.rstrip('/')}/{node.name}"
+        """``<run_root>/<node>``, checked to be the deploy user's own before first use (Cluster.run_dir)."""
+        return self.cluster.run_dir(node.name)
 
     def _paths(self, node: Node) -> tuple[str, str]:
         """The engine's pid and log files: one pair per run (``engine-<run tag>.pid``), so a run only ever
@@ -84,7 +85,9 @@ class SSHDeployer(Deployer):
     def _stop_node(self, node: Node) -> None:
         pid, _ = self._paths(node)
         t = self.cluster[node]
-        t.run(stop_script(pid, self.cfg.rollout.stop_grace_s), timeout=30 + self.cfg.rollout.stop_grace_s).check()
+        # only the engine this run started: the pid file must name a process whose command line is ours
+        warn_left_alone(t.run(stop_script(pid, self.cfg.rollout.stop_grace_s, self.launch_argv(node)),
+                              timeout=30 + self.cfg.rollout.stop_grace_s).check())
         if self.cfg.engine.runtime is not ContainerRuntime.PROCESS:
             t.run([self.cfg.engine.runtime.value, "rm", "-f", self._container_name(node)], timeout=60)
 
@@ -99,7 +102,7 @@ class SSHDeployer(Deployer):
 
     def alive(self, name: str) -> bool:
         pid, _ = self._paths(self._node(name))
-        return self.cluster[name].run(alive_script(pid), timeout=15).ok
+        return self.cluster[name].run(alive_script(pid, self.launch_argv(self._node(name))), timeout=15).ok
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         _, logf = self._paths(self._node(name))
