@@ -184,7 +184,8 @@ class LeaseStore:
     def status(self, cluster: str) -> LeaseInfo | None:
         """The lease of ``cluster``; None if no run ever took it."""
         with self._tx() as conn:
-            row = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c"), {"c": cluster}).first()
+            row = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c"),
+                               {"c": cluster}).first()
         return LeaseInfo.from_row(row) if row else None
 
     def all(self) -> list[LeaseInfo]:
@@ -214,7 +215,8 @@ class LeaseStore:
             taken_over = None
             if cur.holder is not None and cur.holder != holder.run_key:
                 taken_over = {"run_key": cur.holder, "reason": "expired", "dag_id": cur.dag_id, "host": cur.host,
-                              "pid": cur.pid, "heartbeat_at": str(cur.heartbeat_at), "acquired_at": str(cur.acquired_at)}
+                              "pid": cur.pid, "heartbeat_at": str(cur.heartbeat_at),
+                              "acquired_at": str(cur.acquired_at)}
                 if all(p.get("run_key") != cur.holder for p in pending):
                     pending.append(taken_over)
             row = conn.execute(text(
@@ -273,7 +275,8 @@ class LeaseStore:
                 {"c": cluster, "h": run_key, "ttl": float(ttl_s), "host": host, "pid": pid}).first()
             if row is not None:
                 return LeaseInfo.from_row(row)
-            now = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c"), {"c": cluster}).first()
+            now = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c"),
+                               {"c": cluster}).first()
             info = LeaseInfo.from_row(now) if now else None
             why = ("it was broken by hand and is free now" if info is None or info.free
                    else f"it is now held by run {info.holder!r} (host {info.host}, pid {info.pid}) since "
@@ -294,8 +297,8 @@ class LeaseStore:
                 log.warning("run %s does not hold the lease of cluster %s (%s); nothing to release", run_key, cluster,
                             cur.describe() if cur else "no lease row")
                 return False
-            pending = list(cur.pending_cleanup) + (
-                [{"run_key": run_key, "reason": "teardown failed", "host": cur.host, "pid": cur.pid}] if leftovers else [])
+            dirty = [{"run_key": run_key, "reason": "teardown failed", "host": cur.host, "pid": cur.pid}]
+            pending = list(cur.pending_cleanup) + (dirty if leftovers else [])
             conn.execute(text(
                 "UPDATE cluster_leases SET holder = NULL, dag_id = NULL, host = NULL, pid = NULL, acquired_at = NULL, "
                 "heartbeat_at = NULL, expires_at = NULL, ttl_s = NULL, pending_cleanup = :p, updated_at = now() "
