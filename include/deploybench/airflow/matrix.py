@@ -1,0 +1,148 @@
+"""The tasks of a config matrix, declared into the DAG being built (``dags/deploybench_matrix.py``).
+
+    plan -> cell (mapped: one deploybench_run per cell, one at a time) -> compare -> finish
+
+``plan`` validates every cell before anything starts and logs counts and a wall-time estimate
+(``deploybench.matrix.plan``). Each ``cell`` triggers a real ``deploybench_run`` DAG run with the
+cell's conf and waits for it deferred (``TriggerDagRunOperator``), so every stage of a cell shows in
+that run's Grid, runs under the cluster lease like any run, and is stored exactly as a manual run of
+the same conf. The cell's run id is ``matrix__<matrix run id>__<cell id>``: clearing a cell
+re-triggers the same run (``reset_dag_run``). Cells already measured are mapped too and skip with
+their reason, so the Grid shows the whole matrix with labels such as ``max_num_seqs=64 load_rate=4``.
+``max_active_tis_per_dagrun=1`` runs one cell at a time in plan order (cells sharing a deployment
+adjacent). ``compare`` and ``finish`` run whatever happened to the cells; ``finish`` fails naming
+the failed cells.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import Param, TriggerRule, get_current_context, task
+from airflow.sdk.exceptions import AirflowSkipException
+
+from deploybench import paths
+
+RUN_DAG_ID = "deploybench_run"
+POKE_S = 5  # how often the triggerer looks at a cell's run: small next to a run's minutes
+
+
+class MatrixCellOperator(TriggerDagRunOperator):
+    """Triggers one cell's deploybench_run and waits for it; a cell planned as ``skip`` skips with its reason.
+
+    ``cell_label`` is the cell's readable name (the map index label); both fields are templated like
+    ``conf`` so they can come from the plan's XCom through ``expand_kwargs``."""
+
+    template_fields = (*TriggerDagRunOperator.template_fields, "cell_label", "skip_reason")
+
+    def __init__(self, *, cell_label: str = "", skip_reason: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cell_label = cell_label
+        self.skip_reason = skip_reason
+
+    def execute(self, context: Any) -> Any:
+        if self.skip_reason:
+            raise AirflowSkipException(f"cell {self.cell_label}: {self.skip_reason}")
+        self.log.info("cell %s: triggering %s run %s with conf %s", self.cell_label, self.trigger_dag_id,
+                      self.trigger_run_id, self.conf)
+        return super().execute(context)
+
+
+def matrix_params() -> dict[str, Param]:
+    """The matrix trigger form."""
+    from deploybench import params as form
+
+    return {
+        "base": Param({}, type="object", maxProperties=len(form.FIELDS), title="Base configuration",
+                      description="deploybench_run parameters every cell shares (the run form's names, e.g. "
+                                  "{\"inventory\": \"demo\", \"load_duration_s\": 60}); the rest take their defaults."),
+        "axes": Param({"max_num_seqs": [8, 16], "load_rate": [2, 4]}, type="object", maxProperties=16,
+                      additionalProperties={"type": "array", "minItems": 1, "maxItems": 64},
+                      title="Axes (full grid)",
+                      description="Parameter -> values; every combination is a cell (crossed with the treatments)."),
+        "treatments": Param(None, type=["null", "array"], maxItems=256, items={"type": "object", "maxProperties": 32},
+                            title="Treatments",
+                            description="Explicit combinations, e.g. [{\"max_num_seqs\": 64, \"tensor_parallel_size\": "
+                                        "2}], when a full grid would explode; crossed with the axes."),
+        "constraints": Param(None, type=["null", "array"], maxItems=32, items={"type": "string", "maxLength": 500},
+                             title="Constraints",
+                             description="Expressions a cell must satisfy, e.g. \"tensor_parallel_size * replicas "
+                                         "<= gpus\"; names: the run form's fields, replicas, gpus_per_node, gpus."),
+        "repeats": Param(1, type="integer", minimum=1, maximum=20, title="Repeats per cell",
+                         description="Runs per cell (significance between repeats needs 2+)."),
+        "on_measured": Param("skip", type="string", enum=["skip", "rerun"], title="Cells already measured",
+                             description="skip: a cell with a successful, non-excluded run of the same configuration, "
+                                         "SLO and software is not run again; rerun: measure it again."),
+    }
+
+
+def _matrix_key(ctx: Any) -> str:
+    return paths.dag_run_key(ctx["dag"].dag_id, ctx["run_id"])
+
+
+def _dsn() -> str | None:
+    from deploybench.airflow_glue import results_dsn
+
+    return results_dsn()
+
+
+def matrix_tasks() -> dict[str, Any]:
+    """Declare the matrix's tasks in the DAG being built; returns them by name."""
+
+    @task
+    def plan() -> list[dict[str, Any]]:
+        """Expand, validate every cell, skip measured ones, estimate: refuses the matrix before anything runs."""
+        import json
+
+        from deploybench import matrix
+        from deploybench.matrix import store
+
+        ctx = get_current_context()
+        key, dsn = _matrix_key(ctx), _dsn()
+        spec = matrix.MatrixSpec.from_params(dict(ctx["params"]))
+        planned = matrix.plan(spec, key, f"matrix__{ctx['run_id']}__",
+                              measured=lambda cells: store.measured(dsn, cells),
+                              durations=lambda cfgs: store.durations(dsn, cfgs))
+        print(planned.summary())  # the task log: what will run, what is skipped and why, how long
+        (paths.run_dir(key) / "plan.json").write_text(json.dumps(planned.to_dict(), indent=1, default=str))
+        ctx["ti"].xcom_push(key="plan", value=planned.to_dict())
+        return planned.mapped()  # what the cells are mapped over
+
+    @task(trigger_rule=TriggerRule.ALL_DONE)
+    def compare() -> dict[str, Any]:
+        """Compare every cell's run (skipped cells with the run that measured them), store it, write the report."""
+        from deploybench.matrix import result
+
+        ctx = get_current_context()
+        planned = ctx["ti"].xcom_pull(task_ids="plan", key="plan")
+        if not planned:
+            raise AirflowSkipException("the plan refused the matrix: nothing ran (see the plan task's log)")
+        out = result.conclude(_dsn(), planned)
+        print(result.summary(out))
+        return out
+
+    @task(trigger_rule=TriggerRule.ALL_DONE)
+    def finish() -> str:
+        """Fails the matrix run naming the failed cells (or the refused plan); else its summary."""
+        from deploybench.errors import StageFailed
+        from deploybench.matrix import result
+
+        ctx = get_current_context()
+        out = ctx["ti"].xcom_pull(task_ids="compare")
+        if not out:
+            if not ctx["ti"].xcom_pull(task_ids="plan", key="plan"):
+                raise StageFailed(f"matrix {_matrix_key(ctx)}: the plan refused it, no cell ran (see the plan task)")
+            raise StageFailed(f"matrix {_matrix_key(ctx)}: the comparison did not run (see the compare task)")
+        return result.verdict(out)
+
+    planned = plan()
+    cells = MatrixCellOperator.partial(
+        task_id="cell", trigger_dag_id=RUN_DAG_ID, wait_for_completion=True, deferrable=True, poke_interval=POKE_S,
+        reset_dag_run=True, max_active_tis_per_dagrun=1, openlineage_inject_parent_info=False,
+        map_index_template="{{ task.cell_label }}",
+    ).expand_kwargs(planned)
+    compared = compare()
+    done = finish()
+    cells >> compared >> done
+    return {"plan": planned, "cell": cells, "compare": compared, "finish": done}

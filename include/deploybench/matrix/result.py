@@ -1,0 +1,137 @@
+"""The end of a matrix: what each cell came to, the comparison of the cells, its report, the verdict.
+
+``conclude`` reads each cell's stored run (a skipped cell counts with the run that measured it),
+compares them with ``deploybench.analyse.compare`` (figures, best configuration meeting the SLO,
+Pareto front; significance between repeats of one configuration through the baseline), stores
+the comparison with the matrix in its parameters (``params["matrix"]``: the matrix key, every
+cell with its run, status and deployment group), and writes the HTML report into the matrix's
+run folder. ``verdict`` raises naming the failed cells, so the matrix run fails when a cell did.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from deploybench import paths
+from deploybench.errors import StageFailed
+from deploybench.report.html import Html, document, esc, table
+
+log = logging.getLogger(__name__)
+
+REUSE_NOTE = ("cells of one deployment group run one after another; each still deploys, preflights and fans out "
+              "on its own (fan-out finds the model already verified and copies nothing) - rollout reuse between "
+              "cells is not implemented yet")
+
+
+def _statuses(target: Any, keys: list[str]) -> dict[str, str]:
+    from sqlalchemy import select
+
+    from deploybench.store.db import open_store
+    from deploybench.store.models import Run
+
+    if not keys:
+        return {}
+    with open_store(target).connect() as conn:
+        return dict(conn.execute(select(Run.run_key, Run.status).where(Run.run_key.in_(keys))).all())
+
+
+def outcome(target: Any, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per cell: id, label, action, run key, deployment, status (success | failed | not stored |
+    skipped), and why."""
+    cells = plan["cells"]
+    stored = _statuses(target, [c["run_key"] for c in cells])
+    rows = []
+    for c in cells:
+        status = stored.get(c["run_key"], "not stored")
+        if c["action"] == "skip":
+            status = "skipped"
+        rows.append({"cell_id": c["cell_id"], "label": c["label"], "action": c["action"], "run_key": c["run_key"],
+                     "deployment": c["deployment"], "status": status, "stored": c["run_key"] in stored,
+                     "reason": c["reason"]})
+    return rows
+
+
+def conclude(target: Any, plan: dict[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
+    """Compare the matrix's cells, store the comparison, write its report; returns what the matrix came to."""
+    from deploybench.analyse.compare import compare, curves, save_comparison
+    from deploybench.report.compare_html import sections
+    from deploybench.store.query import RunFilter
+
+    rows = outcome(target, plan)
+    keys = list(dict.fromkeys(r["run_key"] for r in rows if r["stored"]))
+    failed = [r for r in rows if r["status"] not in ("success", "skipped")]
+    result: dict[str, Any] = {"matrix_key": plan["matrix_key"], "cells": rows, "failed": failed,
+                              "comparison_id": None, "best": [], "report": None, "run_keys": keys}
+    if not keys:
+        log.warning("matrix %s: no cell has a stored run; nothing to compare", plan["matrix_key"])
+        return result
+    cmp = compare(target, RunFilter(run_keys=tuple(keys)), save=False)
+    by_key = {r["run_key"]: r for r in rows}
+    cmp.params["matrix"] = {
+        "key": plan["matrix_key"], "deployments": plan["deployments"], "reuse": REUSE_NOTE,
+        "cells": [{k: r[k] for k in ("cell_id", "label", "run_key", "status", "deployment", "reason")} for r in rows]}
+    cmp.id = save_comparison(target, cmp)
+    best = [{"group": g, "run_key": k, "cell_id": by_key[k]["cell_id"], "label": by_key[k]["label"]}
+            for g, k in cmp.best.items() if k]
+    path = Path(out_dir or paths.run_dir(plan["matrix_key"])) / "comparison.html"
+    label = {r["run_key"]: f"{r['cell_id']} {r['label']}" for r in rows}
+    body = [f"<h1>deploybench matrix <code>{esc(plan['matrix_key'])}</code></h1>",
+            f"<p>comparison #{cmp.id} &middot; {len(rows)} cells &middot; "
+            + (f"best meeting the SLO: <b class='success'>{esc(', '.join(b['cell_id'] + ' ' + b['label'] for b in best))}"
+               "</b>" if best else "<b class='failed'>no cell meets the SLO</b>") + "</p>",
+            cells_table(rows), f"<p class='note'>Deployments: {esc(REUSE_NOTE)}.</p>",
+            *sections(cmp, curves(target, keys), run_link=lambda k, t: Html(esc(label.get(k, t))))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(document(f"deploybench matrix {plan['matrix_key']}", body))
+    tmp.replace(path)
+    result.update(comparison_id=cmp.id, best=best, report=str(path))
+    return result
+
+
+def cells_table(rows: list[dict[str, Any]], run_link: Any = None) -> str:
+    """The cells: id, label, deployment group, status, run (linked when ``run_link(key)`` is given), why."""
+    def run(r: dict[str, Any]) -> Any:
+        return run_link(r["run_key"]) if run_link and r["stored"] else r["run_key"]
+
+    return table(["cell", "configuration", "deployment", "status", "run", "note"],
+                 [[r["cell_id"], r["label"], r["deployment"], Html(f"<span class='{_cls(r['status'])}'>"
+                   f"{esc(r['status'])}</span>"), run(r), r["reason"]] for r in rows])
+
+
+def _cls(status: str) -> str:
+    return {"success": "success", "skipped": "note"}.get(status, "failed")
+
+
+def summary(result: dict[str, Any]) -> str:
+    """What the compare task's log says: every cell's outcome and the best one."""
+    lines = [f"matrix {result['matrix_key']}: " + ", ".join(
+        f"{n} {s}" for s, n in _count(r["status"] for r in result["cells"]).items())]
+    for r in result["cells"]:
+        lines.append(f"  {r['cell_id']:7} {r['status']:10} {r['deployment']}  {r['label']}  {r['run_key']}"
+                     + (f"  - {r['reason']}" if r["reason"] else ""))
+    for b in result["best"]:
+        lines.append(f"best configuration meeting the SLO: {b['cell_id']} {b['label']} (run {b['run_key']})")
+    if result["run_keys"] and not result["best"]:
+        lines.append("no cell meets the SLO")
+    if result["comparison_id"]:
+        lines.append(f"comparison #{result['comparison_id']} stored; report {result['report']}")
+    return "\n".join(lines)
+
+
+def _count(values: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """The matrix's verdict: StageFailed naming every failed cell, else the summary."""
+    if result["failed"]:
+        raise StageFailed(f"matrix {result['matrix_key']}: {len(result['failed'])} of {len(result['cells'])} cells "
+                          "failed: " + "; ".join(f"{r['cell_id']} ({r['label']}): {r['status']}, run {r['run_key']}"
+                                                 for r in result["failed"]))
+    return summary(result)

@@ -1,0 +1,200 @@
+"""Config matrices without Airflow or a database: expansion, safe constraints, validation, order, skip rule."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from deploybench import matrix
+from deploybench.errors import StageFailed
+from deploybench.matrix import MatrixError, MatrixSpec
+from deploybench.matrix.expr import Constraint, ConstraintError
+from deploybench.matrix.result import verdict
+
+
+class FakeInventory:
+    def __init__(self, n: int, gpus: str = "1"):
+        self.names = [f"n{i:02d}" for i in range(1, n + 1)]
+        self._gpus = gpus
+
+    def node(self, name: str):
+        return SimpleNamespace(labels={"gpus": self._gpus})
+
+
+def _plan(spec: dict, measured=None, nodes: int = 2, gpus: str = "1", **kw):
+    return matrix.plan(MatrixSpec(**spec), "deploybench_matrix__manual__1", "matrix__manual__1__",
+                       measured=measured, inventory_loader=lambda _ref: FakeInventory(nodes, gpus), **kw)
+
+
+BASE = {"inventory": "demo", "nodes": 2, "canary_nodes": 1}
+GRID = {"base": BASE, "axes": {"load_rate": [2, 4], "max_num_seqs": [8, 16]}}
+
+
+# -- constraints ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,names,expected", [
+    ("tensor_parallel_size * replicas <= gpus", {"tensor_parallel_size": 2, "replicas": 2, "gpus": 4}, True),
+    ("tensor_parallel_size * replicas <= gpus", {"tensor_parallel_size": 4, "replicas": 2, "gpus": 4}, False),
+    ("not (max_num_seqs > 8 and load_rate < 4)", {"max_num_seqs": 16, "load_rate": 2}, False),
+    ("engine_profile in ['sim', 'vllm'] or load_rate == 1", {"engine_profile": "triton", "load_rate": 1}, True),
+    ("1 < load_rate <= 4", {"load_rate": 4}, True),
+    ("load_rate % 2 == 0 and -load_rate < 0", {"load_rate": 4}, True),
+])
+def test_constraints_evaluate_arithmetic_comparisons_and_logic(text, names, expected):
+    assert Constraint(text).holds(names) is expected
+
+
+@pytest.mark.parametrize("text,what", [
+    ("__import__('os').system('id')", "Call"),
+    ("load_rate.real > 1", "Attribute"),
+    ("load_rate ** 1000000 > 1", "Pow"),
+    ("(lambda: 1)()", "Call"),
+    ("[x for x in [1]]", "ListComp"),
+    ("tags['a'] == 'b'", "Subscript"),
+    ("load_rate >", "not an expression"),
+    ("", "empty"),
+    ("x" * 600, "at most"),
+])
+def test_constraints_refuse_anything_but_the_small_language(text, what):
+    with pytest.raises(ConstraintError, match=what):
+        Constraint(text)
+
+
+def test_constraint_on_unknown_name_or_string_arithmetic_is_refused():
+    with pytest.raises(ConstraintError, match="unknown parameter.*gpu_count"):
+        Constraint("gpu_count > 1").holds({"gpus": 1})
+    with pytest.raises(ConstraintError, match="arithmetic needs numbers"):
+        Constraint("engine_profile * 1000000000 == 'x'").holds({"engine_profile": "sim"})
+
+
+# -- expansion ------------------------------------------------------------------------------------
+def test_grid_crossed_with_treatments_in_written_order():
+    spec = MatrixSpec(axes={"load_rate": [2, 4]}, treatments=[{"max_num_seqs": 8}, {"max_num_seqs": 16}])
+    assert matrix.combinations(spec) == [
+        {"max_num_seqs": 8, "load_rate": 2}, {"max_num_seqs": 8, "load_rate": 4},
+        {"max_num_seqs": 16, "load_rate": 2}, {"max_num_seqs": 16, "load_rate": 4}]
+
+
+def test_expansion_refuses_empty_clashing_and_exploding_matrices():
+    with pytest.raises(MatrixError, match="no axes and no treatments"):
+        matrix.combinations(MatrixSpec())
+    with pytest.raises(MatrixError, match=r"both set \['load_rate'\]"):
+        matrix.combinations(MatrixSpec(axes={"load_rate": [1]}, treatments=[{"load_rate": 2}]))
+    with pytest.raises(MatrixError, match="has 300 cells"):
+        matrix.combinations(MatrixSpec(axes={"load_rate": list(range(1, 31)), "max_num_seqs": list(range(1, 11))}))
+
+
+# -- the plan -------------------------------------------------------------------------------------
+def test_plan_orders_cells_sharing_a_deployment_together_with_readable_labels():
+    p = _plan(GRID)
+    assert [c.label for c in p.cells] == ["load_rate=2 max_num_seqs=8", "load_rate=4 max_num_seqs=8",
+                                          "load_rate=2 max_num_seqs=16", "load_rate=4 max_num_seqs=16"]
+    assert [c.deployment for c in p.cells] == ["d1", "d1", "d2", "d2"]
+    assert p.deployments == {"d1": ["c01", "c02"], "d2": ["c03", "c04"]}
+    assert [c.trigger_run_id for c in p.cells] == [f"matrix__manual__1__c0{i}" for i in range(1, 5)]
+    assert p.cells[0].run_key == "deploybench_run__matrix__manual__1__c01"
+    assert p.cells[0].conf["tags"] == {"matrix": "deploybench_matrix__manual__1",
+                                       "matrix_cell": "load_rate=2 max_num_seqs=8", "matrix_deployment": "d1"}
+    assert p.cells[0].conf["max_num_seqs"] == 8 and p.cells[0].conf["inventory"] == "demo"
+    assert matrix.label_of({"max_num_seqs": 64, "tensor_parallel_size": 2}) == "max_num_seqs=64 tp=2"
+
+
+def test_measured_cell_is_skipped_with_the_run_that_measured_it():
+    first = _plan(GRID)
+    done = first.cells[2]
+    seen = []
+
+    def measured(cells):
+        seen.extend(cells)
+        return {done.measure_key: ["deploybench_run__manual__old"]}
+
+    p = _plan(GRID, measured=measured)
+    assert len(seen) == 4
+    assert p.counts() == {"cells": 4, "run": 3, "skipped": 1, "ruled_out": 0, "deployments": 2}
+    skipped = p.skipped[0]
+    assert skipped.label == done.label and skipped.run_key == "deploybench_run__manual__old"
+    assert "already measured by run deploybench_run__manual__old" in skipped.reason
+    assert p.mapped()[2]["skip_reason"] == skipped.reason and p.mapped()[0]["skip_reason"] == ""
+    assert "3 will run, 1 skipped" in p.summary() and "already measured" in p.summary()
+    again = _plan({**GRID, "on_measured": "rerun"}, measured=measured)
+    assert again.counts()["run"] == 4 and "measured again" in again.cells[2].reason
+
+
+def test_repeats_run_only_the_missing_ones():
+    spec = {"base": BASE, "axes": {"load_rate": [2]}, "repeats": 3}
+    key = _plan(spec).cells[0].measure_key
+    p = _plan(spec, measured=lambda cells: {key: ["r-new", "r-old"]})
+    assert [(c.cell_id, c.action) for c in p.cells] == [("c01r1", "skip"), ("c01r2", "skip"), ("c01r3", "run")]
+    assert p.cells[2].label == "load_rate=2 #3"
+
+
+def test_measure_key_follows_configuration_slo_and_software_not_tags():
+    from deploybench import params
+
+    a = params.to_config({"inventory": "demo", "load_rate": 2})
+    assert matrix.measure_key(a) == matrix.measure_key(params.to_config({"inventory": "demo", "load_rate": 2,
+                                                                          "tags": {"x": "y"}}))
+    for other in ({"load_rate": 3}, {"slo_p99_latency_ms": 500}, {"engine_image": "vllm/vllm:0.6"}):
+        assert matrix.measure_key(params.to_config({"inventory": "demo", "load_rate": 2, **other})) != \
+            matrix.measure_key(a), other
+
+
+def test_invalid_cell_is_refused_naming_cell_parameter_and_value():
+    with pytest.raises(MatrixError) as err:
+        _plan({"base": BASE, "axes": {"max_num_seqs": [8, 0], "load_rate": [2]}})
+    msg = str(err.value)
+    assert "1 of 2 cells are invalid; nothing was started" in msg
+    assert "cell 2 (max_num_seqs=0 load_rate=2): max_num_seqs=0 is refused" in msg
+
+
+def test_cell_that_does_not_fit_the_inventory_is_refused():
+    with pytest.raises(MatrixError, match=r"cell 2 \(nodes=3\):.*inventory 'demo' has only 2 nodes"):
+        _plan({"base": {"inventory": "demo", "canary_nodes": 1}, "axes": {"nodes": [2, 3]}})
+
+
+def test_unknown_parameter_names_are_refused_with_where():
+    with pytest.raises(MatrixError, match=r"axes: 'max_num_seq'"):
+        _plan({"base": BASE, "axes": {"max_num_seq": [8]}})
+    with pytest.raises(MatrixError, match=r"treatment 1: 'bogus'"):
+        _plan({"base": BASE, "treatments": [{"bogus": 1}]})
+
+
+def test_constraints_rule_cells_out_and_can_use_the_inventory():
+    spec = {"base": BASE, "axes": {"tensor_parallel_size": [1, 2, 4]},
+            "constraints": ["tensor_parallel_size * replicas <= gpus"]}
+    p = _plan(spec, gpus="2")  # 2 nodes x 2 GPUs
+    assert [c.label for c in p.cells] == ["tp=1", "tp=2"]
+    assert p.ruled_out == [{"label": "tp=4", "constraint": "ruled out by 'tensor_parallel_size * replicas <= gpus'"}]
+    with pytest.raises(MatrixError, match="every one of the 3 combinations is ruled out"):
+        _plan({**spec, "constraints": ["tensor_parallel_size > 8"]})
+    with pytest.raises(MatrixError, match="Call is not allowed"):
+        _plan({**spec, "constraints": ["open('/etc/passwd')"]})
+
+
+def test_estimate_uses_stored_durations_else_configured_ones_and_an_upper_bound():
+    p = _plan(GRID)
+    c = p.cells[0]
+    assert c.expected_s == pytest.approx(matrix.configured_s(__import__("deploybench").params.to_config(c.conf), 2)
+                                         + matrix.OVERHEAD_S)
+    assert c.upper_s > c.expected_s
+    fp = c.fingerprint
+    p2 = _plan(GRID, durations=lambda cfgs: {fp: 42.0})
+    assert p2.cells[0].expected_s == 42.0
+    assert p2.estimate()["expected_s"] == pytest.approx(42.0 + sum(x.expected_s for x in p2.cells[1:]))
+    assert "min expected" in p.summary() or " s expected" in p.summary()
+
+
+def test_matrix_form_shape_errors_are_matrix_errors():
+    assert MatrixSpec.from_params({"axes": {"load_rate": [1]}, "treatments": None, "constraints": None}).repeats == 1
+    with pytest.raises(MatrixError, match="repeats"):
+        MatrixSpec.from_params({"axes": {"load_rate": [1]}, "repeats": 0})
+
+
+def test_verdict_names_failed_cells():
+    ok = {"matrix_key": "m", "cells": [{"cell_id": "c01", "label": "a", "status": "success", "deployment": "d1",
+                                        "run_key": "k1", "reason": ""}], "failed": [], "best": [], "run_keys": ["k1"],
+          "comparison_id": 3, "report": "/x.html"}
+    assert "c01" in verdict(ok)
+    bad = {**ok, "failed": [{"cell_id": "c02", "label": "sim_crash_after=2", "status": "failed", "run_key": "k2"}]}
+    with pytest.raises(StageFailed, match=r"1 of 1 cells failed: c02 \(sim_crash_after=2\): failed, run k2"):
+        verdict(bad)
