@@ -7,7 +7,8 @@ What it serves (paths relative to the mount point; these paths are stable, links
     GET /runs/{run_key}                 one run: stages, load phases (cluster and per node), report link,
                                         a link to its series' history
     GET /runs/{run_key}/report          the run's HTML report (paths.run_dir(run_key)/report.html)
-    GET /dag-runs/{dag_id}/{run_id}     the run of one Airflow DAG run (the "Benchmark results" tab)
+    GET /dag-runs/{dag_id}/{run_id}     the run of one Airflow DAG run (the "Benchmark results" tab); for a
+                                        matrix DAG run, its cells and comparison (webapp_matrix)
     GET /compare?run=K&run=K[&baseline=K][&alpha=0.05]
                                         the comparison of the runs picked by key, or of a filter:
     GET /compare?model=M&series=FP&inventory=I&tag=k=v&since=ISO&until=ISO[&include_excluded=true]
@@ -325,6 +326,12 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         request: Request, target: Target, access: Access, dag_id: str, run_id: str
     ) -> HTMLResponse:
         stored = _readable(store.load_run(target, paths.dag_run_key(dag_id, run_id)), access)
+        if stored is None and access.may_read_dag(dag_id):  # a matrix run: the comparison of its cells
+            from deploybench import webapp_matrix
+
+            found = webapp_matrix.load(target, paths.dag_run_key(dag_id, run_id))
+            if found is not None:
+                return HTMLResponse(webapp_matrix.render(found, _root(request), access))
         if stored is None:
             raise HTTPException(
                 404,

@@ -198,3 +198,25 @@ def test_verdict_names_failed_cells():
     bad = {**ok, "failed": [{"cell_id": "c02", "label": "sim_crash_after=2", "status": "failed", "run_key": "k2"}]}
     with pytest.raises(StageFailed, match=r"1 of 1 cells failed: c02 \(sim_crash_after=2\): failed, run k2"):
         verdict(bad)
+
+
+def test_matrix_page_shows_cells_best_and_links_the_comparison():
+    from deploybench import webapp_matrix
+    from deploybench.webapp_access import AllowAll
+
+    cells = [{"cell_id": "c01", "label": "max_num_seqs=8 load_rate=2", "run_key": "deploybench_run__m__c01",
+              "status": "success", "deployment": "d1", "reason": ""},
+             {"cell_id": "c02", "label": "max_num_seqs=8 load_rate=4", "run_key": "deploybench_run__manual__x",
+              "status": "skipped", "deployment": "d1", "reason": "already measured by run deploybench_run__manual__x"},
+             {"cell_id": "c03", "label": "<script>", "run_key": "deploybench_run__m__c03", "status": "failed",
+              "deployment": "d2", "reason": ""}]
+    found = {"id": 7, "run_keys": ["deploybench_run__m__c01", "deploybench_run__manual__x"],
+             "params": {"matrix": {"key": "deploybench_matrix__m", "cells": cells, "reuse": "ordered only"}},
+             "result": {"best": {"w1": "deploybench_run__manual__x"}}}
+    html = webapp_matrix.render(found, "/deploybench", AllowAll())
+    assert "<h1>Matrix <code>deploybench_matrix__m</code></h1>" in html
+    assert "Best configuration meeting the SLO: <b class='success'>c02 max_num_seqs=8 load_rate=4</b>" in html
+    assert "/deploybench/compare?run=deploybench_run__m__c01&amp;run=deploybench_run__manual__x" in html
+    assert "/deploybench/runs/deploybench_run__m__c01" in html and "already measured by run" in html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "1 success, 1 skipped, 1 failed" in html
