@@ -184,6 +184,7 @@ def store_run(run: "Run", dsn: str | None = None) -> dict[str, int]:
         finished_at=datetime.now(timezone.utc),
         node_count=len(run.nodes),
         trigger=trigger_of(run.meta),
+        logical_date=_when(run.meta.get("logical_date")),
     )
     stages = [
         StageRecord(

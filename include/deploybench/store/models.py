@@ -67,6 +67,7 @@ class Run(Base):
         Index(None, "fingerprint"),
         Index(None, "started_at"),
         Index(None, "series_id", "started_at"),
+        Index(None, "series_id", "logical_date"),
     )
 
     run_key: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -87,6 +88,8 @@ class Run(Base):
     series_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("series.id", ondelete="SET NULL"))
     excluded: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     exclude_reason: Mapped[str | None] = mapped_column(Text)
+    # revision 0004: the Airflow logical date (a backfilled run stands for that date); history orders by it
+    logical_date: Mapped[datetime | None] = _ts(nullable=True)
 
 
 class StageResult(Base):
@@ -347,12 +350,12 @@ class ChangePoint(Base):
 
 
 class Verdict(Base):
-    """The history's verdict on one run for one metric: regression, improvement or no change."""
+    """The history's verdict on one run for one metric: regression, improvement, no change or suspect (0004)."""
 
     __tablename__ = "verdicts"
     __table_args__ = (
         UniqueConstraint("run_key", "metric", "method"),
-        CheckConstraint("verdict IN ('regression', 'improvement', 'no change')", name="verdict"),
+        CheckConstraint("verdict IN ('regression', 'improvement', 'no change', 'suspect')", name="verdict"),
     )
 
     id: Mapped[int] = _id_col()

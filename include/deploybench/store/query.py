@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, or_, select, update
+from sqlalchemy import Engine, func, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from deploybench.store.db import open_store, redact
@@ -60,7 +60,13 @@ class RunFilter:
 
 
 RUN_COLUMNS = ("run_key", "dag_id", "airflow_run_id", "status", "started_at", "finished_at", "inventory",
-               "node_count", "tags", "trigger", "excluded", "exclude_reason", "series_id", "config")
+               "node_count", "tags", "trigger", "excluded", "exclude_reason", "series_id", "config", "logical_date")
+
+
+def run_order():
+    """Where a run stands in time: its Airflow logical date (a backfilled run stands for that date), else when
+    it started (a CLI run). Series, history and pages order runs by this, never by the wall clock alone."""
+    return func.coalesce(Run.logical_date, Run.started_at)
 
 
 def _engine_query(engine: Engine, what: str, fn):
@@ -72,7 +78,8 @@ def _engine_query(engine: Engine, what: str, fn):
 
 
 def select_runs(target: Engine | str | None, flt: RunFilter) -> pd.DataFrame:
-    """One row per selected run (RUN_COLUMNS + series fingerprint, model, workload hash), oldest first.
+    """One row per selected run (RUN_COLUMNS + series fingerprint, model, workload hash), oldest first by
+    ``run_order`` (logical date, else start), with that time as column ``order_at``.
 
     Run keys that are not stored raise UnknownRuns naming them; a filter matching nothing
     raises EmptySelection naming the filter.
@@ -80,8 +87,8 @@ def select_runs(target: Engine | str | None, flt: RunFilter) -> pd.DataFrame:
     engine = open_store(target)
     cols = [getattr(Run, c) for c in RUN_COLUMNS]
     query = (
-        select(*cols, Series.fingerprint.label("series"), ModelArtifact.name.label("model"),
-               Workload.hash.label("workload"), ServingConfig.attrs.label("serving"), Cluster.name.label("cluster"),
+        select(*cols, run_order().label("order_at"), Series.fingerprint.label("series"),
+               ModelArtifact.name.label("model"), Workload.hash.label("workload"), ServingConfig.attrs.label("serving"), Cluster.name.label("cluster"),
                Software.engine.label("engine"))
         .outerjoin(Series, Series.id == Run.series_id)
         .outerjoin(ModelArtifact, ModelArtifact.id == Series.model_id)
@@ -109,7 +116,7 @@ def select_runs(target: Engine | str | None, flt: RunFilter) -> pd.DataFrame:
             query = query.where(Run.tags.contains(flt.tags))
         if flt.series:
             query = query.where(Series.fingerprint.startswith(flt.series))
-    query = query.order_by(Run.started_at, Run.run_key)
+    query = query.order_by(run_order(), Run.run_key)
     frame = _engine_query(engine, "runs", lambda c: pd.DataFrame(c.execute(query).mappings().all()))
     if flt.run_keys:
         missing = [k for k in flt.run_keys if frame.empty or k not in set(frame["run_key"])]

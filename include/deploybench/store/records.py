@@ -54,6 +54,8 @@ class RunRecord(_Record):
     node_count: int = Field(ge=0)
     tags: dict[str, str] = Field(default_factory=dict)
     trigger: str | None = Field(None, max_length=64, description="manual, scheduled, backfill, asset, cli, ...")
+    logical_date: AwareDatetime | None = Field(None, description="Airflow's logical date: where the run stands in "
+                                               "its series (a backfilled run at its date, not the day it ran)")
 
     @model_validator(mode="after")
     def _times(self) -> "RunRecord":
