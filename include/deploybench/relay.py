@@ -359,10 +359,11 @@ class Downstream:
             self.sock = None
 
 
-def header_problem(header: object, expect: str, free_bytes: int) -> str | None:
+def header_problem(header: object, expect: str, free_bytes: int, held=lambda f: False) -> str | None:
     """Why a stream's header may not be written (None: it may). The manifest must hash to ``expect`` (the
     digest the controller gave this relay); every file must be one of the manifest's, with its size and
-    digest, sent once, from an offset inside it; the bytes it carries must fit in ``free_bytes``."""
+    digest, sent once, from an offset inside it; the bytes it carries for files this node does not hold
+    yet (``held``) must fit in ``free_bytes``."""
     if not isinstance(header, dict) or not isinstance(header.get("manifest"), dict):
         return "no manifest in the header"
     entries = header["manifest"].get("files")
@@ -391,7 +392,7 @@ def header_problem(header: object, expect: str, free_bytes: int) -> str | None:
         if f["path"] in seen:
             return f"file {f['path']!r} is listed twice"
         seen.add(f["path"])
-        total += m["size"] - off
+        total += 0 if held(m) else m["size"] - off
     if total > free_bytes:
         return f"the stream carries {total} bytes, only {free_bytes} are free"
     return None
@@ -403,7 +404,16 @@ def _free_bytes(path: str) -> int:
     return shutil.disk_usage(path or "/").free
 
 
-def _accept(a: argparse.Namespace, st: dict) -> tuple[socket.socket, dict, bytes]:
+def _held(staging: str, cache: HashCache):
+    """Whether a manifest file is already staged and verified on this node (it is forwarded, not written)."""
+    def held(f: dict) -> bool:
+        p = os.path.join(staging, f["path"])
+        return regular_file(p) and os.path.getsize(p) == f["size"] and cache.lookup(p) == f["sha256"]
+
+    return held
+
+
+def _accept(a: argparse.Namespace, st: dict, cache: HashCache) -> tuple[socket.socket, dict, bytes]:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((a.listen, a.port))
@@ -431,7 +441,7 @@ def _accept(a: argparse.Namespace, st: dict) -> tuple[socket.socket, dict, bytes
                 st["refused"].append(f"{peer[0]}: wrong transfer token")
                 conn.close()
                 continue
-            why = header_problem(header, a.expect, _free_bytes(a.staging))
+            why = header_problem(header, a.expect, _free_bytes(a.staging), _held(a.staging, cache))
             if why:
                 st["refused"].append(f"{peer[0]}: refused header: {why}")
                 conn.close()
@@ -532,7 +542,7 @@ def cmd_serve(a: argparse.Namespace) -> dict:
     down = Downstream(None)
     try:
         os.makedirs(a.staging, exist_ok=True)
-        conn, header, raw = _accept(a, st)
+        conn, header, raw = _accept(a, st, cache)
         st["first_byte"] = time.time()
         if a.downstream:
             host, _, port = a.downstream.rpartition(":")
