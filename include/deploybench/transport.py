@@ -462,22 +462,28 @@ def bad(why):
     print(json.dumps({"error": why})); sys.exit(0)
 if not d.startswith("/"):
     bad("%r is not an absolute path" % d)
-path = "/"
-for part in [p for p in d.split("/") if p]:
-    path = os.path.join(path, part)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        break
-    if stat.S_ISLNK(st.st_mode):
+def ancestors():
+    path = "/"
+    for part in [p for p in d.split("/") if p]:
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (0, uid):
+                bad("%s is a symbolic link owned by uid %d" % (path, st.st_uid))
+            continue
         if st.st_uid not in (0, uid):
-            bad("%s is a symbolic link owned by uid %d" % (path, st.st_uid))
-        continue
-    if st.st_uid not in (0, uid):
-        bad("%s is owned by uid %d, neither root nor the deploy user (uid %d)" % (path, st.st_uid, uid))
-    if path != os.path.normpath(d) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        bad("%s is writable by other users (mode %o) and not sticky" % (path, stat.S_IMODE(st.st_mode)))
-os.makedirs(d, mode=0o700, exist_ok=True)
+            bad("%s is owned by uid %d, neither root nor the deploy user (uid %d)" % (path, st.st_uid, uid))
+        if path != os.path.normpath(d) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            bad("%s is writable by other users (mode %o) and not sticky" % (path, stat.S_IMODE(st.st_mode)))
+ancestors()
+try:
+    os.makedirs(d, mode=0o700, exist_ok=True)
+except OSError as exc:
+    bad("cannot create %s as uid %d: %s" % (d, uid, exc.strerror))
+ancestors()  # again: a folder someone else made between the check and the makedirs
 real = os.path.realpath(d)
 st = os.stat(real)
 if not stat.S_ISDIR(st.st_mode):
