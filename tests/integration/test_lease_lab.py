@@ -284,8 +284,10 @@ def test_a_killed_controller_is_cleaned_up_by_the_next_run_on_its_first_try(lab_
     time.sleep(0.3)
     left_nodes, left_k6 = left_on_nodes(lab_a), k6_of(dead.key)
     assert [x for x in left_nodes if "lab.engine" in x], f"nothing left after the kill? {left_nodes}"
+    # k6 dies with its controller (PR_SET_PDEATHSIG, load.runner); its pid file is left for the cleaner
+    k6_files = sorted(str(p) for p in paths.run_dir(dead.key).rglob("*.k6.pid"))
     if phase == "load":
-        assert left_k6, "the dead run's k6 should still be running"
+        assert k6_files, "the dead run's k6 left no pid file"
 
     nxt = runs(f"lz-next-{phase}", lab_a)
     _wait_for(paths.run_dir(nxt.key) / "stages" / "lease.json", nxt, timeout=60)
@@ -301,8 +303,9 @@ def test_a_killed_controller_is_cleaned_up_by_the_next_run_on_its_first_try(lab_
               if f["action"] == "killed"]
     engines_killed = [f for f in killed if "/engine-" in f["file"]]
     assert len(engines_killed) == sum("lab.engine" in x for x in left_nodes), (mine, left_nodes)
-    if phase == "load":
-        assert [f["action"] for f in mine["controller"]] == ["killed"] * len(left_k6), mine["controller"]
+    controller = {f["file"]: f["action"] for f in mine["controller"]}
+    assert sorted(controller) == k6_files, mine["controller"]
+    assert sorted(controller.values()) == sorted(["killed"] * len(left_k6) + ["gone"] * (len(k6_files) - len(left_k6)))
     assert mine["errors"] == [] and mine["left_alone"] == 0
     assert "cleaned up after expired run" in lease["summary"]
     assert left_on_nodes(lab_a) == [] and k6_of(dead.key) == [] and k6_of(nxt.key) == []
@@ -316,7 +319,8 @@ def test_a_killed_controller_is_cleaned_up_by_the_next_run_on_its_first_try(lab_
         eng.dispose()
     assert stored["result"]["cleaned"][-1]["run_key"] == dead.key or \
         dead.key in [c["run_key"] for c in stored["result"]["cleaned"]]
-    print(f"\nRECOVERY {phase}: left after SIGKILL: {len(left_nodes)} on nodes {left_nodes}, k6 {left_k6}; "
+    print(f"\nRECOVERY {phase}: left after SIGKILL: {len(left_nodes)} on nodes {left_nodes}, k6 running {left_k6} "
+          f"(pid files {k6_files}); "
           f"next run took the lease {t_lease - t_kill:.1f} s after the kill (waited {res['waited_s']:.1f} s for "
           f"expiry, TTL {TTL_S} s), cleanup {mine['seconds']:.2f} s, lease stage {lease['seconds']:.1f} s: "
           f"{lease['summary']}")
