@@ -186,8 +186,8 @@ class Airflow:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
     def wait_for(self, what: str, probe, timeout_s: float, every_s: float = 1.0):
-        """Call ``probe`` until it returns something truthy (transient HTTP/connection errors count as
-        not yet); fail with the last error and the Airflow log after ``timeout_s``."""
+        """Call ``probe`` until it returns something truthy (connection errors, HTTP 404 and 5xx count as
+        not yet; another 4xx fails at once); fail with the last error and the Airflow log after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         last: object = None
         while time.monotonic() < deadline:
@@ -199,8 +199,12 @@ class Airflow:
                 if got:
                     return got
                 last = got
+            except urllib.error.HTTPError as exc:
+                if 400 <= exc.code < 500 and exc.code != 404:  # a wrong request does not get better by waiting
+                    pytest.fail(f"{what}: HTTP {exc.code} {exc.reason}: {exc.read()[:1000]!r}")
+                last = exc  # 404: not there yet; 5xx: SQLite busy under concurrent writes
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-                last = exc  # not up yet, or SQLite busy under concurrent writes (HTTP 500)
+                last = exc  # not up yet
             time.sleep(every_s)
         pytest.fail(f"{what}: not within {timeout_s:.0f} s (last: {last!r}); Airflow log:\n{self.log_tail()}")
 
