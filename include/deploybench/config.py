@@ -316,8 +316,9 @@ class LoadSpec(_Strict):
     request_timeout_s: float = Field(30.0, gt=0, le=3600, title="Request timeout (s)",
                                      description="A request unanswered this long counts as an error.")
     target_url: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s]+$", title="Target URL",
-                                   description="One load-balanced URL (e.g. a Kubernetes Service) for all requests; "
-                                               "empty = every node directly.")
+                                   description="One load-balanced URL (e.g. a Kubernetes Service) for all requests: an "
+                                               "origin the operator allowed ($DEPLOYBENCH_TARGET_URLS) or one of the "
+                                               "run's own endpoints; empty = every node directly.")
     # the phases (see deploybench.load): probe finds the capacity, sustained holds a fraction of it,
     # overload ramps past it and watches the recovery
     phases: list[LoadPhase] = Field(default_factory=lambda: [LoadPhase.SUSTAINED], min_length=1, title="Load phases",
