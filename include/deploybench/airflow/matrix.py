@@ -57,10 +57,12 @@ def matrix_params() -> dict[str, Param]:
         "base": Param({}, type="object", maxProperties=len(form.FIELDS), title="Base configuration",
                       description="deploybench_run parameters every cell shares (the run form's names, e.g. "
                                   "{\"inventory\": \"demo\", \"load_duration_s\": 60}); the rest take their defaults."),
-        "axes": Param({"max_num_seqs": [8, 16], "load_rate": [2, 4]}, type="object", maxProperties=16,
+        # null by default: a REST trigger that gives only treatments must not inherit an example grid
+        "axes": Param(None, type=["null", "object"], maxProperties=16,
                       additionalProperties={"type": "array", "minItems": 1, "maxItems": 64},
                       title="Axes (full grid)",
-                      description="Parameter -> values; every combination is a cell (crossed with the treatments)."),
+                      description="Parameter -> values, e.g. {\"max_num_seqs\": [8, 16], \"load_rate\": [2, 4]}; every "
+                                  "combination is a cell (crossed with the treatments)."),
         "treatments": Param(None, type=["null", "array"], maxItems=256, items={"type": "object", "maxProperties": 32},
                             title="Treatments",
                             description="Explicit combinations, e.g. [{\"max_num_seqs\": 64, \"tensor_parallel_size\": "
