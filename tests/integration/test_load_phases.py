@@ -96,7 +96,9 @@ def test_an_endpoint_that_dies_mid_phase_is_attributed_to_its_node(engines, tmp_
     assert out["status"] == "success" and res["k6_exit_code"] == 99  # the SLO verdict, not a crash
     per = {n["node"]: n for n in res["nodes"]}
     assert per["n1"]["errors"] == 0 and per["n2"]["errors"] > 10
-    assert set(per["n2"]["errors_by_kind"]) <= {"connection_refused", "connection_reset", "network"}
+    # a refused or reset connection, or k6's generic network error 1000 (an engine dying mid-response:
+    # unexpected EOF) - never an HTTP status or a bad response
+    assert all(k.startswith(("connection_", "network")) for k in per["n2"]["errors_by_kind"]), per["n2"]
     assert not res["slo_ok"] and any("error rate" in r for r in res["slo"]["reasons"])
     assert res["engine"]["n2"]["scrape_errors"] > 0 and res["engine"]["n1"]["scrape_errors"] == 0
     assert json.loads((tmp_path / "load" / "sustained.result.json").read_text())["status"] == "success"
