@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -34,6 +35,10 @@ import pytest
 
 from deploybench import paths
 from deploybench.airflow_env import airflow_env
+
+# the store tests' helpers: a throwaway database, and an Airflow connection that names it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+import store_fixtures  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -209,36 +214,12 @@ class Airflow:
         pytest.fail(f"{what}: not within {timeout_s:.0f} s (last: {last!r}); Airflow log:\n{self.log_tail()}")
 
 
-def results_connection(dsn: str) -> str:
-    """An Airflow connection (JSON) for ``dsn``. A Unix-socket DSN (the embedded PostgreSQL's,
-    ``...@/db?host=/dir&port=N``) keeps its host and port as SQLAlchemy query arguments: given as the
-    connection's host, PostgresHook.get_uri() would turn the directory into a hostname."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(dsn)
-    conn = {"conn_type": "postgres", "login": url.username, "password": url.password, "host": url.host,
-            "port": url.port, "schema": url.database,
-            "extra": {"sqlalchemy_query": {k: v for k, v in url.query.items() if isinstance(v, str)}}}
-    return json.dumps({k: v for k, v in conn.items() if v not in (None, "")})
-
-
 @pytest.fixture(scope="module")
 def results_dsn() -> Iterator[str]:
     """A throwaway results database on DEPLOYBENCH_DSN's server, else the embedded PostgreSQL; dropped after."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from deploybench.store import db, embedded
-
-    server = os.environ.get(db.ENV_DSN) or embedded.ensure_running()
-    name = f"deploybench_test_browser_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    url = make_url(db.normalize_dsn(server))
-    embedded.create_database(url.render_as_string(hide_password=False), name)
-    yield url.set(database=name).render_as_string(hide_password=False)
-    db.dispose_engines()
-    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    dsn, _ = store_fixtures.make_database()
+    yield dsn
+    store_fixtures.drop_database(dsn)
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +243,7 @@ def airflow(results_dsn, lab_inventory) -> Iterator[Airflow]:
         # task processes reach the api-server's execution API here, not at the default :8080
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
         "AIRFLOW__CORE__PARALLELISM": "4",  # LocalExecutor workers: 4, not 32, on a 2-core machine
-        "AIRFLOW_CONN_DEPLOYBENCH_RESULTS": results_connection(results_dsn),
+        "AIRFLOW_CONN_DEPLOYBENCH_RESULTS": store_fixtures.airflow_connection(results_dsn),
         "DEPLOYBENCH_BROWSER_TEST": marker,
         # deploybench hands k6 a minimal environment, TMPDIR included: the marker reaches it this way
         "TMPDIR": str(tmpdir),
