@@ -11,6 +11,10 @@ SIGKILL to what is left, and fails if anything is still running.
 
 ``browser`` is Debian's chromium driven by Debian's chromedriver through Selenium, with a fresh
 profile and no network beyond what the pages ask of loopback; it is logged in to Airflow once.
+
+For a person looking into a failure: a failed test leaves a screenshot and the page's HTML (the
+path is in the report); DEPLOYBENCH_BROWSER_SHOTS=DIR saves every page the tests look at;
+DEPLOYBENCH_KEEP_BROWSER_HOME=1 keeps the Airflow home (standalone.log, task logs).
 """
 
 from __future__ import annotations
