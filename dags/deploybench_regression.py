@@ -12,8 +12,10 @@ $DEPLOYBENCH_BENCHMARKS_DIR). Its schedule and start date are the file's ``sched
          the run and notifies the file's channels; ``fail_on_suspect`` does the same for a suspect
 
 Backfill (UI: Backfill on the DAG's page; CLI: ``airflow backfill create --dag-id
-deploybench_regression__<benchmark> --from-date 2026-03-01 --to-date 2026-03-08``) runs each date
-with the software of that date; the backfill's runs queue for the cluster's lease like any other.
+deploybench_regression__<benchmark> --from-date 2026-03-01 --to-date 2026-03-08 --max-active-runs 1``)
+runs each date with the software of that date, oldest first; its runs queue for the cluster's
+lease like any other. Unpausing the DAG also starts today's scheduled run (catchup is off) unless
+the file's ``end_date`` has passed.
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ def results_asset(name: str) -> Asset:
     return Asset(name=f"deploybench_results__{name}", uri=f"deploybench://results/{name}", group="deploybench")
 
 
+def _utc(day):
+    return pendulum.datetime(day.year, day.month, day.day, tz="UTC") if day else None
+
+
 def regression_dag(info: dict):
     name = info["name"]
 
     @dag(
         dag_id=info["dag_id"],
         schedule=info["schedule"],
-        start_date=pendulum.datetime(info["start_date"].year, info["start_date"].month, info["start_date"].day,
-                                     tz="UTC"),
+        start_date=_utc(info["start_date"]),
+        end_date=_utc(info["end_date"]),
         catchup=False,
         max_active_runs=1,  # a series is judged in date order; backfills: --max-active-runs 1
         tags=["deploybench", "regression"],

@@ -8,10 +8,10 @@ A *reference benchmark* is a JSON file in ``include/benchmarks/`` (or ``$DEPLOYB
      "metrics": ["latency_p50_ms", "output_tps"], "fail_on_suspect": false,
      "notify": [{"kind": "smtp", "to": ["perf@example.com"]}]}
 
-Its ``params`` are validated by the trigger form's own schema (``deploybench.params.to_config``),
-merged with every software version. The *versions file* maps dates to the software current from
-that date on (an engine image or version, or the simulated engine's knobs such as
-``sim_slowdown``)::
+(``end_date``, optional: the last date scheduled.) Its ``params`` are validated by the trigger
+form's own schema (``deploybench.params.to_config``), merged with every software version. The
+*versions file* maps dates to the software current from that date on (an engine image or
+version, or the simulated engine's knobs such as ``sim_slowdown``)::
 
     {"versions": [{"since": "2026-01-01", "software": "sim 1.0", "params": {"sim_slowdown": 1.0}},
                   {"since": "2026-03-10", "software": "sim 1.1", "params": {"sim_slowdown": 1.1}}]}
@@ -111,6 +111,8 @@ class Benchmark(_Strict):
     description: str = ""
     schedule: str | None = Field("@daily", description="cron or preset; null: backfill and manual runs only")
     start_date: date = date(2026, 1, 1)
+    end_date: date | None = Field(None, description="last date to schedule (a retired benchmark); backfills "
+                                                    "stay possible up to it")
     versions: str | None = Field(None, description="the versions file, relative to the benchmark file")
     params: dict[str, Any] = Field(description="flat trigger-form parameters (deploybench.params.FIELDS)")
     metrics: list[Literal[JUDGED_METRICS]] = Field(default_factory=lambda: list(JUDGED_METRICS), min_length=1)
@@ -187,7 +189,7 @@ def by_name(name: str, directory: Path | None = None) -> Benchmark:
 
 
 def schedules(directory: Path | None = None) -> list[dict[str, Any]]:
-    """What the DAG file needs at parse time, per benchmark: dag_id, schedule, start_date, description.
+    """What the DAG file needs at parse time, per benchmark: dag_id, schedule, start/end date, description.
     Reads the small JSON files only (no database, no network); a broken file is logged and left out, so
     one bad file does not hide the other benchmarks' DAGs."""
     out = []
@@ -198,7 +200,7 @@ def schedules(directory: Path | None = None) -> list[dict[str, Any]]:
             log.error("benchmark file left out: %s", exc)
             continue
         out.append({"name": b.name, "dag_id": b.dag_id, "schedule": b.schedule, "start_date": b.start_date,
-                    "description": b.description})
+                    "end_date": b.end_date, "description": b.description})
     return out
 
 
@@ -263,6 +265,7 @@ def judge_run(bench: Benchmark, run_key: str, dsn: str | None = None, base_url: 
     ``deploybench-judge``); raises RegressionFound when the verdict fails the run. A run that did not
     succeed is not judged (its failure fails the DAG run anyway)."""
     import numpy as np
+    import pandas as pd
 
     from deploybench.analyse.figures import run_figures
     from deploybench.analyse.judge import METHOD, judge_newest
@@ -279,7 +282,8 @@ def judge_run(bench: Benchmark, run_key: str, dsn: str | None = None, base_url: 
         _write_verdict(run_key, out)
         return out
     runs = select_runs(engine, RunFilter(tags={TAG_BENCHMARK: bench.name, TAG_REVISION: bench.revision}))
-    runs = _newest_last(runs[(runs["order_at"] < row["order_at"]) | (runs["run_key"] == run_key)], run_key)
+    before = runs[(runs["order_at"] < row["order_at"]) & (runs["run_key"] != run_key)]
+    runs = pd.concat([before, this], ignore_index=True)  # the judged run last, whatever its tags say
     figs = run_figures(engine, runs)
     params = bench.judge_params()
     keys = list(figs["run_key"])
@@ -305,13 +309,6 @@ def judge_run(bench: Benchmark, run_key: str, dsn: str | None = None, base_url: 
         subject, text = message(bench, out, failing)
         raise RegressionFound(subject, text, out)
     return out
-
-
-def _newest_last(runs, run_key: str):
-    """The selected runs with ``run_key`` last (runs with the same logical date stay in key order before it)."""
-    import pandas as pd
-
-    return pd.concat([runs[runs["run_key"] != run_key], runs[runs["run_key"] == run_key]], ignore_index=True)
 
 
 def _iso(value: Any) -> str | None:

@@ -132,6 +132,7 @@ def test_the_regression_dag_runs_every_stage_then_results_then_judge(monkeypatch
     dag = bag.dags["deploybench_regression__nightly"]
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert dag.schedule == "0 3 * * *"  # from the benchmark file
+    assert str(dag.start_date.date()) == "2026-03-01" and dag.end_date is None
     order = ["plan", "validate", "lease.acquire", "preflight.nodes_and_links", "fanout.copy_and_verify",
              "rollout.canary_then_scale", "load.probe", "load.sustained", "load.overload", "teardown",
              "lease.release", "store.write_results", "report.render", "results", "judge"]
