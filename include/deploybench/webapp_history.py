@@ -102,11 +102,13 @@ def _plots(view: HistoryView) -> list[str]:
     from deploybench.report.compare_html import FIGURE_LABELS
 
     runs = view.runs
-    when = {str(r["run_key"]): r["started_at"] for _, r in runs.iterrows()}
+    # x: the run's logical date (a backfilled run at the date it stands for), else its start
+    at = "order_at" if "order_at" in runs else "started_at"
+    when = {str(r["run_key"]): r[at] for _, r in runs.iterrows()}
     parts = ["<h2>Metrics over time</h2>"]
     for metric in METRICS:
         label = FIGURE_LABELS.get(metric, metric)
-        points = [{"t": r["started_at"], "value": None if r[metric] is None else float(r[metric]),
+        points = [{"t": r[at], "value": None if r[metric] is None else float(r[metric]),
                    "excluded": bool(_left_out(r))} for _, r in runs.iterrows()]
         hist = view.history
         changes = [{"t": when[c.run_key], "text": f"change point: {c.direction} {c.magnitude:+.1%}"}
