@@ -47,7 +47,7 @@ def render(found: dict[str, Any], root: str, access: ReadAccess) -> str:
 
     by_key = {c["run_key"]: c for c in cells}
     best = [by_key[k] for k in (found["result"].get("best") or {}).values() if k in by_key]
-    head = (f"Best configuration meeting the SLO: <b class='success'>"
+    head = ("Best configuration meeting the SLO: <b class='success'>"
             + ", ".join(f"{esc(c['cell_id'])} {esc(c['label'])}" for c in best) + "</b>") if best else \
         "Best configuration meeting the SLO: <b class='failed'>none meets the SLO</b>"
     counts: dict[str, int] = {}

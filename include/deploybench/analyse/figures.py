@@ -70,7 +70,8 @@ def _goodput(target: Engine | str | None, figs: pd.DataFrame) -> list[float | No
     values: list[float | None] = []
     with engine.connect() as conn:
         for _, r in figs.iterrows():
-            if not r["phase"] or not r["duration_s"]:
+            # a run stopped before the load stage has no phase (NaN once pandas holds it): no goodput
+            if pd.isna(r["phase"]) or not r["phase"] or pd.isna(r["duration_s"]) or not r["duration_s"]:
                 values.append(None)
                 continue
             good = func.sum(case((and_(RequestSample.status == 200, RequestSample.latency_ms <= r["slo_p99_ms"]), 1),
