@@ -1,0 +1,255 @@
+"""The scheduled regression benchmark under the real scheduler: two backfills of 8 dates on a 2-node lab.
+
+``airflow standalone`` (the ``airflow`` fixture of conftest.py) parses two reference benchmarks
+from a throwaway benchmarks folder: ``slowed``, whose versions file switches to software 10 %
+slower (``sim_slowdown`` 1.1) on the fifth date, and ``steady``, whose software never changes.
+Both are backfilled over the same 8 dates — ``slowed`` with ``airflow backfill create`` (the CLI),
+``steady`` with ``POST /api/v2/backfills`` (what the UI's Backfill dialog sends) — and queue for
+the one lab's lease. Expected: the DAG run of the fifth ``slowed`` date fails with ``regression``
+and the SMTP server on loopback (aiosmtpd) receives exactly one message, naming the benchmark,
+the metric and the magnitude and linking the report; every other run of both succeeds, and every
+stored run is announced on its benchmark's results Asset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from datetime import date, timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from deploybench import paths, regression
+from deploybench.airflow_env import airflow_env
+from deploybench.lab.local import free_port
+
+pytestmark = [
+    pytest.mark.e2e, pytest.mark.integration, pytest.mark.netns,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root (network namespaces)"),
+]
+pytest.importorskip("aiosmtpd", reason="needs aiosmtpd (requirements.txt)")
+
+LAB = "lbrg"
+FIRST = date(2026, 3, 1)
+DATES = [FIRST + timedelta(days=i) for i in range(8)]
+SLOW_FROM = DATES[4]
+SMTP_CONN = "deploybench_test_smtp"
+DONE_TIMEOUT_S = 60 * 60
+PARAMS = {
+    "inventory": LAB, "nodes": 2, "canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.5,
+    "gate_duration_s": 3, "load_rate": 10, "load_duration_s": 8, "warmup_s": 2, "output_tokens": 16,
+    "prompt_tokens": 64, "lease_wait_s": 3600,
+}
+
+
+def _benchmark(d: Path, name: str, slow_from: date | None) -> None:
+    versions = [{"since": str(FIRST), "software": "sim 1.0", "params": {"sim_slowdown": 1.0}}]
+    if slow_from:
+        versions.append({"since": str(slow_from), "software": "sim 1.1 (10 % slower)",
+                         "params": {"sim_slowdown": 1.1}})
+    (d / f"{name}.versions.json").write_text(json.dumps({"versions": versions}))
+    (d / f"{name}{regression.SUFFIX}").write_text(json.dumps({
+        "name": name, "description": f"test benchmark {name}", "schedule": "@daily", "start_date": str(FIRST),
+        # ends with the backfill's last date: unpausing starts no scheduled run of today (catchup is off)
+        "end_date": str(DATES[-1]),
+        "versions": f"{name}.versions.json", "params": PARAMS, "metrics": ["latency_p50_ms", "output_tps"],
+        "notify": [{"kind": "smtp", "conn_id": SMTP_CONN, "to": ["perf@example.com"],
+                    "from_email": "deploybench@example.com"}]}))
+
+
+@pytest.fixture(scope="module")
+def benchmarks(tmp_path_factory):
+    """The two benchmark files; $DEPLOYBENCH_BENCHMARKS_DIR names their folder (Airflow inherits it)."""
+    d = tmp_path_factory.mktemp("benchmarks")
+    _benchmark(d, "slowed", SLOW_FROM)
+    _benchmark(d, "steady", None)
+    old = os.environ.get(regression.ENV_DIR)
+    os.environ[regression.ENV_DIR] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop(regression.ENV_DIR, None)
+    else:
+        os.environ[regression.ENV_DIR] = old
+
+
+@pytest.fixture(scope="module")
+def lab_inventory(benchmarks):
+    """This module's own 2-node lab (not the UI test's), up before Airflow starts and down after it stops."""
+    from deploybench.lab import cluster
+
+    cluster.up(LAB, nodes=2, link_mbit=200, model_mb=4)
+    try:
+        yield paths.lab_dir(LAB) / "inventory.json"
+    finally:
+        cluster.down(LAB)
+
+
+class Mailbox:
+    """What the SMTP server received (aiosmtpd's handler interface)."""
+
+    def __init__(self):
+        self.messages: list[dict] = []
+        self.lock = threading.Lock()
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's name
+        from email import message_from_bytes, policy
+
+        msg = message_from_bytes(envelope.content, policy=policy.default)
+        body = msg.get_body(("html", "plain"))
+        with self.lock:
+            self.messages.append({"to": envelope.rcpt_tos, "subject": str(msg["subject"]),
+                                  "body": body.get_content() if body else ""})
+        return "250 OK"
+
+
+@pytest.fixture(scope="module")
+def mailbox():
+    """A real SMTP server on loopback."""
+    from aiosmtpd.controller import Controller
+
+    box = Mailbox()
+    ctl = Controller(box, hostname="127.0.0.1", port=free_port())
+    ctl.start()
+    box.port = ctl.port
+    yield box
+    ctl.stop()
+
+
+def _cli_env(af) -> dict:
+    """The environment the fixture gave Airflow, for an ``airflow`` CLI command against the same home."""
+    env = airflow_env({k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")})
+    # the same SQLite file; wait up to 60 s for the scheduler's write lock instead of sqlite3's 5 s
+    env.update({"AIRFLOW_HOME": str(af.home),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af.home / 'airflow.db'}?timeout=60"})
+    return env
+
+
+def _cli_backfill(af, dag_id: str, attempts: int = 5) -> None:
+    """``airflow backfill create`` for the 8 dates. The CLI writes the SQLite file the running scheduler
+    writes too: "database is locked" can come at once (a stale read snapshot, which no busy timeout
+    waits out). Airflow then removes the half-made backfill, so the command is simply run again."""
+    argv = ["airflow", "backfill", "create", "--dag-id", dag_id, "--from-date", str(DATES[0]), "--to-date",
+            str(DATES[-1]), "--max-active-runs", "1", "--reprocess-behavior", "none"]
+    for attempt in range(attempts):
+        res = subprocess.run(argv, env=_cli_env(af), capture_output=True, text=True, timeout=300)
+        if res.returncode == 0:
+            return
+        made = af.request("GET", f"/api/v2/backfills?dag_id={dag_id}")["backfills"]
+        assert not made, f"a failed backfill create left {made}:\n{res.stderr[-3000:]}"
+        assert "database is locked" in res.stdout + res.stderr, res.stdout[-2000:] + res.stderr[-3000:]
+        time.sleep(2 + attempt)
+    pytest.fail(f"airflow backfill create: database locked {attempts} times")
+
+
+def _runs(af, dag_id: str) -> list[dict]:
+    got = af.request("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100&order_by=logical_date")
+    return got["dag_runs"]
+
+
+def _all_done(af, dag_ids: list[str]) -> bool:
+    for dag_id in dag_ids:
+        runs = [r for r in _runs(af, dag_id) if r["run_type"] == "backfill"]
+        if len(runs) < len(DATES) or any(r["state"] not in ("success", "failed") for r in runs):
+            return False
+    return True
+
+
+def _day(run: dict) -> date:
+    return date.fromisoformat(run["logical_date"][:10])
+
+
+def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchmarks, mailbox, results_dsn):
+    af = airflow
+    slowed, steady = regression.DAG_PREFIX + "slowed", regression.DAG_PREFIX + "steady"
+    af.request("POST", "/api/v2/connections", {
+        "connection_id": SMTP_CONN, "conn_type": "smtp", "host": "127.0.0.1", "port": mailbox.port,
+        "extra": json.dumps({"disable_ssl": True, "disable_tls": True, "timeout": 10, "retry_limit": 1})})
+    for dag_id in (slowed, steady):
+        af.wait_for(f"{dag_id} parsed", lambda d=dag_id: _parsed(af, d), 300, every_s=2)
+
+    t0 = time.monotonic()
+    # the CLI, with the environment of the fixture's Airflow
+    _cli_backfill(af, slowed)
+    # the REST API, as the UI's Backfill dialog sends it: first its dry run (the count the dialog shows)
+    form = {"dag_id": steady, "from_date": f"{DATES[0]}T00:00:00Z", "to_date": f"{DATES[-1]}T00:00:00Z",
+            "max_active_runs": 1, "reprocess_behavior": "none", "run_backwards": False, "dag_run_conf": {}}
+    dry = af.request("POST", "/api/v2/backfills/dry_run", form)
+    assert [b["logical_date"][:10] for b in dry["backfills"]] == [str(d) for d in DATES], dry
+    af.request("POST", "/api/v2/backfills", form)
+    for dag_id in (slowed, steady):  # created while paused (less SQLite contention); runs start once unpaused
+        af.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    af.wait_for("both backfills finished", lambda: _all_done(af, [slowed, steady]), DONE_TIMEOUT_S, every_s=10)
+    wall = time.monotonic() - t0
+    print(f"two backfills of {len(DATES)} dates each on one 2-node lab: {wall:.0f} s")
+
+    runs = {dag_id: [r for r in _runs(af, dag_id) if r["run_type"] == "backfill"] for dag_id in (slowed, steady)}
+    verdicts = {dag_id: {_day(r): regression.read_verdict(paths.dag_run_key(dag_id, r["dag_run_id"])) or {}
+                         for r in rs} for dag_id, rs in runs.items()}
+    states = {dag_id: {_day(r): r["state"] for r in rs} for dag_id, rs in runs.items()}
+    summary = {dag_id: {str(d): (states[dag_id][d], v.get("verdict"), regression.describe(v) if v else None)
+                        for d, v in vs.items()} for dag_id, vs in verdicts.items()}
+    assert sorted(states[slowed]) == DATES and sorted(states[steady]) == DATES, summary
+
+    # slowed: the first date of the slow software fails with a regression of the latency, no other date does
+    assert {d for d, s in states[slowed].items() if s == "failed"} == {SLOW_FROM}, summary
+    bad = verdicts[slowed][SLOW_FROM]
+    assert bad["verdict"] == "regression" and bad["software"] == "sim 1.1 (10 % slower)", summary
+    p50 = bad["metrics"]["latency_p50_ms"]
+    # 10 % slower service times: the median latency grows by 10 % or more (longer batches queue more)
+    assert p50["verdict"] == "regression" and 0.05 <= p50["magnitude"] <= 0.35 and p50["p_value"] < 0.01, p50
+    assert len(p50["against"]) == 4  # the four dates before it, in logical-date order
+    for d in DATES:
+        if d != SLOW_FROM:
+            assert verdicts[slowed][d]["verdict"] in ("no change", "suspect", "improvement"), summary
+    # steady: nothing
+    assert set(states[steady].values()) == {"success"}, summary
+    assert all(v["verdict"] != "regression" for v in verdicts[steady].values()), summary
+    judge = af.request("GET", f"/api/v2/dags/{slowed}/dagRuns/{quote(_run_id(runs[slowed], SLOW_FROM), safe='')}"
+                              f"/taskInstances/judge")
+    assert judge["state"] == "failed", judge
+
+    # exactly one message, naming benchmark, metric and magnitude, linking the report
+    assert len(mailbox.messages) == 1, [m["subject"] for m in mailbox.messages]
+    msg = mailbox.messages[0]
+    assert msg["to"] == ["perf@example.com"]
+    assert "slowed" in msg["subject"] and "latency_p50_ms" in msg["subject"], msg["subject"]
+    assert f"{p50['magnitude']:+.1%}" in msg["subject"], msg["subject"]
+    key = paths.dag_run_key(slowed, _run_id(runs[slowed], SLOW_FROM))
+    assert regression.report_url(af.url, key) in msg["body"], msg["body"]
+
+    # the store orders the benchmark's runs by logical date
+    from deploybench.store.query import RunFilter, select_runs
+
+    stored = select_runs(results_dsn, RunFilter(tags={"benchmark": "slowed"}, status=None))
+    assert [t.date() for t in stored["logical_date"]] == DATES
+
+    # every stored run was announced on its benchmark's Asset (the failed judge comes after the announcement)
+    for name in ("slowed", "steady"):
+        dag_id = regression.DAG_PREFIX + name
+        events = af.request("GET", f"/api/v2/assets/events?limit=100&source_dag_id={dag_id}")
+        assert {e["uri"] for e in events["asset_events"]} == {f"deploybench://results/{name}"}, events
+        got = sorted(e["extra"]["run_key"] for e in events["asset_events"])
+        want = sorted(paths.dag_run_key(dag_id, r["dag_run_id"]) for r in runs[dag_id])
+        assert got == want, (name, events)
+
+
+def _run_id(runs: list[dict], day: date) -> str:
+    return next(r["dag_run_id"] for r in runs if _day(r) == day)
+
+
+def _parsed(af, dag_id: str) -> bool:
+    import urllib.error
+
+    try:
+        af.request("GET", f"/api/v2/dags/{dag_id}")
+        return True
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise
