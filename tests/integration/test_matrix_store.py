@@ -88,6 +88,7 @@ def test_conclude_compares_cells_stores_the_matrix_and_names_failures(dsn, tmp_p
     assert [f["cell_id"] for f in out["failed"]] == ["c03"]
     assert len(out["best"]) == 1 and out["best"][0]["cell_id"] in ("c01", "c02")
     assert out["comparison_id"] and Path(out["report"]).is_file()
+    assert "Change against the baseline" in Path(out["report"]).read_text()  # the others against the best, p-values
     assert "c03 (max_num_seqs=128): failed" in str(pytest.raises(Exception, result.verdict, out).value)
     found = webapp_matrix.load(dsn, "deploybench_matrix__m2")
     assert found["id"] == out["comparison_id"]

@@ -212,11 +212,12 @@ def test_matrix_page_shows_cells_best_and_links_the_comparison():
               "deployment": "d2", "reason": ""}]
     found = {"id": 7, "run_keys": ["deploybench_run__m__c01", "deploybench_run__manual__x"],
              "params": {"matrix": {"key": "deploybench_matrix__m", "cells": cells, "reuse": "ordered only"}},
-             "result": {"best": {"w1": "deploybench_run__manual__x"}}}
+             "result": {"best": {"w1": "deploybench_run__manual__x"}}, "baseline": "deploybench_run__manual__x"}
     html = webapp_matrix.render(found, "/deploybench", AllowAll())
     assert "<h1>Matrix <code>deploybench_matrix__m</code></h1>" in html
     assert "Best configuration meeting the SLO: <b class='success'>c02 max_num_seqs=8 load_rate=4</b>" in html
-    assert "/deploybench/compare?run=deploybench_run__m__c01&amp;run=deploybench_run__manual__x" in html
+    assert ("/deploybench/compare?run=deploybench_run__m__c01&amp;run=deploybench_run__manual__x"
+            "&amp;baseline=deploybench_run__manual__x") in html
     assert "/deploybench/runs/deploybench_run__m__c01" in html and "already measured by run" in html
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "1 success, 1 skipped, 1 failed" in html

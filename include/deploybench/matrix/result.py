@@ -2,7 +2,7 @@
 
 ``conclude`` reads each cell's stored run (a skipped cell counts with the run that measured it),
 compares them with ``deploybench.analyse.compare`` (figures, best configuration meeting the SLO,
-Pareto front; significance between repeats of one configuration through the baseline), stores
+Pareto front, and every other cell's change against the best one with its p-value), stores
 the comparison with the matrix in its parameters (``params["matrix"]``: the matrix key, every
 cell with its run, status and deployment group), and writes the HTML report into the matrix's
 run folder. ``verdict`` raises naming the failed cells, so the matrix run fails when a cell did.
@@ -68,6 +68,10 @@ def conclude(target: Any, plan: dict[str, Any], out_dir: Path | None = None) -> 
         log.warning("matrix %s: no cell has a stored run; nothing to compare", plan["matrix_key"])
         return result
     cmp = compare(target, RunFilter(run_keys=tuple(keys)), save=False)
+    first = next((k for k in cmp.best.values() if k), None)
+    if first and len(cmp.groups.get(_group_of(cmp, first), [])) > 1:
+        # every other cell against the best, with p-values from the per-request samples
+        cmp = compare(target, RunFilter(run_keys=tuple(keys)), baseline=first, save=False)
     by_key = {r["run_key"]: r for r in rows}
     cmp.params["matrix"] = {
         "key": plan["matrix_key"], "deployments": plan["deployments"], "reuse": REUSE_NOTE,
@@ -77,10 +81,11 @@ def conclude(target: Any, plan: dict[str, Any], out_dir: Path | None = None) -> 
             for g, k in cmp.best.items() if k]
     path = Path(out_dir or paths.run_dir(plan["matrix_key"])) / "comparison.html"
     label = {r["run_key"]: f"{r['cell_id']} {r['label']}" for r in rows}
+    named = ", ".join(f"{b['cell_id']} {b['label']}" for b in best)
     body = [f"<h1>deploybench matrix <code>{esc(plan['matrix_key'])}</code></h1>",
             f"<p>comparison #{cmp.id} &middot; {len(rows)} cells &middot; "
-            + (f"best meeting the SLO: <b class='success'>{esc(', '.join(b['cell_id'] + ' ' + b['label'] for b in best))}"
-               "</b>" if best else "<b class='failed'>no cell meets the SLO</b>") + "</p>",
+            + (f"best meeting the SLO: <b class='success'>{esc(named)}</b>" if best
+               else "<b class='failed'>no cell meets the SLO</b>") + "</p>",
             cells_table(rows), f"<p class='note'>Deployments: {esc(REUSE_NOTE)}.</p>",
             *sections(cmp, curves(target, keys), run_link=lambda k, t: Html(esc(label.get(k, t))))]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +94,10 @@ def conclude(target: Any, plan: dict[str, Any], out_dir: Path | None = None) -> 
     tmp.replace(path)
     result.update(comparison_id=cmp.id, best=best, report=str(path))
     return result
+
+
+def _group_of(cmp: Any, run_key: str) -> str | None:
+    return next((g for g, keys in cmp.groups.items() if run_key in keys), None)
 
 
 def cells_table(rows: list[dict[str, Any]], run_link: Any = None) -> str:
