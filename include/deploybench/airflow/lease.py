@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from sqlalchemy.exc import SQLAlchemyError
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,16 @@ class LeaseFreeTrigger(BaseTrigger):
         from asgiref.sync import sync_to_async
 
         from deploybench.lease import LeaseStore
+        from deploybench.store.errors import StoreError
 
         store = LeaseStore(await sync_to_async(_results_dsn)())
         while True:
-            info = await asyncio.to_thread(store.status, self.cluster)
+            try:
+                info = await asyncio.to_thread(store.status, self.cluster)
+            except (StoreError, SQLAlchemyError, OSError) as exc:  # PostgreSQL restarting: ask again later
+                log.warning("lease of cluster %s unreadable (%s); asking again in %.0f s", self.cluster, exc, self.poll_s)
+                await asyncio.sleep(self.poll_s)
+                continue
             if info is None or info.free or info.expired:
                 yield TriggerEvent({"status": "free", "cluster": self.cluster})
                 return
