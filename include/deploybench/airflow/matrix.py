@@ -25,7 +25,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from deploybench import paths
 
 RUN_DAG_ID = "deploybench_run"
-POKE_S = 5  # how often the triggerer looks at a cell's run: small next to a run's minutes
+POKE_S = 2  # how often the triggerer looks at a cell's run (one metadata query): up to this much per cell
 
 
 class MatrixCellOperator(TriggerDagRunOperator):
