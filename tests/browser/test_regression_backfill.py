@@ -4,11 +4,12 @@
 from a throwaway benchmarks folder: ``slowed``, whose versions file switches to software 10 %
 slower (``sim_slowdown`` 1.1) on the fifth date, and ``steady``, whose software never changes.
 Both are backfilled over the same 8 dates — ``slowed`` with ``airflow backfill create`` (the CLI),
-``steady`` with ``POST /api/v2/backfills`` (what the UI's Backfill dialog sends) — and queue for
-the one lab's lease. Expected: the DAG run of the fifth ``slowed`` date fails with ``regression``
-and the SMTP server on loopback (aiosmtpd) receives exactly one message, naming the benchmark,
-the metric and the magnitude and linking the report; every other run of both succeeds, and every
-stored run is announced on its benchmark's results Asset.
+``steady`` from the DAG page's Trigger -> Backfill dialog in headless Chromium (without chromium,
+the REST call the dialog makes) — and queue for the one lab's lease. Expected: the DAG run of
+the fifth ``slowed`` date fails with ``regression`` and the SMTP server on loopback (aiosmtpd)
+receives exactly one message, naming the benchmark, the metric and the magnitude and linking the
+report; every other run of both succeeds, and every stored run is announced on its benchmark's
+results Asset.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import subprocess
 import threading
 import time
+import urllib.error
 from datetime import date, timedelta
 from pathlib import Path
 from urllib.parse import quote
@@ -27,6 +29,8 @@ import pytest
 from deploybench import paths, regression
 from deploybench.airflow_env import airflow_env
 from deploybench.lab.local import free_port
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # as conftest's browser fixture
 
 pytestmark = [
     pytest.mark.e2e, pytest.mark.integration, pytest.mark.netns,
@@ -40,6 +44,7 @@ DATES = [FIRST + timedelta(days=i) for i in range(8)]
 SLOW_FROM = DATES[4]
 SMTP_CONN = "deploybench_test_smtp"
 DONE_TIMEOUT_S = 60 * 60
+LOCK_ATTEMPTS = 5  # Airflow's metadata DB here is SQLite: a write can find it locked
 PARAMS = {
     "inventory": LAB, "nodes": 2, "canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.5,
     "gate_duration_s": 3, "load_rate": 10, "load_duration_s": 8, "warmup_s": 2, "output_tokens": 16,
@@ -146,6 +151,68 @@ def _cli_backfill(af, dag_id: str, attempts: int = 5) -> None:
     pytest.fail(f"airflow backfill create: database locked {attempts} times")
 
 
+DAY_INPUT, TIME_INPUT = "input[placeholder='YYYY/MM/DD']", "input[placeholder='HH:mm']"  # the date picker's
+
+
+def ui_backfill(browser, url: str, dag_id: str, first: date, last: date, timeout_s: float = 60) -> str:
+    """The DAG page's Trigger -> Backfill dialog, as a person fills it: the date range typed into its
+    pickers (UTC), then the dialog's dry run must announce one run per date, then Run Backfill.
+    Returns the dialog's announcement."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, timeout_s, poll_frequency=0.25)
+    browser.get(f"{url}/dags/{dag_id}")
+    wait.until(ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Trigger']"))).click()
+    dialog = wait.until(lambda d: next((e for e in d.find_elements(By.CSS_SELECTOR, "[role=dialog][data-state=open]")
+                                        if "Single Run" in e.text and "Backfill" in e.text), None))
+    dialog.find_element(By.XPATH, ".//*[normalize-space()='Backfill']").click()
+    wait.until(lambda d: len(dialog.find_elements(By.CSS_SELECTOR, "[data-testid=datetime-input]")) == 2)
+    for i, day in enumerate((first, last)):
+        dialog.find_elements(By.CSS_SELECTOR, "[data-testid=datetime-input]")[i].click()
+        day_in = wait.until(lambda d: next((e for e in d.find_elements(By.CSS_SELECTOR, DAY_INPUT)
+                                            if e.is_displayed()), None))
+        day_in.send_keys(day.strftime("%Y/%m/%d"))
+        time_in = next(e for e in browser.find_elements(By.CSS_SELECTOR, TIME_INPUT) if e.is_displayed())
+        time_in.send_keys("00:00")
+        time_in.send_keys(Keys.ESCAPE)
+        wait.until(lambda d: not any(e.is_displayed() for e in d.find_elements(By.CSS_SELECTOR, DAY_INPUT)))
+    want = f"{(last - first).days + 1} runs will be triggered."
+    wait.until(lambda d: want in dialog.text)
+    button = dialog.find_element(By.XPATH, ".//button[normalize-space()='Run Backfill']")
+    for attempt in range(LOCK_ATTEMPTS):
+        wait.until(lambda d: button.is_enabled())
+        button.click()
+        try:
+            WebDriverWait(browser, 30).until(
+                lambda d: not d.find_elements(By.CSS_SELECTOR, "[role=dialog][data-state=open]"))
+            return want
+        except TimeoutException:  # HTTP 503 on a locked SQLite: Airflow removed the half-made backfill
+            time.sleep(2 + attempt)
+    pytest.fail(f"the Backfill dialog stayed open after {LOCK_ATTEMPTS} clicks on Run Backfill: {dialog.text}")
+
+
+def rest_backfill(af, dag_id: str) -> None:
+    """What the dialog sends: its dry run (the count it shows), then the backfill; HTTP 503 (a locked
+    SQLite; Airflow removes the half-made backfill) is retried."""
+    form = {"dag_id": dag_id, "from_date": f"{DATES[0]}T00:00:00Z", "to_date": f"{DATES[-1]}T00:00:00Z",
+            "max_active_runs": 1, "reprocess_behavior": "none", "run_backwards": False, "dag_run_conf": {}}
+    dry = af.request("POST", "/api/v2/backfills/dry_run", form)
+    assert [b["logical_date"][:10] for b in dry["backfills"]] == [str(d) for d in DATES], dry
+    for attempt in range(LOCK_ATTEMPTS):
+        try:
+            af.request("POST", "/api/v2/backfills", form)
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:
+                raise
+            time.sleep(2 + attempt)
+    pytest.fail(f"POST /api/v2/backfills: HTTP 503 {LOCK_ATTEMPTS} times")
+
+
 def _runs(af, dag_id: str) -> list[dict]:
     got = af.request("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100&order_by=logical_date")
     return got["dag_runs"]
@@ -163,7 +230,7 @@ def _day(run: dict) -> date:
     return date.fromisoformat(run["logical_date"][:10])
 
 
-def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchmarks, mailbox, results_dsn):
+def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchmarks, mailbox, results_dsn, request):
     af = airflow
     slowed, steady = regression.DAG_PREFIX + "slowed", regression.DAG_PREFIX + "steady"
     af.request("POST", "/api/v2/connections", {
@@ -175,12 +242,13 @@ def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchma
     t0 = time.monotonic()
     # the CLI, with the environment of the fixture's Airflow
     _cli_backfill(af, slowed)
-    # the REST API, as the UI's Backfill dialog sends it: first its dry run (the count the dialog shows)
-    form = {"dag_id": steady, "from_date": f"{DATES[0]}T00:00:00Z", "to_date": f"{DATES[-1]}T00:00:00Z",
-            "max_active_runs": 1, "reprocess_behavior": "none", "run_backwards": False, "dag_run_conf": {}}
-    dry = af.request("POST", "/api/v2/backfills/dry_run", form)
-    assert [b["logical_date"][:10] for b in dry["backfills"]] == [str(d) for d in DATES], dry
-    af.request("POST", "/api/v2/backfills", form)
+    # the UI: the DAG page's Trigger -> Backfill dialog (or, without chromium, the REST call it makes)
+    if CHROMIUM.is_file() and CHROMEDRIVER.is_file():
+        shown = ui_backfill(request.getfixturevalue("browser"), af.url, steady, DATES[0], DATES[-1])
+        print(f"the Backfill dialog said: {shown}")
+    else:
+        rest_backfill(af, steady)
+    assert len(af.request("GET", f"/api/v2/backfills?dag_id={steady}")["backfills"]) == 1
     for dag_id in (slowed, steady):  # created while paused (less SQLite contention); runs start once unpaused
         af.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
@@ -244,8 +312,6 @@ def _run_id(runs: list[dict], day: date) -> str:
 
 
 def _parsed(af, dag_id: str) -> bool:
-    import urllib.error
-
     try:
         af.request("GET", f"/api/v2/dags/{dag_id}")
         return True
