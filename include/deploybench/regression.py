@@ -270,7 +270,7 @@ def judge_run(bench: Benchmark, run_key: str, dsn: str | None = None, base_url: 
     from deploybench.analyse.figures import run_figures
     from deploybench.analyse.judge import METHOD, judge_newest
     from deploybench.store.db import open_store
-    from deploybench.store.query import RunFilter, select_runs
+    from deploybench.store.query import EmptySelection, RunFilter, select_runs
 
     engine = open_store(dsn)
     this = select_runs(engine, RunFilter(run_keys=(run_key,)))
@@ -281,7 +281,10 @@ def judge_run(bench: Benchmark, run_key: str, dsn: str | None = None, base_url: 
         out.update(verdict="not judged", reason=f"the run's status is {row['status']}")
         _write_verdict(run_key, out)
         return out
-    runs = select_runs(engine, RunFilter(tags={TAG_BENCHMARK: bench.name, TAG_REVISION: bench.revision}))
+    try:  # the benchmark's successful, not excluded runs of this revision
+        runs = select_runs(engine, RunFilter(tags={TAG_BENCHMARK: bench.name, TAG_REVISION: bench.revision}))
+    except EmptySelection:
+        runs = this.iloc[0:0]
     before = runs[(runs["order_at"] < row["order_at"]) & (runs["run_key"] != run_key)]
     runs = pd.concat([before, this], ignore_index=True)  # the judged run last, whatever its tags say
     figs = run_figures(engine, runs)

@@ -86,3 +86,9 @@ def test_a_suspect_fails_only_when_the_benchmark_says_so(dsn, bench, tmp_path):
     strict = bench.model_copy(update={"fail_on_suspect": True})
     with pytest.raises(regression.RegressionFound, match="suspect in benchmark nightly"):
         regression.judge_run(strict, keys[-1], dsn)
+
+
+def test_the_first_run_of_a_benchmark_is_judged_too_few_runs(dsn, bench):
+    key = _store(dsn, bench, 0, 300.0, datetime(2026, 12, 3, tzinfo=timezone.utc), tags={"benchmark": "renamed"})
+    got = regression.judge_run(bench, key, dsn)  # no run of this benchmark revision in the store, not even it
+    assert got["verdict"] == "no change" and "too few runs" in got["metrics"]["latency_p50_ms"]["how"]
