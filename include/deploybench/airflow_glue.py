@@ -54,7 +54,20 @@ def results_dsn() -> str | None:
         return None
     from airflow.providers.postgres.hooks.postgres import PostgresHook
 
+    conn = PostgresHook.get_connection(RESULTS_CONN_ID)
+    if conn.host and conn.host.startswith("/"):
+        return socket_dsn(conn.login, conn.password, conn.host, conn.port, conn.schema)
     return PostgresHook(postgres_conn_id=RESULTS_CONN_ID).get_uri()
+
+
+def socket_dsn(login: str | None, password: str | None, folder: str, port: int | None, database: str | None) -> str:
+    """A DSN for a PostgreSQL listening on a Unix socket in ``folder``: the folder and port go in the query
+    (PostgresHook.get_uri() would make the folder a host name and connect to the default socket)."""
+    from sqlalchemy.engine import URL
+
+    query = {"host": folder, **({"port": str(port)} if port else {})}
+    return URL.create("postgresql+psycopg", username=login or None, password=password or None,
+                      database=database or None, query=query).render_as_string(hide_password=False)
 
 
 def kube_clients(conn_id: str | None):

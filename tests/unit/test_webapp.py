@@ -260,3 +260,24 @@ def test_bad_query_is_400(client):
 def test_a_key_ending_in_report_still_has_its_page(client):
     r = client.get("/deploybench/runs/a%2Freport")  # the route sees '/runs/a/report'
     assert r.status_code == 200 and "<h1>Run <code>a/report</code></h1>" in r.text
+
+
+def test_a_results_connection_on_a_unix_socket_keeps_its_folder_and_port(monkeypatch):
+    """A Postgres connection whose host is a socket folder (the embedded PostgreSQL's) must not be
+    turned into a host name by PostgresHook.get_uri()."""
+    import json
+
+    import psycopg
+
+    from deploybench import airflow_glue
+
+    monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", json.dumps(
+        {"conn_type": "postgres", "host": "/run/deploybench/pg", "port": 5433, "login": "bench",
+         "password": "s3cret", "schema": "results"}))
+    dsn = airflow_glue.results_dsn()
+    params = psycopg.conninfo.conninfo_to_dict(dsn.replace("postgresql+psycopg://", "postgresql://"))
+    assert params == {"user": "bench", "password": "s3cret", "dbname": "results", "host": "/run/deploybench/pg",
+                      "port": "5433"}
+    monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", json.dumps(
+        {"conn_type": "postgres", "host": "db.example", "port": 5432, "login": "u", "schema": "r"}))
+    assert "@db.example:5432/r" in airflow_glue.results_dsn()
