@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # stages whose records go into stage_results (store and report describe the storing itself)
 STORED_STAGES = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown")
-_TRIGGERS = ("manual", "scheduled", "backfill", "asset_triggered", "dataset_triggered")
+_TRIGGERS = ("manual", "scheduled", "backfill", "asset_triggered", "dataset_triggered", "matrix")  # matrix: a cell
 
 
 def _when(text: str | None) -> datetime | None:

@@ -57,6 +57,7 @@ def test_scraped_series_file_is_read_as_written(tmp_path):
     ({"airflow_run_id": "manual__2026-12-02T10:00:00"}, "manual"),
     ({"airflow_run_id": "scheduled__2026-12-02T00:00:00"}, "scheduled"),
     ({"airflow_run_id": "backfill__2026-12-01"}, "backfill"),
+    ({"airflow_run_id": "matrix__manual__2026-12-02T10:00:00__c01"}, "matrix"),
     ({"airflow_run_id": "my-own-id"}, "api"),
     ({}, "cli"),
 ])
