@@ -14,7 +14,7 @@ setup:
 demo: setup
 	$(BIN)/deploybench demo --nodes $(NODES)
 
-## test: the whole test suite (unit, integration on real PostgreSQL/sshd/iperf3/k6, end-to-end dag.test)
+## test: the whole test suite (unit, integration on real PostgreSQL/sshd/iperf3/k6, dag.test, a real Airflow in Chromium)
 test: setup
 	$(BIN)/python -m pytest -q tests
 
