@@ -12,8 +12,6 @@ from deploybench import params
 from deploybench.config import MAX_K6_VUS, RunConfig
 from deploybench.errors import ConfigError
 
-BAD_TYPE = object()
-
 
 def _probes(schema: dict) -> list:
     """Values at and around the field's bounds, its enum, its pattern, null and a wrong type."""
