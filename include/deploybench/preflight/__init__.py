@@ -38,9 +38,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REQUIRED_BINARIES = NODE_BINARIES
-
-
 def run(
     cluster: Cluster,
     names: list[str],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Iterable
+from typing import Any
 
 import matplotlib
 import pandas as pd
@@ -176,20 +176,6 @@ def fanout_timeline(nodes: list[dict[str, Any]]) -> str:
                 color=colors.get(n.get("status"), "tab:purple"))
     ax.set_yticks(range(len(nodes)), [n["node"] for n in nodes], fontsize=7)
     ax.set_xlabel("seconds after fan-out began")
-    return _svg(fig)
-
-
-def metric_lines(frame: pd.DataFrame, metrics: Iterable[str]) -> str:
-    """Scraped server-metric series (one line per node and metric)."""
-    if frame is None or frame.empty:
-        return ""
-    fig, ax = _fig("Server metrics")
-    t0 = pd.to_datetime(frame["ts"], utc=True).min()
-    for (node, metric), g in frame[frame["metric"].isin(list(metrics))].groupby(["node", "metric"]):
-        t = (pd.to_datetime(g["ts"], utc=True) - t0).dt.total_seconds()
-        ax.plot(t, g["value"], label=f"{node} {metric}"[:40])
-    ax.set_xlabel("seconds")
-    ax.legend(fontsize=6)
     return _svg(fig)
 
 

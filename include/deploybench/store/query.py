@@ -22,10 +22,8 @@ from deploybench.store.models import (
     Cluster,
     LoadPhase,
     ModelArtifact,
-    RequestSample,
     Run,
     Series,
-    ServerMetric,
     ServingConfig,
     Software,
     Workload,
@@ -157,17 +155,6 @@ def table(target: Engine | str | None, model: Any, run_key: str) -> pd.DataFrame
     return _engine_query(engine, model.__tablename__, lambda c: pd.read_sql(query, c))
 
 
-def sample_values(target: Engine | str | None, run_keys: list[str], column: str, phase: str) -> dict[str, Any]:
-    """run_key -> numpy array of one sample column for successful requests of ``phase``."""
-    engine = open_store(target)
-    col = getattr(RequestSample, column)
-    query = (select(RequestSample.run_key, col)
-             .where(RequestSample.run_key.in_(run_keys), RequestSample.phase == phase,
-                    RequestSample.status == 200, col.is_not(None)))
-    frame = _engine_query(engine, "samples", lambda c: pd.read_sql(query, c))
-    return {k: frame.loc[frame["run_key"] == k, column].to_numpy() for k in run_keys}
-
-
 def set_excluded(target: Engine | str | None, run_key: str, excluded: bool, reason: str | None = None) -> None:
     """Flag a run as excluded from analysis (with the reason), or include it again."""
     if excluded and not (reason or "").strip():
@@ -194,10 +181,3 @@ def series_of(target: Engine | str | None, run_key: str) -> tuple[int, str]:
     if row[0] is None:
         raise StoreError(f"run {run_key!r} has no series (stored without identities); store it again to add them")
     return int(row[0]), str(row[1])
-
-
-def metric_series(target: Engine | str | None, run_key: str) -> pd.DataFrame:
-    engine = open_store(target)
-    query = select(ServerMetric).where(ServerMetric.run_key == run_key).order_by(ServerMetric.ts)
-    return _engine_query(engine, "server metrics", lambda c: pd.read_sql(query, c))
-
