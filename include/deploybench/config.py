@@ -36,6 +36,7 @@ class EngineProfileName(str, Enum):
     SIM = "sim"
     VLLM = "vllm"
     TRITON = "triton"
+    FILE = "file"  # a profile file named by engine.profile_file (deploybench.engines)
 
 
 class LinkMode(str, Enum):
@@ -115,6 +116,11 @@ class FanoutSpec(_Strict):
 class RolloutBackend(str, Enum):
     SSH = "ssh"
     KUBERNETES = "kubernetes"
+    EXTERNAL = "external"  # already running: deploybench measures it, does not deploy it (deploybench.rollout.external)
+
+
+# "node=http://host:port": an engine deploybench did not start, and the inventory node it runs on
+EXTERNAL_ENDPOINT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}=https?://[^\s]{1,2000}$"
 
 
 class StepFailurePolicy(str, Enum):
@@ -167,6 +173,28 @@ class RolloutSpec(_Strict):
                                    description="A gate with fewer measured requests fails: no data is not a pass.")
     stop_grace_s: float = Field(5.0, ge=0, le=300, description="TERM, then KILL after this long")
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+    endpoints: list[Annotated[str, Field(max_length=2200, pattern=EXTERNAL_ENDPOINT_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_NODES, title="External: endpoints",
+        description="external backend: the engines already running, one \"node=URL\" per item (an inventory node "
+                    "and its engine's base URL, e.g. \"n1=http://10.0.0.11:8000\"); each URL's origin must be in "
+                    "the operator's allow-list $DEPLOYBENCH_TARGET_URLS. For one load-balanced URL, list the "
+                    "nodes behind it here (they are scraped) and set the Target URL.")
+    external_preflight: bool = Field(True, title="External: run preflight",
+                                     description="external backend: check the nodes (ssh, links) first; off when "
+                                                 "the nodes cannot be reached from here.")
+
+    @model_validator(mode="after")
+    def _external_endpoints(self) -> "RolloutSpec":
+        if self.backend is RolloutBackend.EXTERNAL and not self.endpoints:
+            raise ValueError("rollout.backend=external needs rollout.endpoints: one \"node=URL\" per running "
+                             "engine, e.g. [\"n1=http://10.0.0.11:8000\"]")
+        if self.endpoints and self.backend is not RolloutBackend.EXTERNAL:
+            raise ValueError(f"rollout.endpoints={self.endpoints[:3]} are for rollout.backend=external; "
+                             f"the {self.backend.value} backend finds its endpoints itself: leave them empty")
+        nodes = [e.split("=", 1)[0] for e in self.endpoints]
+        if len(set(nodes)) != len(nodes):
+            raise ValueError(f"rollout.endpoints names a node twice ({nodes}); one engine per node")
+        return self
 
     @model_validator(mode="after")
     def _gate_reachable(self) -> "RolloutSpec":
@@ -245,7 +273,12 @@ MANAGED_ENGINE_FLAGS = {
 
 class EngineSpec(_Strict):
     profile: EngineProfileName = Field(EngineProfileName.SIM, title="Engine",
-                                       description="sim (the lab's simulated engine), vllm or triton.")
+                                       description="sim (the lab's simulated engine), vllm, triton, or file (the "
+                                                   "profile file named in 'Engine profile file').")
+    profile_file: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$", title="Engine profile file",
+                                     description="engine=file: the name of a profile file (presets: llamacpp, "
+                                                 "llamacpp-native, sglang, openai; or <name>.toml in a folder named "
+                                                 "by $DEPLOYBENCH_ENGINE_PROFILES).")
     max_num_seqs: int = Field(8, ge=1, le=4096, title="Batch slots per engine",
                               description="Sequences an engine runs at once (vLLM --max-num-seqs).")
     tensor_parallel_size: int = Field(1, ge=1, le=64, title="Tensor parallel size",
@@ -271,6 +304,9 @@ class EngineSpec(_Strict):
         if self.profile is EngineProfileName.SIM and self.runtime is not ContainerRuntime.PROCESS:
             raise ValueError(f"engine runtime={self.runtime.value} needs an image; the sim engine runs as a "
                              "process (runtime=process)")
+        if (self.profile is EngineProfileName.FILE) != bool(self.profile_file):
+            raise ValueError(f"engine.profile_file={self.profile_file!r} goes with engine.profile=file (got "
+                             f"profile={self.profile.value}): set both, or neither")
         if self.extra_args and self.profile is EngineProfileName.SIM:
             raise ValueError(f"engine.extra_args={self.extra_args} are for vllm or triton; the sim engine takes its "
                              "knobs from the Simulated engine fields")
@@ -284,7 +320,7 @@ class EngineSpec(_Strict):
 
 # Engine fields added after the first stored runs: left out of the fingerprint while at their
 # defaults (or irrelevant to the profile), so earlier series keep their identity.
-_LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args")
+_LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args", "profile_file")
 
 
 class LoadPhase(str, Enum):

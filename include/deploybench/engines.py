@@ -1,10 +1,21 @@
 """Engine profiles: how to launch an inference engine on a node, and how to talk to it.
 
-A profile turns the run's serving knobs into a launch command (an argument list), the
-files the engine needs beside its model (Triton's model repository with a generated
-``config.pbtxt``), the container image the kubernetes backend runs, and names the
-engine's health URL, API flavour and metric names. Profiles live in a registry, so a new
-engine is one entry, not another branch in the rollout code.
+A profile is data: a TOML file (``engine_profiles/<name>.toml`` beside this module, or one of
+yours in a folder named by ``$DEPLOYBENCH_ENGINE_PROFILES``) giving the launch command as a
+template, the readiness check, the API flavour, the Prometheus names of its metrics, whether its
+output is deterministic, and its container image. vLLM, Triton and the simulated engine are
+profiles like any other; presets ship for llama.cpp's server and SGLang. A new engine is one file,
+not another branch in the rollout code.
+
+The command template's items may hold placeholders (``{port}``, ``{model_dir}``...); an item that
+is exactly ``{extra_args}`` or ``{sim_args}`` stands for a list of arguments. A profile naming
+any other placeholder is refused when it is loaded, naming the placeholder and the allowed ones.
+What is code stays code: Triton's model repository with its generated ``config.pbtxt`` is a file
+generator a profile names (``files = "triton"``).
+
+Readiness is one of: ``health`` (GET a path, 200), ``models`` (GET /v1/models lists the served
+name), ``completion`` (a one-token completion answers) -- each bounded by the profile's own
+``timeout_s``, since some servers hold /v1/models while they generate.
 
 ``check(spec, model_name)`` refuses knobs a profile cannot use before anything starts;
 for Triton it renders ``config.pbtxt`` and parses it with Triton's own model-config
@@ -14,9 +25,15 @@ protobuf (``tritonclient``), so a config the server would reject fails here inst
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import string
+import tomllib
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploybench.config import ContainerRuntime, EngineProfileName, EngineSpec, TritonKnobs
 from deploybench.errors import ConfigError
@@ -42,6 +59,15 @@ class LaunchContext:
 
 
 @dataclass(frozen=True)
+class Readiness:
+    """How the controller knows an engine can take requests (see the module's docstring)."""
+
+    kind: str = "health"  # health | models | completion
+    path: str = "/health"
+    timeout_s: float = 2.0  # one check's own bound: a server may hold /v1/models while it generates
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     name: str
     health_path: str
@@ -52,11 +78,31 @@ class EngineProfile:
     entrypoint: tuple[str, ...] = ()  # leading argv the image's ENTRYPOINT already supplies
     files: Callable[[LaunchContext], dict[str, str]] = lambda ctx: {}
     metrics: dict[str, str] = field(default_factory=dict)  # role -> the engine's Prometheus metric name
+    readiness: Readiness = Readiness()
+    source: str = ""  # the profile file it was read from
 
     def container_args(self, ctx: LaunchContext) -> list[str]:
         argv = self.command(ctx)
         n = len(self.entrypoint)
         return argv[n:] if tuple(argv[:n]) == self.entrypoint else argv
+
+    def is_ready(self, base_url: str, model: str, timeout_s: float | None = None) -> bool:
+        """One readiness check of the engine at ``base_url`` (no retry; False on any failure)."""
+        from deploybench import http
+
+        t = self.readiness.timeout_s if timeout_s is None else timeout_s
+        url = base_url.rstrip("/") + self.readiness.path
+        try:
+            if self.readiness.kind == "models":
+                data = http.get_json(url, timeout=t)
+                listed = data.get("data") if isinstance(data, dict) else None
+                return isinstance(listed, list) and any(isinstance(m, dict) and m.get("id") == model for m in listed)
+            if self.readiness.kind == "completion":
+                status, _ = http.request(url, {"model": model, "prompt": "ready", "max_tokens": 1}, timeout=t)
+                return status == 200
+            return http.is_up(url, timeout=t)
+        except (http.HTTPFailure, ValueError, OSError):
+            return False
 
 
 def sim_service_args(engine: EngineSpec) -> list[str]:
@@ -69,42 +115,8 @@ def sim_service_args(engine: EngineSpec) -> list[str]:
     ]
 
 
-def _sim_command(ctx: LaunchContext) -> list[str]:
-    e, k = ctx.engine, ctx.engine.sim
-    return [
-        ctx.inventory.python, "-m", "deploybench.lab.engine",
-        "--host", ctx.listen, "--port", str(ctx.port),
-        "--model-dir", ctx.model_dir, "--served-model-name", ctx.model_name,
-        *sim_service_args(e), "--max-model-len", str(e.max_model_len),
-        "--seed", str(k.seed), "--slowdown", f"{k.slowdown:g}", "--error-rate", f"{k.error_rate:g}",
-        "--crash-after", str(k.crash_after),
-    ]
-
-
-def _vllm_command(ctx: LaunchContext) -> list[str]:
-    e = ctx.engine
-    return [
-        "vllm", "serve", ctx.model_dir,
-        "--host", ctx.listen, "--port", str(ctx.port),
-        "--served-model-name", ctx.model_name,
-        "--max-num-seqs", str(e.max_num_seqs),
-        "--tensor-parallel-size", str(e.tensor_parallel_size),
-        "--max-model-len", str(e.max_model_len),
-        *e.extra_args,
-    ]
-
-
 def triton_repository(ctx: LaunchContext) -> str:
     return f"{ctx.work_dir.rstrip('/')}/triton-repo"
-
-
-def _triton_command(ctx: LaunchContext) -> list[str]:
-    return [
-        "tritonserver", f"--model-repository={triton_repository(ctx)}",
-        f"--http-address={ctx.listen}", f"--http-port={ctx.port}",
-        "--allow-metrics=true", "--allow-grpc=false",
-        *ctx.engine.extra_args,
-    ]
 
 
 # -- Triton's config.pbtxt -------------------------------------------------------------------------
@@ -156,44 +168,175 @@ def _triton_files(ctx: LaunchContext) -> dict[str, str]:
             f"{base}/1/model.json": json.dumps(model_json, indent=1) + "\n"}
 
 
-_VLLM_METRICS = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
-                 "ttft": "vllm:time_to_first_token_seconds", "e2e": "vllm:e2e_request_latency_seconds"}
-
-PROFILES: dict[str, EngineProfile] = {
-    EngineProfileName.SIM.value: EngineProfile(
-        "sim", "/health", "openai", _sim_command, deterministic=True, metrics=_VLLM_METRICS),
-    EngineProfileName.VLLM.value: EngineProfile(
-        "vllm", "/health", "openai", _vllm_command, image="vllm/vllm-openai:v0.11.0",
-        entrypoint=("vllm", "serve"), metrics=_VLLM_METRICS),
-    EngineProfileName.TRITON.value: EngineProfile(
-        "triton", "/v2/health/ready", "triton", _triton_command,
-        image="nvcr.io/nvidia/tritonserver:25.09-vllm-python-py3", files=_triton_files,
-        metrics={"success": "nv_inference_request_success", "failure": "nv_inference_request_failure",
-                 "queue_us": "nv_inference_queue_duration_us", "compute_us": "nv_inference_compute_infer_duration_us"}),
-}
+# -- profiles as data ------------------------------------------------------------------------------
+PROFILE_DIR = Path(__file__).with_name("engine_profiles")
+PROFILE_ENV = "DEPLOYBENCH_ENGINE_PROFILES"
+LIST_PLACEHOLDERS = ("extra_args", "sim_args")  # an item exactly "{name}" becomes these arguments
+PLACEHOLDERS = ("python", "model_dir", "model_name", "served_name", "host", "port", "work_dir", "max_num_seqs",
+                "tensor_parallel_size", "max_model_len", "triton_repository", *LIST_PLACEHOLDERS)
+FILE_GENERATORS: dict[str, Callable[[LaunchContext], dict[str, str]]] = {"triton": _triton_files}
 
 
-def profile(name: str | EngineProfileName) -> EngineProfile:
-    key = name.value if isinstance(name, EngineProfileName) else name
+def _placeholder_values(ctx: LaunchContext) -> dict[str, str]:
+    e = ctx.engine
+    return {"python": ctx.inventory.python, "model_dir": ctx.model_dir, "model_name": ctx.model_name,
+            "served_name": ctx.model_name, "host": ctx.listen, "port": str(ctx.port), "work_dir": ctx.work_dir,
+            "max_num_seqs": str(e.max_num_seqs), "tensor_parallel_size": str(e.tensor_parallel_size),
+            "max_model_len": str(e.max_model_len), "triton_repository": triton_repository(ctx)}
+
+
+def _list_values(e: EngineSpec) -> dict[str, list[str]]:
+    k = e.sim
+    sim = [*sim_service_args(e), "--seed", str(k.seed), "--slowdown", f"{k.slowdown:g}",
+           "--error-rate", f"{k.error_rate:g}", "--crash-after", str(k.crash_after)]
+    return {"extra_args": list(e.extra_args), "sim_args": sim}
+
+
+def _allowed() -> str:
+    return ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+
+
+def _template_problems(item: str) -> list[str]:
+    """What is wrong with one command item of a profile (unknown or malformed placeholders)."""
     try:
-        return PROFILES[key]
+        parts = list(string.Formatter().parse(item))
+    except ValueError as exc:
+        return [f"command item {item!r}: {exc} (a literal brace is written {{{{ or }}}})"]
+    out = []
+    for _, name, spec, conv in parts:
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS or spec or conv:
+            shown = "{" + name + ("!" + conv if conv else "") + (":" + spec if spec else "") + "}"
+            out.append(f"unknown placeholder {shown} in command item {item!r}; allowed: {_allowed()}")
+        elif name in LIST_PLACEHOLDERS and item != "{" + name + "}":
+            out.append(f"{{{name}}} stands for several arguments: it must be a command item of its own, "
+                       f"not part of {item!r}")
+    return out
+
+
+class _ReadinessFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["health", "models", "completion"] = "health"
+    path: str = Field("/health", pattern=r"^/[A-Za-z0-9._~/%-]*$", max_length=256)
+    timeout_s: float = Field(2.0, gt=0, le=300)
+
+
+class ProfileFile(BaseModel):
+    """A profile file, checked: unknown keys, unknown placeholders and unknown file generators are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    api: Literal["openai", "triton"] = "openai"
+    command: list[str] = Field(min_length=1, max_length=256)
+    image: str = Field("", max_length=512)
+    entrypoint: list[str] = Field(default_factory=list, max_length=16)
+    deterministic: bool = False
+    files: str = ""
+    readiness: _ReadinessFile = Field(default_factory=_ReadinessFile)
+    metrics: dict[str, str] = Field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        out = [p for item in self.command for p in _template_problems(item)]
+        if self.files and self.files not in FILE_GENERATORS:
+            out.append(f"files = {self.files!r} names no file generator; known: {', '.join(FILE_GENERATORS)}")
+        return out
+
+    def to_profile(self, source: str) -> EngineProfile:
+        template = tuple(self.command)
+
+        def command(ctx: LaunchContext) -> list[str]:
+            values, lists = _placeholder_values(ctx), _list_values(ctx.engine)
+            argv: list[str] = []
+            for item in template:
+                if item.startswith("{") and item[1:-1] in lists:
+                    argv += lists[item[1:-1]]
+                else:
+                    argv.append(item.format_map(values))
+            return argv
+
+        r = self.readiness
+        return EngineProfile(self.name, r.path, self.api, command, deterministic=self.deterministic,
+                             image=self.image, entrypoint=tuple(self.entrypoint),
+                             files=FILE_GENERATORS.get(self.files, lambda ctx: {}), metrics=dict(self.metrics),
+                             readiness=Readiness(r.kind, r.path, r.timeout_s), source=source)
+
+
+def load_profile_file(path: str | Path) -> EngineProfile:
+    """One profile file, validated; ConfigError names the file, what is wrong and what is allowed."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"engine profile {path}: cannot read it as TOML: {exc}") from exc
+    try:
+        pf = ProfileFile.model_validate(data)
+    except ValidationError as exc:
+        msgs = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'file'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"engine profile {path}: {msgs}") from None
+    if pf.name != path.stem:
+        raise ConfigError(f"engine profile {path}: name = {pf.name!r} must be the file's name ({path.stem!r})")
+    bad = pf.problems()
+    if bad:
+        raise ConfigError(f"engine profile {path}: " + "; ".join(bad))
+    return pf.to_profile(str(path))
+
+
+def profile_dirs() -> list[Path]:
+    """The shipped profiles, then the folders of $DEPLOYBENCH_ENGINE_PROFILES (os.pathsep-separated)."""
+    extra = [Path(p) for p in os.environ.get(PROFILE_ENV, "").split(os.pathsep) if p.strip()]
+    return [PROFILE_DIR, *extra]
+
+
+def profiles() -> dict[str, EngineProfile]:
+    """Every profile by name, read now (a file added is seen at once). Two files of one name are refused."""
+    out: dict[str, EngineProfile] = {}
+    for folder in profile_dirs():
+        if not folder.is_dir():
+            raise ConfigError(f"${PROFILE_ENV} names {str(folder)!r}, which is not a folder; fix or unset it")
+        for f in sorted(folder.glob("*.toml")):
+            prof = load_profile_file(f)
+            if prof.name in out:
+                raise ConfigError(f"engine profile {prof.name!r} is defined twice: {out[prof.name].source} and {f}; "
+                                  "rename one")
+            out[prof.name] = prof
+    return out
+
+
+def profile_name(spec: EngineSpec) -> str:
+    """The name of the profile ``spec`` runs: engine.profile, or engine.profile_file when profile = file."""
+    if spec.profile is EngineProfileName.FILE:
+        return spec.profile_file or ""
+    return spec.profile.value
+
+
+def profile(name: str | EngineProfileName | EngineSpec) -> EngineProfile:
+    """The profile of that name (or of an EngineSpec); ConfigError lists the known ones."""
+    if isinstance(name, EngineSpec):
+        key = profile_name(name)
+    else:
+        key = name.value if isinstance(name, EngineProfileName) else name
+    known = profiles()
+    try:
+        return known[key]
     except KeyError:
-        raise ConfigError(f"unknown engine profile {key!r}; choose one of: {', '.join(PROFILES)}") from None
+        raise ConfigError(f"unknown engine profile {key!r}; choose one of: {', '.join(sorted(known))} (or add "
+                          f"{key}.toml to a folder named by ${PROFILE_ENV})") from None
 
 
 def image_of(spec: EngineSpec, override: str | None = None) -> str:
     """The container image for ``spec``: the override, the engine's image, else the profile's default."""
-    img = override or spec.image or profile(spec.profile).image
+    img = override or spec.image or profile(spec).image
     if not img:
-        raise ConfigError(f"engine profile {spec.profile.value!r} has no container image; set engine image "
+        raise ConfigError(f"engine profile {profile_name(spec)!r} has no container image; set engine image "
                           "(or use the ssh backend with runtime=process)")
     return img
 
 
 def check(spec: EngineSpec, model_name: str) -> None:
     """Refuse knobs the profile cannot run with, before anything touches a node."""
-    prof = profile(spec.profile)
-    if prof.name == "triton":
+    prof = profile(spec)
+    if prof.files is _triton_files:
         parse_triton_config(triton_config(model_name, spec.triton))
     if spec.runtime is not ContainerRuntime.PROCESS:
         image_of(spec)
@@ -201,7 +344,7 @@ def check(spec: EngineSpec, model_name: str) -> None:
 
 def container_command(spec: EngineSpec, ctx: LaunchContext, name: str) -> list[str]:
     """``docker|podman run`` for the ssh backend: host network, model root read-only, the engine's folder."""
-    prof = profile(spec.profile)
+    prof = profile(spec)
     root = ctx.inventory.model_root_of(ctx.node).rstrip("/")
     inner = LaunchContext(ctx.inventory, ctx.node, f"{CONTAINER_MODEL_ROOT}/{ctx.model_name}", ctx.model_name,
                           ctx.port, ctx.engine, ctx.work_dir, ctx.host)

@@ -125,14 +125,32 @@ def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | N
         cfg = form.to_config(flat_params)
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
+        if cfg.rollout.backend.value == "external":  # hostile URLs: refused before anything touches a node
+            from deploybench.rollout import external
+
+            external.check(cfg, names)
         _write_json(d / "run.json", {
             "run_key": run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
             "meta": {**(meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
         })
         rec["result"] = {"nodes": names, "fingerprint": cfg.fingerprint()}
-        rec["summary"] = (f"{len(names)} nodes of inventory {inv.name!r}, engine {cfg.engine.profile.value}, "
+        rec["summary"] = (f"{len(names)} nodes of inventory {inv.name!r}, engine {_engine_name(cfg)}, "
                           f"load {cfg.load.rate:g} req/s for {cfg.load.duration_s:g} s")
     return rec["result"]
+
+
+def _engine_name(cfg: RunConfig) -> str:
+    from deploybench.engines import profile_name
+
+    return profile_name(cfg.engine)
+
+
+def _skipped_external(run: "Run", name: str, why: str) -> dict:
+    """The record of a stage the external backend does not do: kept as a success that says it was skipped."""
+    with stage(run.dir, name) as rec:
+        rec["result"] = {"skipped": "external", "deployed_by": "not deployed by deploybench", "nodes": []}
+        rec["summary"] = f"skipped (external backend: {why})"
+    return rec
 
 
 def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
@@ -141,6 +159,9 @@ def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
     run = Run.open(run_key)
     # Engines started over SSH need their port free and their binary on every node; pods do not.
     on_nodes = run.cfg.rollout.backend.value == "ssh"
+    if run.cfg.rollout.backend.value == "external" and not run.cfg.rollout.external_preflight:
+        _skipped_external(run, "preflight", "rollout.external_preflight is off")
+        return {"healthy": list(run.nodes)}
     runtime = run.cfg.engine.runtime.value  # docker/podman: the engine runs in a container
     binary = runtime if runtime != "process" else {
         "sim": run.inventory.python, "vllm": "vllm", "triton": "tritonserver"}.get(run.cfg.engine.profile.value)
@@ -163,6 +184,9 @@ def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) 
         res = stage_mod.run(cluster, healthy, run.source, run.cfg.model.name, run.cfg.fanout,
                             policy=run.cfg.preflight.policy, min_nodes=run.cfg.preflight.min_nodes)
         rec["result"] = res.to_dict()
+    if run.cfg.rollout.backend.value == "external":
+        _skipped_external(run, "fanout", "the engines already hold their model")
+        return {"nodes": list(healthy)}
         copied = [c for c in res.nodes if c.status == "copied"]
         rec["summary"] = (f"{res.total_bytes / 2**20:.0f} MiB model ({res.manifest_digest[:12]}) verified on "
                           f"{len(res.verified_nodes)} nodes by {res.strategy} in {res.seconds:.1f} s: "
@@ -185,6 +209,14 @@ def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, k
         slowest = max((v for s in res.steps for v in s.ready_s.values()), default=0.0)
         rec["summary"] = (f"{res.profile} engine ({res.backend}) on {len(res.endpoints)} nodes in steps "
                           + " -> ".join(f"{s.nodes}" for s in res.steps)
+    if run.cfg.rollout.backend.value == "external":
+        from deploybench.rollout import external
+
+        with stage(run.dir, "rollout") as rec:
+            rec["result"] = external.run(run.cfg, run.nodes, nodes)
+            rec["summary"] = (f"skipped (external backend): {len(rec['result']['endpoints'])} given endpoints of the "
+                              f"{rec['result']['profile']} engine ready, {external.NOT_DEPLOYED}")
+        return {"endpoints": rec["result"]["endpoints"]}
                           + f" (slowest ready {slowest:.1f} s), every gate passed")
     return {"endpoints": res.endpoints}
 

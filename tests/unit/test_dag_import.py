@@ -71,7 +71,7 @@ def test_params_form_matches_library():
 
     dag = _dagbag().dags["deploybench_run"]
     assert set(dag.params.keys()) == {f.name for f in params.FIELDS}
-    assert dag.params.get_param("engine_profile").schema["enum"] == ["sim", "vllm", "triton"]
+    assert dag.params.get_param("engine_profile").schema["enum"] == ["sim", "vllm", "triton", "file"]
 
 
 def test_dag_file_does_not_import_heavy_modules():

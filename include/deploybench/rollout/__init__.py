@@ -10,7 +10,8 @@ idempotent and always safe to call. Parts:
 - ``kubernetes`` + ``manifests``: Deployments, Services and a canary Deployment through the
   Kubernetes API (the cncf.kubernetes provider's hook supplies the clients);
 - ``gate``: the smoke check and the gate load (the real k6 through deploybench.load);
-- ``plan``: the step loop, failure attribution and the rollback/teardown policy.
+- ``plan``: the step loop, failure attribution and the rollback/teardown policy;
+- ``external``: engines already running (rollout.backend=external): nothing deployed or stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploybench import engines
 from deploybench.config import RolloutBackend, RunConfig
+from deploybench.errors import ConfigError
 from deploybench.rollout.base import Deployer, NodeFailure, RolloutResult, StepResult
 from deploybench.rollout.gate import SMOKE_PROMPT, SMOKE_TOKENS
 from deploybench.transport import Cluster
@@ -34,6 +36,9 @@ __all__ = ["Deployer", "NodeFailure", "RolloutResult", "StepResult", "SMOKE_PROM
 def deployer(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClients | None" = None) -> Deployer:
     """The backend the config names; refuses bad knobs (engine profile, Triton config) before anything starts."""
     engines.check(cfg.engine, cfg.model.name)
+    if cfg.rollout.backend is RolloutBackend.EXTERNAL:
+        raise ConfigError("rollout.backend=external deploys nothing: deploybench.rollout.external.run records the "
+                          "given endpoints instead")
     if cfg.rollout.backend is RolloutBackend.KUBERNETES:
         from deploybench.rollout.kubernetes import KubernetesDeployer
 
@@ -52,7 +57,10 @@ def run(cluster: Cluster, names: list[str], cfg: RunConfig, out_dir: Path | None
 
 
 def teardown(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClients | None" = None) -> dict[str, str]:
-    """Stop the engine on every node of ``names`` (ssh) or delete the run's objects (kubernetes). Idempotent."""
+    """Stop the engine on every node of ``names`` (ssh) or delete the run's objects (kubernetes). Idempotent.
+    The external backend started nothing and stops nothing."""
+    if cfg.rollout.backend is RolloutBackend.EXTERNAL:
+        return {}
     if cfg.rollout.backend is RolloutBackend.KUBERNETES:
         from deploybench.rollout.kubernetes import KubernetesDeployer
 

@@ -99,7 +99,7 @@ class KubernetesDeployer(Deployer):
             raise ConfigError("rollout.backend=kubernetes needs Kubernetes API clients; in Airflow they come from "
                               f"the connection {cfg.rollout.kubernetes.conn_id!r} (rollout.kubernetes.conn_id)")
         self.kube, self.inv, self.names, self.cfg = kube, inventory, list(names), cfg
-        self.profile = engines.profile(cfg.engine.profile)
+        self.profile = engines.profile(cfg.engine)
         self.ns = cfg.rollout.kubernetes.namespace
         self.run_key = run_key
         self.obj = manifests.Names.of(cfg.model.name, run_key)

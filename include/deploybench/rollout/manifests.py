@@ -90,7 +90,7 @@ def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], rep
     """The engine Deployment of ``track`` ("canary" or "stable"), its pods allowed on ``nodes`` only."""
     k, r = cfg.rollout.kubernetes, cfg.rollout
     names = Names.of(cfg.model.name, run_key)
-    prof = engines.profile(cfg.engine.profile)
+    prof = engines.profile(cfg.engine)
     image = engines.image_of(cfg.engine, k.image)
     node_objs = [inv.node(n) for n in nodes]
     roots = {inv.model_root_of(n).rstrip("/") for n in node_objs} or {inv.model_root.rstrip("/")}
@@ -153,7 +153,7 @@ def _key(path: str) -> str:
 
 def config_map(cfg: RunConfig, inv: Inventory, run_key: str | None = None) -> dict[str, Any] | None:
     """The profile's generated files (Triton's model repository), or None when it has none."""
-    prof = engines.profile(cfg.engine.profile)
+    prof = engines.profile(cfg.engine)
     ctx = engines.LaunchContext(inv, inv.nodes[0], f"{engines.CONTAINER_MODEL_ROOT}/{cfg.model.name}",
                                 cfg.model.name, cfg.rollout.port, cfg.engine, POD_WORK_DIR, host="0.0.0.0")
     files = prof.files(ctx)

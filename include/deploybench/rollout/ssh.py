@@ -29,7 +29,7 @@ class SSHDeployer(Deployer):
     def __init__(self, cluster: Cluster, cfg: RunConfig):
         self.cluster = cluster
         self.cfg = cfg
-        self.profile = engines.profile(cfg.engine.profile)
+        self.profile = engines.profile(cfg.engine)
         self.port = cfg.rollout.port
         self.serving: list[str] = []  # nodes whose engine this deployer started and did not stop
 
@@ -112,12 +112,13 @@ class SSHDeployer(Deployer):
             return f"(log unavailable: {exc})"
 
     def wait_node(self, name: str, timeout_s: float) -> float:
-        """Seconds until ``name`` answers its health URL; NodeFailure if it dies or times out."""
+        """Seconds until ``name`` passes its profile's readiness check; NodeFailure if it dies or times out."""
         t0 = time.monotonic()
-        url = self.url(self._node(name)) + self.profile.health_path
+        base = self.url(self._node(name))
+        url = base + self.profile.health_path
         next_alive_check = t0 + 0.5
         while True:
-            if http.is_up(url):
+            if self.profile.is_ready(base, self.cfg.model.name):
                 return time.monotonic() - t0
             now = time.monotonic()
             if now - t0 > timeout_s:
@@ -129,7 +130,7 @@ class SSHDeployer(Deployer):
                     gone = not self.alive(name)
                 except DeploybenchError as exc:
                     raise NodeFailure(name, f"unreachable while waiting for its engine: {exc}") from exc
-                if gone and not http.is_up(url):
+                if gone and not self.profile.is_ready(base, self.cfg.model.name):
                     raise NodeFailure(name, "the engine exited before it was ready", self.log_tail(name))
             time.sleep(0.1)
 
@@ -164,8 +165,9 @@ class SSHDeployer(Deployer):
 
     def check_alive(self, nodes: list[str]) -> list[NodeFailure]:
         def one(name: str) -> NodeFailure | None:
-            url = self.url(self._node(name)) + self.profile.health_path
-            if http.is_up(url, timeout=2):
+            base = self.url(self._node(name))
+            url = base + self.profile.health_path
+            if self.profile.is_ready(base, self.cfg.model.name):
                 return None
             try:
                 running = self.alive(name)
