@@ -157,11 +157,11 @@ def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
     from deploybench import preflight as stage_mod
 
     run = Run.open(run_key)
-    # Engines started over SSH need their port free and their binary on every node; pods do not.
-    on_nodes = run.cfg.rollout.backend.value == "ssh"
     if run.cfg.rollout.backend.value == "external" and not run.cfg.rollout.external_preflight:
         _skipped_external(run, "preflight", "rollout.external_preflight is off")
         return {"healthy": list(run.nodes)}
+    # Engines started over SSH need their port free and their binary on every node; pods do not.
+    on_nodes = run.cfg.rollout.backend.value == "ssh"
     runtime = run.cfg.engine.runtime.value  # docker/podman: the engine runs in a container
     binary = runtime if runtime != "process" else {
         "sim": run.inventory.python, "vllm": "vllm", "triton": "tritonserver"}.get(run.cfg.engine.profile.value)
@@ -180,13 +180,13 @@ def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) 
     from deploybench import fanout as stage_mod
 
     run = Run.open(run_key)
+    if run.cfg.rollout.backend.value == "external":
+        _skipped_external(run, "fanout", "the engines already hold their model")
+        return {"nodes": list(healthy)}
     with stage(run.dir, "fanout") as rec, run.cluster(ssh_overrides) as cluster:
         res = stage_mod.run(cluster, healthy, run.source, run.cfg.model.name, run.cfg.fanout,
                             policy=run.cfg.preflight.policy, min_nodes=run.cfg.preflight.min_nodes)
         rec["result"] = res.to_dict()
-    if run.cfg.rollout.backend.value == "external":
-        _skipped_external(run, "fanout", "the engines already hold their model")
-        return {"nodes": list(healthy)}
         copied = [c for c in res.nodes if c.status == "copied"]
         rec["summary"] = (f"{res.total_bytes / 2**20:.0f} MiB model ({res.manifest_digest[:12]}) verified on "
                           f"{len(res.verified_nodes)} nodes by {res.strategy} in {res.seconds:.1f} s: "
@@ -203,12 +203,6 @@ def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, k
     from deploybench import rollout as stage_mod
 
     run = Run.open(run_key)
-    with stage(run.dir, "rollout") as rec, run.cluster(ssh_overrides) as cluster:
-        res = stage_mod.run(cluster, nodes, run.cfg, out_dir=run.dir / "rollout", kube=kube)
-        rec["result"] = res.to_dict()
-        slowest = max((v for s in res.steps for v in s.ready_s.values()), default=0.0)
-        rec["summary"] = (f"{res.profile} engine ({res.backend}) on {len(res.endpoints)} nodes in steps "
-                          + " -> ".join(f"{s.nodes}" for s in res.steps)
     if run.cfg.rollout.backend.value == "external":
         from deploybench.rollout import external
 
@@ -217,6 +211,12 @@ def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, k
             rec["summary"] = (f"skipped (external backend): {len(rec['result']['endpoints'])} given endpoints of the "
                               f"{rec['result']['profile']} engine ready, {external.NOT_DEPLOYED}")
         return {"endpoints": rec["result"]["endpoints"]}
+    with stage(run.dir, "rollout") as rec, run.cluster(ssh_overrides) as cluster:
+        res = stage_mod.run(cluster, nodes, run.cfg, out_dir=run.dir / "rollout", kube=kube)
+        rec["result"] = res.to_dict()
+        slowest = max((v for s in res.steps for v in s.ready_s.values()), default=0.0)
+        rec["summary"] = (f"{res.profile} engine ({res.backend}) on {len(res.endpoints)} nodes in steps "
+                          + " -> ".join(f"{s.nodes}" for s in res.steps)
                           + f" (slowest ready {slowest:.1f} s), every gate passed")
     return {"endpoints": res.endpoints}
 
