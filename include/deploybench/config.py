@@ -455,6 +455,25 @@ class LeaseSpec(_Strict):
         return self
 
 
+# a run key as a matrix cell's conf names it (``deploybench_run__<run id>``): no path separators, no control characters
+RUN_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+~-]{0,249}$"
+
+
+class DeploymentSpec(_Strict):
+    """One deployment shared by the cells of a config matrix (``deploybench.matrix.deployment``). Set by the
+    matrix's plan in each cell's conf (the reserved key ``deployment``), not a form field. Not in the fingerprint."""
+
+    keep_for: str | None = Field(None, pattern=RUN_KEY_PATTERN,
+                                 description="Leave the engines running at teardown for this run (the next cell of "
+                                             "the same deployment) and hand it the cluster's lease.")
+    adopt: str | None = Field(None, pattern=RUN_KEY_PATTERN,
+                              description="Use the deployment this run kept for us (verified first: engines alive "
+                                          "and answering, same deployment, younger than max_reuse_s), instead of "
+                                          "preflight, fan-out and rollout; else deploy as usual.")
+    max_reuse_s: float = Field(900.0, ge=0, le=86400,
+                               description="How old a kept deployment's preflight and fan-out may be to be reused.")
+
+
 # how the load is offered, not what is served: left out of the fingerprint
 LOAD_SHAPE_FIELDS = {
     "phases", "probe_start_rps", "probe_max_rps", "probe_step_s", "probe_warmup_s", "probe_tolerance",
@@ -481,6 +500,7 @@ class RunConfig(_Strict):
     load: LoadSpec = Field(default_factory=LoadSpec)
     slo: SLO = Field(default_factory=SLO)
     lease: LeaseSpec = Field(default_factory=LeaseSpec)  # how the run shares its cluster: not in the fingerprint
+    deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)  # matrix cells sharing a rollout: not either
     tags: dict[str, str] = Field(default_factory=dict, max_length=64, title="Tags",
                                  description="Free labels stored with the run (e.g. {\"purpose\": \"nightly\"}).")
 

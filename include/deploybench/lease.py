@@ -19,6 +19,14 @@ proceeds. A lease broken by hand (``deploybench lease break CLUSTER``) and a run
 failed land in ``pending_cleanup`` too. ``lease_events`` keeps what happened, with what was
 cleaned.
 
+Handing over (``hand_over``): the cells of a config matrix that share one deployment pass the
+lease from one to the next by name, so nothing outside the matrix slips in between and the next
+cell neither waits for nor steals it. The engines the giver left running are listed in
+``pending_cleanup`` as *kept* for the taker (``kept_by``): the taker does not clean them up when it
+takes its lease; they become ordinary leftovers whenever the lease ends otherwise (the taker's
+lease expires or is broken, or it releases with leftovers), so a matrix that dies half-way leaves
+nothing running that nobody will stop.
+
 This module never imports Airflow; the DAG's deferrable wait is
 ``deploybench.airflow.lease``.
 """
@@ -131,17 +139,25 @@ class LeaseInfo:
     def expires_in_s(self) -> float | None:
         return None if self.expires_at is None else (self.expires_at - self.now).total_seconds()
 
+    @property
+    def kept(self) -> list[dict[str, Any]]:
+        """Deployments left running for the holder (``hand_over``), not leftovers while it holds the lease."""
+        return [p for p in self.pending_cleanup if p.get("kept_by")]
+
     def describe(self) -> str:
         """One line for people: who holds the cluster, where, for how long."""
         if self.free:
             pending = f"; leftovers of {', '.join(p['run_key'] for p in self.pending_cleanup)} are cleaned up by " \
                       "the next run" if self.pending_cleanup else ""
             return f"cluster {self.cluster!r} is free{pending}"
+        kept = "".join(f"; engines of run {p['run_key']!r} kept running for it" for p in self.kept
+                       if p["kept_by"] == self.holder)
         state = (f"EXPIRED {_age(-(self.expires_in_s or 0))} ago (its holder stopped renewing it; the next run "
                  "takes it over and cleans up)" if self.expired else f"expires in {_age(self.expires_in_s)} "
                  "without a heartbeat")
         return (f"cluster {self.cluster!r} is leased by run {self.holder!r} (DAG {self.dag_id}, host {self.host}, "
-                f"pid {self.pid}) for {_age(self.age_s)}, last heartbeat {_age(self.heartbeat_age_s)} ago, {state}")
+                f"pid {self.pid}) for {_age(self.age_s)}, last heartbeat {_age(self.heartbeat_age_s)} ago, {state}"
+                f"{kept}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "holder": self.holder, "dag_id": self.dag_id, "host": self.host,
@@ -211,7 +227,8 @@ class LeaseStore:
                 text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c FOR UPDATE"), {"c": cluster}).one())
             if not (cur.free or cur.expired or cur.holder == holder.run_key):
                 return cur
-            pending = list(cur.pending_cleanup)
+            # what was kept running for the taker stays kept; kept for anyone else is a leftover now
+            pending = [p if p.get("kept_by") == holder.run_key else _leftover(p) for p in cur.pending_cleanup]
             taken_over = None
             if cur.holder is not None and cur.holder != holder.run_key:
                 taken_over = {"run_key": cur.holder, "reason": "expired", "dag_id": cur.dag_id, "host": cur.host,
@@ -234,7 +251,7 @@ class LeaseStore:
         if taken_over:
             log.warning("cluster %s: took over the lease of run %s (no heartbeat since %s, host %s pid %s)", cluster,
                         taken_over["run_key"], taken_over["heartbeat_at"], taken_over["host"], taken_over["pid"])
-        return Grant(info, 0.0, taken_over, pending)
+        return Grant(info, 0.0, taken_over, [p for p in pending if not p.get("kept_by")])
 
     def acquire(self, cluster: str, holder: Holder, spec: LeaseSpec, *, wait_s: float | None = None,
                 on_busy: OnBusy | str | None = None, poll_s: float | None = None) -> Grant:
@@ -298,7 +315,10 @@ class LeaseStore:
                             cur.describe() if cur else "no lease row")
                 return False
             dirty = [{"run_key": run_key, "reason": "teardown failed", "host": cur.host, "pid": cur.pid}]
-            pending = list(cur.pending_cleanup) + (dirty if leftovers else [])
+            # a deployment kept for this run: it stopped it (clean release) or it is a leftover now
+            others = [p for p in cur.pending_cleanup if p.get("kept_by") != run_key]
+            kept = [_leftover(p) for p in cur.pending_cleanup if p.get("kept_by") == run_key]
+            pending = [_leftover(p) for p in others] + (dirty + kept if leftovers else [])
             conn.execute(text(
                 "UPDATE cluster_leases SET holder = NULL, dag_id = NULL, host = NULL, pid = NULL, acquired_at = NULL, "
                 "heartbeat_at = NULL, expires_at = NULL, ttl_s = NULL, pending_cleanup = :p, updated_at = now() "
@@ -306,6 +326,35 @@ class LeaseStore:
             self._event(conn, cluster, "released", run_key, {"held_s": cur.age_s, "leftovers": leftovers,
                                                              **(detail or {})})
         log.info("cluster %s: lease released by run %s after %s", cluster, run_key, _age(cur.age_s))
+        return True
+
+    def hand_over(self, cluster: str, run_key: str, to: str, kept: list[str], ttl_s: float,
+                  detail: dict | None = None) -> bool:
+        """Pass the lease ``run_key`` holds to run ``to`` (the next cell of a shared deployment), with the runs
+        in ``kept`` whose engines stay up for it. ``to`` then holds it (``try_acquire`` grants it at once); if
+        it never comes, the lease expires ``ttl_s`` from now and the next taker cleans up the kept engines.
+        False (nothing changed) when ``run_key`` does not hold the lease."""
+        with self._tx() as conn:
+            row = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c FOR UPDATE"),
+                               {"c": cluster}).first()
+            cur = LeaseInfo.from_row(row) if row else None
+            if cur is None or cur.holder != run_key:
+                log.warning("run %s cannot hand the lease of cluster %s to %s: %s", run_key, cluster, to,
+                            cur.describe() if cur else "no lease row")
+                return False
+            handed = [{"run_key": k, "reason": f"kept running by {run_key} for {to}", "kept_by": to} for k in kept]
+            pending = [p for p in cur.pending_cleanup if p.get("kept_by") != run_key
+                       and p.get("run_key") not in kept] + handed
+            conn.execute(text(
+                "UPDATE cluster_leases SET holder = :to, host = NULL, pid = NULL, acquired_at = now(), "
+                "heartbeat_at = now(), expires_at = now() + make_interval(secs => :ttl), ttl_s = :ttl, "
+                "pending_cleanup = :p, updated_at = now() WHERE cluster = :c").bindparams(bindparam("p", type_=JSONB)),
+                {"c": cluster, "to": to, "ttl": float(ttl_s), "p": pending})
+            # a 'released' event naming the taker (the event names are a check constraint of migration 0003)
+            self._event(conn, cluster, "released", run_key, {"handed_over_to": to, "kept": kept, "held_s": cur.age_s,
+                                                             **(detail or {})})
+        log.info("cluster %s: lease handed over by run %s to run %s (engines of %s kept running)", cluster, run_key,
+                 to, ", ".join(kept) or "no run")
         return True
 
     def break_lease(self, cluster: str, by: str | None = None) -> LeaseInfo | None:
@@ -318,7 +367,7 @@ class LeaseStore:
             cur = LeaseInfo.from_row(row) if row else None
             if cur is None or cur.free:
                 return None
-            pending = list(cur.pending_cleanup)
+            pending = [_leftover(p) for p in cur.pending_cleanup]
             if all(p.get("run_key") != cur.holder for p in pending):
                 pending.append({"run_key": cur.holder, "reason": "broken", "dag_id": cur.dag_id, "host": cur.host,
                                 "pid": cur.pid, "heartbeat_at": str(cur.heartbeat_at)})
@@ -357,6 +406,11 @@ class LeaseStore:
         conn.execute(text("INSERT INTO lease_events (cluster, event, run_key, detail) VALUES (:c, :e, :r, :d)")
                      .bindparams(bindparam("d", type_=JSONB)),
                      {"c": cluster, "e": event, "r": run_key, "d": _jsonable(detail)})
+
+
+def _leftover(entry: dict[str, Any]) -> dict[str, Any]:
+    """A pending entry as an ordinary leftover (no longer kept for a run)."""
+    return {k: v for k, v in entry.items() if k != "kept_by"}
 
 
 def _jsonable(obj: Any) -> Any:

@@ -155,6 +155,9 @@ FIELDS: list[FormField] = [
 ]
 
 _BY_NAME = {f.name: f for f in FIELDS}
+# RunConfig sections a conf may carry whole but the form does not show: ``deployment`` (keep/adopt) is
+# what a matrix's plan writes into its cells' conf so that they share one rollout; a person does not set it
+HIDDEN = ("deployment",)
 
 
 # -- the schema, read from the pydantic model -------------------------------------------------------
@@ -223,10 +226,12 @@ def to_config(flat: dict[str, Any]) -> RunConfig:
 
     A missing value, or null for a field that is not optional, means the default. An empty
     string in an optional text field means "not set" (what older confs sent)."""
+    flat = dict(flat)
+    hidden = {k: flat.pop(k) for k in HIDDEN if k in flat and flat[k] is not None}
     unknown = sorted(set(flat) - set(_BY_NAME))
     if unknown:
         raise ConfigError(f"unknown parameter(s) {unknown}; allowed: {', '.join(_BY_NAME)}")
-    nested: dict[str, Any] = {}
+    nested: dict[str, Any] = dict(hidden)
     for name, value in {**defaults(), **flat}.items():
         f = _BY_NAME[name]
         if value == "" and f.nullable:

@@ -156,6 +156,8 @@ def _skipped_external(run: "Run", name: str, why: str) -> dict:
 def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
     from deploybench import preflight as stage_mod
 
+    if (reused := _reused(run_key, "preflight", ssh_overrides)) is not None:  # a matrix cell's shared deployment
+        return {"healthy": reused["healthy"]}
     run = Run.open(run_key)
     if run.cfg.rollout.backend.value == "external" and not run.cfg.rollout.external_preflight:
         _skipped_external(run, "preflight", "rollout.external_preflight is off")
@@ -179,6 +181,8 @@ def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
 def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) -> dict:
     from deploybench import fanout as stage_mod
 
+    if (reused := _reused(run_key, "fanout")) is not None:  # a matrix cell's shared deployment
+        return {"nodes": reused.get("verified_nodes") or list(healthy)}
     run = Run.open(run_key)
     if run.cfg.rollout.backend.value == "external":
         _skipped_external(run, "fanout", "the engines already hold their model")
@@ -202,6 +206,8 @@ def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, k
     for rollout.backend=kubernetes (deploybench.airflow_glue.kube_clients)."""
     from deploybench import rollout as stage_mod
 
+    if (reused := _reused(run_key, "rollout")) is not None:  # a matrix cell's shared deployment
+        return {"endpoints": reused["endpoints"]}
     run = Run.open(run_key)
     if run.cfg.rollout.backend.value == "external":
         from deploybench.rollout import external
@@ -274,7 +280,10 @@ def teardown(run_key: str, ssh_overrides: dict | None = None, kube: Any = None) 
     if run is None:
         return {}
     with stage(run.dir, "teardown") as rec, run.cluster(ssh_overrides) as cluster:
+        if run.cfg.deployment.keep_for and (kept := _keep(run, ssh_overrides, rec)):
+            return kept
         stopped = stage_mod.teardown(cluster, run.nodes, run.cfg, kube=kube)
+        stopped = _stop_adopted(run, stopped, ssh_overrides)
         rec["result"] = stopped
         errors = {n: s for n, s in stopped.items() if s.startswith("error")}
         what = "objects deleted" if run.cfg.rollout.backend.value == "kubernetes" else "engines stopped on"
@@ -420,12 +429,81 @@ def release_lease(run_key: str, dsn: str | None = None) -> dict:
     if run is None or rec is None or rec.get("status") != "success":
         return {"released": False}
     td = run.stage_record("teardown")
+    if (td or {}).get("status") == "success" and ((td.get("result") or {}).get("kept") or {}).get("kept"):
+        return _hand_over(run, rec, td["result"]["kept"], dsn)
     worked = any(run.stage_record(s) for s in LEASED_STAGES)
     dirty = (td or {}).get("status") == "failed" or (td is None and worked)
     released = LeaseStore(dsn).release(run.inventory.name, run_key, leftovers=dirty)
     rec["result"] = {**(rec.get("result") or {}), "released_at": now(), "released": released, "leftovers": dirty}
     _write_json(run.dir / "stages" / "lease.json", rec)
     return {"released": released, "leftovers": dirty}
+
+
+# -- a deployment shared by a matrix's cells (deploybench.matrix.deployment): adopt, keep, hand over ----------------
+HANDOVER_TTL_S = 600.0  # the next cell must take the handed-over lease within this long, else it expires
+
+
+def _reused(run_key: str, name: str, ssh_overrides: dict | None = None) -> dict | None:
+    """For a run with ``deployment.adopt``: the stage ``name`` reuses the adopted deployment's record (the
+    result, written as this run's with where it came from); None when this run deploys on its own. Preflight
+    verifies and decides (deployment.adopt); fan-out and rollout follow its decision."""
+    from deploybench.matrix import deployment
+
+    run = Run.open(run_key)
+    if not run.cfg.deployment.adopt:
+        return None
+    got = deployment.adopt(run, ssh_overrides) if name == "preflight" else deployment.adoption(run)
+    if not got or not got.get("adopted"):
+        return None
+    with stage(run.dir, name) as rec:
+        rec["result"], rec["summary"] = deployment.reused_record(got, name)
+    return rec["result"]
+
+
+def _keep(run: Run, ssh_overrides: dict | None, rec: dict) -> dict | None:
+    """Teardown of a run with ``deployment.keep_for``: leave the engines up for that run when they are worth it
+    (filling the teardown record); None: they are stopped as usual (the record says why not)."""
+    from deploybench.matrix import deployment
+
+    kept = deployment.keep(run, ssh_overrides)
+    if not kept.get("kept"):
+        log.warning("run %s stops its engines instead of keeping them for run %s: %s", run.key,
+                    run.cfg.deployment.keep_for, kept.get("why"))
+        return None
+    rec["result"] = {"kept": kept}
+    rec["summary"] = (f"engines of run {kept['owner']} left running on {', '.join(kept['nodes'])} for run "
+                      f"{kept['kept_for']} (deployment.keep_for); it stops them, or the matrix's cleanup does")
+    return rec["result"]
+
+
+def _stop_adopted(run: Run, stopped: dict[str, str], ssh_overrides: dict | None) -> dict[str, str]:
+    """Teardown of a run that adopted another run's engines and keeps them for nobody: stop them too."""
+    from deploybench.matrix import deployment
+
+    owner = deployment.adopted_owner(run)
+    if owner is None:
+        return stopped
+    nodes = (deployment.adoption(run) or {}).get("nodes") or []
+    theirs = deployment.stop(owner, [n for n in nodes if n in run.nodes], ssh_overrides)
+    return {**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}}
+
+
+def _hand_over(run: Run, rec: dict, kept: dict, dsn: str | None) -> dict:
+    """Release of a run that kept its engines for the next cell: the lease goes to that run by name. If this run
+    no longer holds it, the kept engines are stopped here (nobody else would)."""
+    from deploybench.lease import LeaseStore
+    from deploybench.matrix import deployment
+
+    spec = _lease_spec(run)
+    handed = LeaseStore(dsn).hand_over(run.inventory.name, run.key, kept["kept_for"], [kept["owner"]],
+                                       max(spec.ttl_s, HANDOVER_TTL_S))
+    out: dict[str, Any] = {"released": False, "handed_over_to": kept["kept_for"] if handed else None,
+                           "leftovers": False}
+    if not handed:
+        out["stopped"] = deployment.stop(kept["owner"], kept["nodes"])
+    rec["result"] = {**(rec.get("result") or {}), "released_at": now(), **out}
+    _write_json(run.dir / "stages" / "lease.json", rec)
+    return out
 
 
 def _open_or_none(run_key: str) -> "Run | None":

@@ -221,3 +221,53 @@ def test_matrix_page_shows_cells_best_and_links_the_comparison():
     assert "/deploybench/runs/deploybench_run__m__c01" in html and "already measured by run" in html
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "1 success, 1 skipped, 1 failed" in html
+
+
+# -- cells of one deployment run on one rollout ------------------------------------------------------
+def test_cells_of_one_deployment_are_chained_onto_one_rollout():
+    from deploybench import params as form
+
+    p = _plan(GRID)
+    c1, c2, c3, c4 = p.cells
+    # each keeps its engines for the next cell of its group, which adopts them; groups do not mix
+    assert c1.conf["deployment"] == {"keep_for": c2.run_key, "max_reuse_s": 900.0}
+    assert c2.conf["deployment"] == {"adopt": c1.run_key, "max_reuse_s": 900.0}
+    assert c3.conf["deployment"] == {"keep_for": c4.run_key, "max_reuse_s": 900.0}
+    assert c4.conf["deployment"] == {"adopt": c3.run_key, "max_reuse_s": 900.0}
+    assert [c.rollout_of for c in p.cells] == ["", "c01", "", "c03"]
+    assert p.shared_rollouts() == {"c01": ["c01", "c02"], "c03": ["c03", "c04"]}
+    assert [m["cell_label"] for m in p.mapped()][:2] == ["load_rate=2 max_num_seqs=8",
+                                                         "load_rate=4 max_num_seqs=8 (on c01's rollout)"]
+    assert "cells c01, c02 run on the rollout of c01" in p.summary() and "15.0 min old" in p.summary()
+    # the hidden section reaches the run's config but not its fingerprint: a shared cell is the same measurement
+    cfg = form.to_config(c2.conf)
+    assert cfg.deployment.adopt == c1.run_key
+    assert cfg.fingerprint() == form.to_config({k: v for k, v in c2.conf.items() if k != "deployment"}).fingerprint()
+    assert c2.measure_key == matrix.measure_key(cfg)
+    # an adopting cell is estimated without preflight and rollout gates
+    n = 2
+    assert c2.expected_s == pytest.approx(c1.expected_s - matrix.deploy_s(cfg, n))
+
+
+def test_skipped_cells_break_no_chain_and_reuse_can_be_turned_off():
+    measured_key = _plan(GRID).cells[3].measure_key
+    p = _plan(GRID, measured=lambda cells: {measured_key: ["deploybench_run__manual__old"]})
+    assert "deployment" not in p.cells[2].conf and "deployment" not in p.cells[3].conf  # c03 alone: deploys, stops
+    assert p.cells[1].conf["deployment"]["adopt"] == p.cells[0].run_key
+    off = _plan({**GRID, "reuse_s": 0})
+    assert all("deployment" not in c.conf and not c.rollout_of for c in off.cells)
+    rep = _plan({"base": BASE, "axes": {"load_rate": [2]}, "repeats": 3, "reuse_s": 60})
+    assert [c.rollout_of for c in rep.cells] == ["", "c01r1", "c01r1"]
+    assert rep.cells[2].conf["deployment"] == {"adopt": rep.cells[1].run_key, "max_reuse_s": 60.0}
+
+
+def test_a_person_cannot_set_the_hidden_deployment_section_through_the_matrix():
+    with pytest.raises(MatrixError, match="unknown parameter.*base: 'deployment'"):
+        _plan({"base": {**BASE, "deployment": {"adopt": "x"}}, "axes": {"load_rate": [2]}})
+    from deploybench import params as form
+    from deploybench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="deployment.adopt"):  # a run key, no path or shell characters
+        form.to_config({**BASE, "deployment": {"adopt": "../../etc/passwd"}})
+    with pytest.raises(ConfigError, match="deployment.max_reuse_s"):
+        form.to_config({**BASE, "deployment": {"max_reuse_s": -1}})

@@ -1,4 +1,4 @@
-"""The matrix DAGs: parse cleanly and light, declare plan -> mapped cells -> compare -> finish."""
+"""The matrix DAGs: parse cleanly and light, declare plan -> share -> mapped cells -> cleanup -> compare -> finish."""
 
 import os
 import subprocess
@@ -24,18 +24,24 @@ def test_matrix_dag_declares_plan_cells_compare_finish(bag, dag_id, schedule):
     dag = bag.dags[dag_id]
     assert dag.max_active_runs == 1
     assert dag.schedule == schedule
-    assert set(dag.task_ids) == {"plan", "cell", "compare", "finish"}
+    assert set(dag.task_ids) == {"plan", "share", "cell", "cleanup", "compare", "finish"}
+    # cleanup (stops engines kept for a cell that never took them) is the teardown of the cells' setup:
+    # it runs however the cells ended, and when a person marks the matrix run failed
+    share, cleanup = dag.get_task("share"), dag.get_task("cleanup")
+    assert share.is_setup and cleanup.is_teardown and "share" in cleanup.upstream_task_ids
+    assert "cell" in cleanup.upstream_task_ids and "cleanup" in dag.get_task("compare").upstream_task_ids
     cell = dag.get_task("cell")
     assert cell.partial_kwargs["max_active_tis_per_dagrun"] == 1
     assert cell.partial_kwargs["trigger_dag_id"] == "deploybench_run"
     assert cell.partial_kwargs["wait_for_completion"] and cell.partial_kwargs["reset_dag_run"]
     assert cell.partial_kwargs["deferrable"]
     assert cell.map_index_template == "{{ task.cell_label }}"
-    assert "plan" in cell.upstream_task_ids and "cell" in dag.get_task("compare").upstream_task_ids
+    assert "share" in cell.upstream_task_ids and "cell" in dag.get_task("compare").upstream_task_ids
     for tid in ("compare", "finish"):
         assert dag.get_task(tid).trigger_rule == "all_done", tid
     assert [t.task_id for t in dag.leaves] == ["finish"]
-    assert set(dag.params.keys()) == {"base", "axes", "treatments", "constraints", "repeats", "on_measured"}
+    assert set(dag.params.keys()) == {"base", "axes", "treatments", "constraints", "repeats", "on_measured",
+                                      "reuse_s"}
 
 
 def test_matrix_params_refuse_bad_values(bag):
@@ -46,7 +52,8 @@ def test_matrix_params_refuse_bad_values(bag):
     ok.validate()
     from airflow.sdk.exceptions import ParamValidationError
 
-    for name, value in (("repeats", 0), ("on_measured", "sometimes"), ("axes", {"load_rate": []})):
+    for name, value in (("repeats", 0), ("on_measured", "sometimes"), ("axes", {"load_rate": []}),
+                        ("reuse_s", -1), ("reuse_s", 86401)):
         with pytest.raises(ParamValidationError, match=name):
             ok[name] = value
 

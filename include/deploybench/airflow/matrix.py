@@ -1,6 +1,7 @@
 """The tasks of a config matrix, declared into the DAG being built (``dags/deploybench_matrix.py``).
 
-    plan -> cell (mapped: one deploybench_run per cell, one at a time) -> compare -> finish
+    plan -> share (setup) -> cell (mapped: one deploybench_run per cell, one at a time) -> cleanup (its teardown)
+         -> compare -> finish
 
 ``plan`` validates every cell before anything starts and logs counts and a wall-time estimate
 (``deploybench.matrix.plan``). Each ``cell`` triggers a real ``deploybench_run`` DAG run with the
@@ -10,8 +11,12 @@ the same conf. The cell's run id is ``matrix__<matrix run id>__<cell id>``: clea
 re-triggers the same run (``reset_dag_run``). Cells already measured are mapped too and skip with
 their reason, so the Grid shows the whole matrix with labels such as ``max_num_seqs=64 load_rate=4``.
 ``max_active_tis_per_dagrun=1`` runs one cell at a time in plan order (cells sharing a deployment
-adjacent). ``compare`` and ``finish`` run whatever happened to the cells; ``finish`` fails naming
-the failed cells.
+adjacent). Cells of one deployment run on one rollout: each keeps its engines for the next and hands
+it the cluster's lease; the next adopts them (``deploybench.matrix.deployment``); the Grid labels such
+a cell ``... (on c01's rollout)``. ``cleanup`` is the teardown of ``share``: it runs however the cells
+ended (and when a person marks the matrix run failed) and stops engines kept for a cell that never
+took them over, releasing the lease handed to it. ``compare`` and ``finish`` run whatever happened
+to the cells; ``finish`` fails naming the failed cells.
 """
 
 from __future__ import annotations
@@ -73,6 +78,11 @@ def matrix_params() -> dict[str, Param]:
                                          "<= gpus\"; names: the run form's fields, replicas, gpus_per_node, gpus."),
         "repeats": Param(1, type="integer", minimum=1, maximum=20, title="Repeats per cell",
                          description="Runs per cell (significance between repeats needs 2+)."),
+        "reuse_s": Param(900, type="number", minimum=0, maximum=86400, title="Reuse a deployment for (s)",
+                         description="Cells that differ only in load/SLO parameters run on one rollout: the next cell "
+                                     "adopts the engines, preflight and fan-out of the previous one while they are at "
+                                     "most this old (after checking the engines still run and answer). 0: every cell "
+                                     "deploys on its own."),
         "on_measured": Param("skip", type="string", enum=["skip", "rerun"], title="Cells already measured",
                              description="skip: a cell with a successful, non-excluded run of the same configuration, "
                                          "SLO and software is not run again; rerun: measure it again."),
@@ -111,6 +121,31 @@ def matrix_tasks() -> dict[str, Any]:
         ctx["ti"].xcom_push(key="plan", value=planned.to_dict())
         return planned.mapped()  # what the cells are mapped over
 
+    @task
+    def share() -> dict[str, list[str]]:
+        """Setup of the cells: which cells run on which cell's rollout (cleanup is its teardown)."""
+        planned = get_current_context()["ti"].xcom_pull(task_ids="plan", key="plan") or {}
+        shared: dict[str, list[str]] = {}
+        for c in planned.get("cells", []):
+            if c.get("rollout_of"):
+                shared.setdefault(c["rollout_of"], [c["rollout_of"]]).append(c["cell_id"])
+        print("cells sharing a rollout: " + (", ".join(f"{', '.join(v)} on {k}'s" for k, v in shared.items())
+                                             or "none (every cell deploys on its own)"))
+        return shared
+
+    @task
+    def cleanup() -> list[dict[str, Any]]:
+        """Teardown: stop engines kept for a cell that never took them over, release the lease handed to it."""
+        from deploybench.airflow.stages import ssh
+        from deploybench.matrix import deployment
+
+        planned = get_current_context()["ti"].xcom_pull(task_ids="plan", key="plan") or {}
+        keys = [c["run_key"] for c in planned.get("cells", []) if c["action"] == "run"]
+        done = deployment.cleanup(keys, _dsn(), ssh_for=ssh)
+        print(f"{len(done)} kept deployment(s) nobody took over, stopped: {done}" if done
+              else "every kept deployment was taken over and stopped by its cells: nothing to clean up")
+        return done
+
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def compare() -> dict[str, Any]:
         """Compare every cell's run (skipped cells with the run that measured them), store it, write the report."""
@@ -139,12 +174,15 @@ def matrix_tasks() -> dict[str, Any]:
         return result.verdict(out)
 
     planned = plan()
+    opened = share()
     cells = MatrixCellOperator.partial(
         task_id="cell", trigger_dag_id=RUN_DAG_ID, wait_for_completion=True, deferrable=True, poke_interval=POKE_S,
         reset_dag_run=True, max_active_tis_per_dagrun=1, openlineage_inject_parent_info=False,
         map_index_template="{{ task.cell_label }}",
     ).expand_kwargs(planned)
+    closed = cleanup().as_teardown(setups=opened)
     compared = compare()
     done = finish()
-    cells >> compared >> done
-    return {"plan": planned, "cell": cells, "compare": compared, "finish": done}
+    planned >> opened >> cells >> closed >> compared >> done
+    cells >> compared
+    return {"plan": planned, "share": opened, "cell": cells, "cleanup": closed, "compare": compared, "finish": done}

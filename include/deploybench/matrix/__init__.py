@@ -19,13 +19,19 @@ out (``deploybench.matrix.expr``), **repeats** per cell, and what to do with cel
    configuration fingerprint, the same SLO and the same software (engine, image) - as ``skip`` with
    the run that measured them, unless ``on_measured`` is ``rerun``. With repeats, a cell measured
    m times runs only its missing repeats, so re-triggering or backfilling fills only the gaps;
-5. estimate the wall time of the cells that run: an upper bound from the per-stage budgets
+5. chain the cells of a group that run (``share``): each keeps its engines running for the next and
+   hands it the cluster's lease, the next adopts them instead of its own preflight, fan-out and
+   rollout, so a group runs on one rollout (``deploybench.matrix.deployment``: what is checked before
+   reuse, and ``reuse_s``, how old the preflight and fan-out may be);
+6. estimate the wall time of the cells that run: an upper bound from the per-stage budgets
    (``deploybench.timeouts``) and an expected time from stored durations of the same configuration
    (else the configured durations plus a fixed per-run overhead).
 
 Every cell that runs is one ``deploybench_run`` DAG run (the matrix DAG triggers it and waits,
 deferred), with the conf a person would type for it plus three tags (``matrix``, ``matrix_cell``,
-``matrix_deployment``), so its results in the store are those of a manual run of that conf.
+``matrix_deployment``), so its results in the store are those of a manual run of that conf; a
+chained cell's conf also carries the hidden section ``deployment`` (keep_for / adopt), which is not
+part of the fingerprint.
 
 Nothing here imports Airflow; the store is reached only through the callables ``plan`` is given
 (``deploybench.matrix.store`` has the real ones), so the planning is unit-tested without a database.
@@ -74,6 +80,7 @@ class MatrixSpec(BaseModel):
     constraints: list[str] = Field(default_factory=list, max_length=32)
     repeats: int = Field(1, ge=1, le=20)
     on_measured: Literal["skip", "rerun"] = "skip"
+    reuse_s: float = Field(900.0, ge=0, le=86400)  # cells of one deployment share it this long; 0: each deploys
 
     @classmethod
     def from_params(cls, raw: dict[str, Any]) -> "MatrixSpec":
@@ -106,6 +113,12 @@ class Cell:
     run_key: str = ""  # the deploybench_run key it produces, or the stored run that measured it
     expected_s: float = 0.0
     upper_s: float = 0.0
+    rollout_of: str = ""  # the cell whose rollout this one runs on (its group's first running cell), "" = its own
+
+    @property
+    def grid_label(self) -> str:
+        """The Grid's map index label: the cell's values, and the rollout it reuses."""
+        return self.label + (f" (on {self.rollout_of}'s rollout)" if self.rollout_of else "")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,7 +150,7 @@ class Plan:
 
     def mapped(self) -> list[dict[str, Any]]:
         """One dict per cell for the matrix DAG's mapped trigger task (expand_kwargs)."""
-        return [{"trigger_run_id": c.trigger_run_id, "conf": c.conf, "cell_label": c.label,
+        return [{"trigger_run_id": c.trigger_run_id, "conf": c.conf, "cell_label": c.grid_label,
                  "skip_reason": c.reason if c.action == "skip" else ""} for c in self.cells]
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,7 +173,19 @@ class Plan:
         for d, ids in self.deployments.items():
             if len(ids) > 1:
                 lines.append(f"  {d}: cells {', '.join(ids)} differ only in load/SLO parameters (one deployment)")
+        for owner, ids in self.shared_rollouts().items():
+            lines.append(f"  cells {', '.join(ids)} run on the rollout of {owner}: its preflight (nodes, links), fan-out "
+                         f"(model verified on every node) and engines are reused while at most "
+                         f"{_dur(self.spec.get('reuse_s', 0))} old, after checking the engines still run and answer")
         return "\n".join(lines)
+
+    def shared_rollouts(self) -> dict[str, list[str]]:
+        """cell id whose rollout is reused -> every cell that runs on it (itself first)."""
+        out: dict[str, list[str]] = {}
+        for c in self.cells:
+            if c.rollout_of:
+                out.setdefault(c.rollout_of, [c.rollout_of]).append(c.cell_id)
+        return out
 
 
 def _dur(seconds: float) -> str:
@@ -360,16 +385,36 @@ def plan(spec: MatrixSpec, matrix_key: str, trigger_prefix: str, *, measured: Me
             else:
                 c.reason = f"measured before by {prior}; measured again (on_measured=rerun)"
 
+    _share(cells, configs, spec.reuse_s)
     expected = durations(list(configs.values())) if durations else {}
     for c in cells:
         cfg = configs[c.cell_id]
         n_nodes = len(inventories[cfg.inventory].names) if not cfg.nodes else cfg.nodes
         c.upper_s = round(sum(stage_budget_s(cfg, t, n_nodes) for t in _tasks(cfg)), 1)
         c.expected_s = round(expected.get(c.fingerprint) or configured_s(cfg, n_nodes) + OVERHEAD_S, 1)
+        if c.rollout_of:  # no preflight iperf3 rounds, no rollout gates
+            c.expected_s = round(max(c.expected_s - deploy_s(cfg, n_nodes), 0.0), 1)
     result = Plan(matrix_key=matrix_key, spec=spec.model_dump(mode="json"), cells=cells, ruled_out=ruled_out,
                   deployments=deployments)
     log.info("%s", result.summary())
     return result
+
+
+def _share(cells: list[Cell], configs: dict[str, RunConfig], reuse_s: float) -> None:
+    """Chain the running cells of each deployment group: keep_for the next, adopt the previous (module doc, 5)."""
+    if reuse_s <= 0:
+        return
+    groups: dict[str, list[Cell]] = {}
+    for c in cells:
+        if c.action == "run" and configs[c.cell_id].rollout.backend.value == "ssh":
+            groups.setdefault(c.deployment, []).append(c)
+    for chain in groups.values():
+        for prev, cur in zip(chain, chain[1:]):
+            prev.conf["deployment"] = {**prev.conf.get("deployment", {}), "keep_for": cur.run_key,
+                                       "max_reuse_s": reuse_s}
+            cur.conf["deployment"] = {**cur.conf.get("deployment", {}), "adopt": prev.run_key,
+                                      "max_reuse_s": reuse_s}
+            cur.rollout_of = prev.rollout_of or prev.cell_id
 
 
 def _tasks(cfg: RunConfig) -> list[str]:
@@ -377,12 +422,18 @@ def _tasks(cfg: RunConfig) -> list[str]:
             "lease", "store", "report", "finish"]
 
 
+def deploy_s(cfg: RunConfig, nodes: int) -> float:
+    """The configured seconds of standing a deployment up: preflight's iperf3 rounds and the rollout's gates."""
+    p, r = cfg.preflight, cfg.rollout
+    rounds = 3 if p.link_mode is LinkMode.RING else max(nodes, 2)
+    return rounds * p.iperf_seconds * (1 if p.bidir else 2) + len(cfg.scale_plan(nodes)) * (
+        r.gate_warmup_s + r.gate_duration_s)
+
+
 def configured_s(cfg: RunConfig, nodes: int) -> float:
     """Seconds a run's configured durations add up to (iperf3 tests, gates, load phases); no fixed costs."""
-    p, r, ld = cfg.preflight, cfg.rollout, cfg.load
-    rounds = 3 if p.link_mode is LinkMode.RING else max(nodes, 2)
-    total = rounds * p.iperf_seconds * (1 if p.bidir else 2)
-    total += len(cfg.scale_plan(nodes)) * (r.gate_warmup_s + r.gate_duration_s)
+    ld = cfg.load
+    total = deploy_s(cfg, nodes)
     if LoadPhase.PROBE in ld.phases:  # a typical search: about half its steps
         total += ld.probe_max_steps / 2 * (ld.probe_warmup_s + ld.probe_step_s)
     if LoadPhase.SUSTAINED in ld.phases:

@@ -4,8 +4,9 @@
 compares them with ``deploybench.analyse.compare`` (figures, best configuration meeting the SLO,
 Pareto front, and every other cell's change against the best one with its p-value), stores
 the comparison with the matrix in its parameters (``params["matrix"]``: the matrix key, every
-cell with its run, status and deployment group), and writes the HTML report into the matrix's
-run folder. ``verdict`` raises naming the failed cells, so the matrix run fails when a cell did.
+cell with its run, status, deployment group and ``rollout_run`` - the run whose rollout it ran on,
+read from the cell's stored rollout stage - and ``shared_rollouts``: rollout run -> the cells that
+ran on it), and writes the HTML report into the matrix's run folder. ``verdict`` raises naming the failed cells, so the matrix run fails when a cell did.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from deploybench.report.html import Html, document, esc, table
 
 log = logging.getLogger(__name__)
 
-REUSE_NOTE = ("cells of one deployment group run one after another; each still deploys, preflights and fans out "
-              "on its own (fan-out finds the model already verified and copies nothing) - rollout reuse between "
-              "cells is not implemented yet")
+REUSE_NOTE = ("cells of one deployment group run one after another on one rollout: the first deploys, each next "
+              "one adopts its engines (checked still running the recorded command and answering) and reuses its "
+              "preflight (nodes, links) and fan-out (model verified on every node) while they are at most the "
+              "matrix's reuse_s old (default 900 s); its preflight, fanout and rollout stages say 'reused from "
+              "run X (age N s)'. The last cell of a group, or the matrix's cleanup, stops the engines")
 
 
 def _statuses(target: Any, keys: list[str]) -> dict[str, str]:
@@ -37,11 +40,32 @@ def _statuses(target: Any, keys: list[str]) -> dict[str, str]:
         return dict(conn.execute(select(Run.run_key, Run.status).where(Run.run_key.in_(keys))).all())
 
 
+def _rollout_runs(target: Any, keys: list[str]) -> dict[str, str]:
+    """run key -> the run whose rollout it used (itself, or the one its stored rollout stage says it reused)."""
+    from sqlalchemy import select
+
+    from deploybench.store.db import open_store
+    from deploybench.store.models import StageResult
+
+    if not keys:
+        return {}
+    with open_store(target).connect() as conn:
+        rows = conn.execute(select(StageResult.run_key, StageResult.summary)
+                            .where(StageResult.run_key.in_(keys), StageResult.stage == "rollout")).all()
+    out = {}
+    for key, summary in rows:
+        reused = ((summary or {}).get("result") or {}).get("reused") if isinstance(summary, dict) else None
+        src = reused.get("from") if isinstance(reused, dict) else None
+        out[key] = src if isinstance(src, str) and src else key
+    return out
+
+
 def outcome(target: Any, plan: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per cell: id, label, action, run key, deployment, status (success | failed | not stored |
-    skipped), and why."""
+    skipped), the run whose rollout it ran on, and why."""
     cells = plan["cells"]
     stored = _statuses(target, [c["run_key"] for c in cells])
+    rollouts = _rollout_runs(target, [c["run_key"] for c in cells if c["action"] == "run"])
     rows = []
     for c in cells:
         status = stored.get(c["run_key"], "not stored")
@@ -49,8 +73,17 @@ def outcome(target: Any, plan: dict[str, Any]) -> list[dict[str, Any]]:
             status = "skipped"
         rows.append({"cell_id": c["cell_id"], "label": c["label"], "action": c["action"], "run_key": c["run_key"],
                      "deployment": c["deployment"], "status": status, "stored": c["run_key"] in stored,
-                     "reason": c["reason"]})
+                     "reason": c["reason"], "rollout_run": rollouts.get(c["run_key"], "")})
     return rows
+
+
+def shared_rollouts(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """rollout run -> the cells (ids) that ran on it, for rollouts more than one cell used."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("rollout_run"):
+            out.setdefault(r["rollout_run"], []).append(r["cell_id"])
+    return {k: v for k, v in out.items() if len(v) > 1}
 
 
 def conclude(target: Any, plan: dict[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
@@ -75,7 +108,9 @@ def conclude(target: Any, plan: dict[str, Any], out_dir: Path | None = None) -> 
     by_key = {r["run_key"]: r for r in rows}
     cmp.params["matrix"] = {
         "key": plan["matrix_key"], "deployments": plan["deployments"], "reuse": REUSE_NOTE,
-        "cells": [{k: r[k] for k in ("cell_id", "label", "run_key", "status", "deployment", "reason")} for r in rows]}
+        "shared_rollouts": shared_rollouts(rows),
+        "cells": [{k: r[k] for k in ("cell_id", "label", "run_key", "status", "deployment", "reason", "rollout_run")}
+                  for r in rows]}
     cmp.id = save_comparison(target, cmp)
     best = [{"group": g, "run_key": k, "cell_id": by_key[k]["cell_id"], "label": by_key[k]["label"]}
             for g, k in cmp.best.items() if k]
@@ -105,8 +140,14 @@ def cells_table(rows: list[dict[str, Any]], run_link: Any = None) -> str:
     def run(r: dict[str, Any]) -> Any:
         return run_link(r["run_key"]) if run_link and r["stored"] else r["run_key"]
 
-    return table(["cell", "configuration", "deployment", "status", "run", "note"],
-                 [[r["cell_id"], r["label"], r["deployment"], Html(f"<span class='{_cls(r['status'])}'>"
+    ids = {r["run_key"]: r["cell_id"] for r in rows}
+
+    def rollout(r: dict[str, Any]) -> str:
+        src = r.get("rollout_run") or ""
+        return "" if not src else "its own" if src == r["run_key"] else f"{ids.get(src, src)}'s (shared)"
+
+    return table(["cell", "configuration", "deployment", "rollout", "status", "run", "note"],
+                 [[r["cell_id"], r["label"], r["deployment"], rollout(r), Html(f"<span class='{_cls(r['status'])}'>"
                    f"{esc(r['status'])}</span>"), run(r), r["reason"]] for r in rows])
 
 
@@ -119,7 +160,9 @@ def summary(result: dict[str, Any]) -> str:
     lines = [f"matrix {result['matrix_key']}: " + ", ".join(
         f"{n} {s}" for s, n in _count(r["status"] for r in result["cells"]).items())]
     for r in result["cells"]:
+        shared = r.get("rollout_run") and r["rollout_run"] != r["run_key"]
         lines.append(f"  {r['cell_id']:7} {r['status']:10} {r['deployment']}  {r['label']}  {r['run_key']}"
+                     + (f"  (on the rollout of {r['rollout_run']})" if shared else "")
                      + (f"  - {r['reason']}" if r["reason"] else ""))
     for b in result["best"]:
         lines.append(f"best configuration meeting the SLO: {b['cell_id']} {b['label']} (run {b['run_key']})")
