@@ -1,12 +1,14 @@
 """Load-stage accuracy: the probe's capacity against the simulated engine's closed form, side by side.
 
-    python bench/load_accuracy.py [--step-s 3] [--tolerance 0.04]
+    python bench/load_accuracy.py [--step-s 3] [--tolerance 0.04] [--start-rps 1] [--only ramp|doubling]
 
 For two engine configurations (1 and 2 nodes on 127.0.0.1) it runs the capacity search with an SLO too
 loose to bind, so the truth is the saturation rate lambda_max x nodes (service_model.capacity), and
-prints found / truth, the steps used and the time spent; then one light-load run prints the client's
-and the engine's TTFT and the client's e2e against the configured service times. Prints the machine's
-load average: on a shared 2-core machine k6's schedule lag (also printed) is the first suspect.
+prints found / truth, whether that is within +-5 %, the steps used and the time spent: the earlier
+search (doubling from ``--start-rps``, then bisection) and the current one (a scout ramp, then constant
+steps around its estimate) side by side on the same engines. Then one light-load run prints the
+client's and the engine's TTFT and the client's e2e against the configured service times. Prints the
+machine's load average: on a shared 2-core machine k6's schedule lag (also printed) is the first suspect.
 """
 
 from __future__ import annotations
@@ -37,28 +39,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step-s", type=float, default=3.0)
     ap.add_argument("--tolerance", type=float, default=0.04)
+    ap.add_argument("--start-rps", type=float, default=LoadSpec().probe_start_rps)
+    ap.add_argument("--only", choices=["ramp", "doubling"], help="run one search only")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'config':<16} {'truth':>8} {'found':>8} {'found/truth':>11} {'bracket':>18} {'steps':>5} {'seconds':>7} "
-          f"{'lag p99 at cap':>14}")
+    print(f"{'config':<16} {'search':<9} {'truth':>7} {'found':>7} {'found/truth':>11} {'+-5 %':>5} {'bracket':>16} "
+          f"{'steps':>5} {'seconds':>7} {'lag p99 at cap':>14}")
     for name, (nodes, engine, P, O) in CONFIGS.items():
         lam = capacity(ServiceParams.from_config(engine), P, O).requests_per_s * nodes
         b, q = engine.max_num_seqs, engine.sim.queue_limit
         slo = SLO(p99_latency_ms=4000 * (b + q) * nodes / lam)
-        spec = LoadSpec(prompt_tokens=P, output_tokens=O, phases=["probe"], probe_start_rps=15, probe_max_rps=2000,
-                        probe_step_s=args.step_s, probe_warmup_s=1, probe_tolerance=args.tolerance,
-                        request_timeout_s=10, ttft_sample_rps=1, scrape_interval_s=1)
-        with local_engines(engine, nodes) as eps, tempfile.TemporaryDirectory() as tmp:
-            t0 = time.monotonic()
-            out = phases.run_phase("probe", eps, spec, slo, Path(tmp))
-            secs = time.monotonic() - t0
-            an = out["analysis"]
-            lag = out["result"]["lag_p99_ms"] or 0.0  # of the capacity step
-        cap = an["capacity_rps"] or 0.0
-        lo, hi = an["bracket"]
-        print(f"{name:<16} {lam:8.1f} {cap:8.1f} {cap / lam:11.3f} {f'[{lo:.1f}, {hi or 0:.1f}]':>18} "
-              f"{len(an['steps']):5d} {secs:7.1f} {lag:11.1f} ms")
+        spec = LoadSpec(prompt_tokens=P, output_tokens=O, phases=["probe"], probe_start_rps=args.start_rps,
+                        probe_max_rps=2000, probe_step_s=args.step_s, probe_warmup_s=1, probe_tolerance=args.tolerance,
+                        probe_max_steps=20, request_timeout_s=10, ttft_sample_rps=1, scrape_interval_s=1)
+        with local_engines(engine, nodes) as eps:
+            for search in [args.only] if args.only else ["doubling", "ramp"]:
+                with tempfile.TemporaryDirectory() as tmp:
+                    t0 = time.monotonic()
+                    out = phases.run_phase("probe", eps, spec, slo, Path(tmp), search=search)
+                    secs = time.monotonic() - t0
+                    an = out["analysis"]
+                    lag = out["result"]["lag_p99_ms"] or 0.0  # of the capacity step
+                cap = an["capacity_rps"] or 0.0
+                lo, hi = an["bracket"]
+                ok = "yes" if abs(cap / lam - 1) <= 0.05 else "NO"
+                print(f"{name:<16} {search:<9} {lam:7.1f} {cap:7.1f} {cap / lam:11.3f} {ok:>5} "
+                      f"{f'[{lo or 0:.1f}, {hi or 0:.1f}]':>16} {len(an['steps']):5d} {secs:7.1f} {lag:11.1f} ms")
 
     engine = EngineSpec(max_num_seqs=8, sim=SimKnobs(decode_base_ms=100.0, decode_per_seq_ms=0.0,
                                                      prefill_per_token_ms=0.25, queue_limit=8))

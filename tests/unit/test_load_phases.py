@@ -76,6 +76,74 @@ def test_search_respects_max_steps():
     assert len(calls) == 4 and not got.converged and "probe_max_steps=4" in got.reason
 
 
+def _throughput_server(capacity: float, latency_bound: float | None = None, base_ms: float = 50.0):
+    """A model server for the estimate-led search: past ``capacity`` it answers at ``capacity`` (an
+    overloaded batch engine); with ``latency_bound`` its P99 breaks past that rate while it still answers
+    all it is offered (a latency-bound engine). Ramps come with 8 windows along the ramp."""
+    calls: list = []
+    limit = latency_bound or capacity
+
+    def fig(rate: float) -> dict:
+        got = rate if latency_bound else min(rate, capacity)
+        return {"achieved": got, "p99": base_ms * (40 if rate > limit else 1)}
+
+    def step(n: int, rate: float) -> LoadResult:
+        calls.append(("constant", rate))
+        f = fig(rate)
+        return _result(rate, f["achieved"], p99=f["p99"]).model_copy(update={"goodput_rps": f["achieved"]
+                                                                              if rate <= limit else 0.4 * limit})
+
+    def ramp(n: int, frm: float, to: float) -> LoadResult:
+        calls.append(("ramp", frm, to))
+        wins = []
+        for i in range(8):
+            offered = frm + (to - frm) * (i + 0.5) / 8
+            f = fig(offered)
+            w = _window(i * 0.5, f["achieved"], f["p99"], offered=offered)
+            wins.append(w.model_copy(update={"duration_s": 0.5, "goodput_rps": f["achieved"] if offered <= limit
+                                             else min(f["achieved"], limit)}))
+        return _result(frm, min(frm, capacity)).model_copy(update={"windows": wins, "stages": [(to, 4.0)],
+                                                                   "duration_s": 4.0, "offered_rps": (frm + to) / 2})
+
+    return step, ramp, calls
+
+
+@pytest.mark.parametrize("capacity", [0.7, 7.3, 60.1, 120.0, 999.0])
+def test_estimate_led_search_reaches_5_percent_in_at_most_8_steps(capacity):
+    spec = LoadSpec(probe_start_rps=1, probe_max_rps=5000, probe_tolerance=0.05)
+    step, ramp, calls = _throughput_server(capacity)
+    got = probe.search(step, spec, SLO(p99_latency_ms=1000), run_ramp=ramp)
+    low, high = got.bracket
+    assert got.converged and low <= capacity < high and (high - low) / high <= 0.05, (got.reason, calls)
+    assert abs(got.capacity_rps / capacity - 1) <= 0.05 and len(got.steps) <= 8, calls
+    ramps = [s for s in got.steps if s.kind == "ramp"]
+    assert ramps and calls[0] == ("ramp", 1, 8) and not any(s.passed for s in ramps)  # a ramp claims nothing
+    assert all(s.kind == "constant" for s in got.steps[len(ramps):]) and ramps[-1].estimate_rps is not None
+    assert got.capacity_rps == max(s.rate for s in got.steps if s.passed)
+    # the doubling search on the same server takes more steps for the same bracket (or runs out of them)
+    step, _, old = _throughput_server(capacity)
+    before = probe.search(step, spec, SLO(p99_latency_ms=1000))
+    assert len(before.steps) > len(got.steps) and ("ramp",) not in {c[:1] for c in old}
+
+
+def test_estimate_led_search_with_a_latency_bound_server_still_converges():
+    spec = LoadSpec(probe_start_rps=1, probe_max_rps=5000, probe_tolerance=0.05, probe_max_steps=14)
+    step, ramp, calls = _throughput_server(200.0, latency_bound=45.0)
+    got = probe.search(step, spec, SLO(p99_latency_ms=1000), run_ramp=ramp)
+    low, high = got.bracket
+    assert got.converged and low <= 45.0 < high and (high - low) / high <= 0.05, calls
+    assert len(got.steps) <= 10, calls
+
+
+def test_ramp_estimate_is_the_throughput_after_the_break():
+    step, ramp, _ = _throughput_server(30.0)
+    res = ramp(1, 10, 80)
+    est, why = probe.ramp_estimate(res, SLO(p99_latency_ms=1000), LoadSpec())
+    assert est == pytest.approx(30.0) and "broke" in why and "latency_p99" in why
+    est, why = probe.ramp_estimate(ramp(2, 1, 8), SLO(p99_latency_ms=1000), LoadSpec())
+    assert est is None and "held up to" in why
+
+
 def test_judge_names_every_broken_criterion():
     spec, slo = LoadSpec(), SLO(p99_latency_ms=200, max_error_rate=0.01)
     ok, reasons, ratio = probe.judge(_result(10, 10), slo, spec)

@@ -133,7 +133,7 @@ class Engine:
             it = sched.start_iteration()
             if it is None:
                 continue
-            m.running, m.waiting = len(sched.running), len(sched.waiting)
+            m.batch(sched.running, len(sched.waiting))
             for seq in it.admitted:
                 m.prompt_tokens += seq.prompt_tokens
             deadline = start + it.duration_ms / 1000.0
@@ -160,7 +160,7 @@ class Engine:
                         waiter.set_result(None)
             for seq in done:
                 m.e2e.observe(now - seq.handle.arrival)
-            m.running, m.waiting = len(sched.running), len(sched.waiting)
+            m.batch(sched.running, len(sched.waiting))
 
 
 def _resolve(fut: asyncio.Future) -> None:
@@ -173,7 +173,7 @@ class EngineServer:
 
     def __init__(self, opts: EngineOptions) -> None:
         self.opts = opts
-        self.metrics = EngineMetrics(opts.served_model_name)
+        self.metrics = EngineMetrics(opts.served_model_name, opts.params.max_num_seqs, model_bytes(opts.model_dir))
         self.engine = Engine(opts.params, self.metrics)
         self._rng = random.Random(opts.seed)
         self._answered = 0
@@ -269,6 +269,16 @@ _ROUTES = {
     "/version": ("GET", "version"),
     "/metrics": ("GET", "metrics"),
 }
+
+
+def model_bytes(model_dir: str) -> int:
+    """The model's size as its manifest records it (0 when there is none): the sim's GPU memory baseline."""
+    from deploybench.manifest import Manifest
+
+    try:
+        return Manifest.read(model_dir).total_bytes
+    except (OSError, ValueError, KeyError, TypeError, DeploybenchError):
+        return 0
 
 
 def verify_model_dir(model_dir: str) -> None:

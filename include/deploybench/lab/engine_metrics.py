@@ -4,11 +4,24 @@ Hand-rolled (no prometheus_client) because the set is small and fixed and the te
 simple; the server-metrics scraper reads a sim and a real vLLM the same way. Inter-token
 latency is observed per token under both ``vllm:inter_token_latency_seconds`` and the older
 ``vllm:time_per_output_token_seconds``, as vLLM 0.x observed the latter.
+
+The sim has no GPU, so it exports the gauges NVIDIA's DCGM exporter would, derived from its batch
+occupancy in closed form (what the load stage's GPU figures are tested against):
+
+* ``DCGM_FI_DEV_GPU_UTIL`` (%) = 100 x running / max_num_seqs, time-averaged over the last
+  ``GPU_UTIL_WINDOW_S`` (as DCGM averages over its sampling period); ``deploybench_sim_busy_slot_seconds_total``
+  is the exact integral of running over time, so the mean over any interval is
+  d(busy slot-seconds) / (max_num_seqs x dt);
+* ``DCGM_FI_DEV_FB_USED`` (MiB) = model size + ``KV_MIB_PER_TOKEN`` x the tokens held by the running
+  sequences (prompt + generated so far), rounded to whole MiB as DCGM reports;
+  ``DCGM_FI_DEV_FB_FREE`` = ``GPU_MEMORY_MIB`` - used.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import time
+from bisect import bisect_left, bisect_right
+from collections import deque
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -44,11 +57,50 @@ class Histogram:
         return out
 
 
+GPU_UTIL_WINDOW_S = 1.0  # the DCGM utilisation gauge averages over this trailing window
+GPU_MEMORY_MIB = 131072  # a GB10-class node: 128 GiB of (unified) memory
+KV_MIB_PER_TOKEN = 0.125  # 128 KiB of KV cache per token (an 8B model in fp16)
+GPU_LABELS = 'gpu="0",UUID="GPU-deploybench-sim",device="nvidia0",modelName="deploybench-sim"'
+
+
+class Occupancy:
+    """The integral over time of the number of running sequences (a step function), and its mean over
+    a trailing window. ``set`` is called whenever the count changes; marks older than the window go."""
+
+    __slots__ = ("t0", "marks")
+
+    def __init__(self, now: float) -> None:
+        self.t0 = now
+        self.marks: deque = deque([(now, 0.0, 0)])  # (time, slot-seconds up to it, running from it on)
+
+    def set(self, running: int, now: float) -> None:
+        t, area, n = self.marks[-1]
+        self.marks.append((now, area + n * max(0.0, now - t), running))
+        while len(self.marks) > 2 and self.marks[1][0] < now - 2 * GPU_UTIL_WINDOW_S:
+            self.marks.popleft()
+
+    def area(self, at: float) -> float:
+        """Slot-seconds from the start up to ``at`` (``at`` within the kept marks, or later)."""
+        marks = self.marks
+        i = max(0, bisect_right(marks, at, key=lambda m: m[0]) - 1)
+        t, area, n = marks[i]
+        return area + n * max(0.0, at - t)
+
+    def mean(self, now: float, window: float) -> float:
+        """Mean number running over ``[now - window, now]`` (since the start, if that is later)."""
+        start = max(now - window, self.t0, self.marks[0][0])
+        return (self.area(now) - self.area(start)) / (now - start) if now > start else float(self.marks[-1][2])
+
+
 class EngineMetrics:
     """Counters, gauges and histograms of one engine; the scheduler and the handlers update them."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, slots: int = 1, model_bytes: int = 0) -> None:
         self.labels = f'model_name="{model_name}"'
+        self.slots = max(1, slots)
+        self.model_mib = model_bytes / 2**20
+        self.occupancy = Occupancy(time.monotonic())
+        self.kv_tokens = 0  # tokens held by the running sequences
         self.running = 0
         self.waiting = 0
         self.prompt_tokens = 0
@@ -59,6 +111,30 @@ class EngineMetrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+
+    def batch(self, running: list, waiting: int, now: float | None = None) -> None:
+        """The scheduler's state changed: ``running`` sequences (with ``prompt_tokens``/``generated``)."""
+        self.running, self.waiting = len(running), waiting
+        self.kv_tokens = sum(s.prompt_tokens + s.generated for s in running)
+        self.occupancy.set(self.running, time.monotonic() if now is None else now)
+
+    def gpu_lines(self, now: float | None = None) -> list[str]:
+        """The DCGM-named gauges (see the module doc)."""
+        now = time.monotonic() if now is None else now
+        util = 100.0 * self.occupancy.mean(now, GPU_UTIL_WINDOW_S) / self.slots
+        used = round(self.model_mib + KV_MIB_PER_TOKEN * self.kv_tokens)
+        g = GPU_LABELS
+        return [
+            "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+            f"DCGM_FI_DEV_GPU_UTIL{{{g}}} {util:.3f}",
+            "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).", "# TYPE DCGM_FI_DEV_FB_USED gauge",
+            f"DCGM_FI_DEV_FB_USED{{{g}}} {used}",
+            "# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).", "# TYPE DCGM_FI_DEV_FB_FREE gauge",
+            f"DCGM_FI_DEV_FB_FREE{{{g}}} {GPU_MEMORY_MIB - used}",
+            "# HELP deploybench_sim_busy_slot_seconds_total Integral of running sequences over time.",
+            "# TYPE deploybench_sim_busy_slot_seconds_total counter",
+            f"deploybench_sim_busy_slot_seconds_total{{{self.labels}}} {self.occupancy.area(now):.6f}",
+        ]
 
     def render(self) -> str:
         lb = self.labels
@@ -93,4 +169,5 @@ class EngineMetrics:
         out += self.e2e.render(
             "vllm:e2e_request_latency_seconds", lb, "Histogram of end to end request latency in seconds."
         )
+        out += self.gpu_lines()
         return "\n".join(out) + "\n"

@@ -13,6 +13,12 @@ present into the load stage's result::
 "analysis": {...}}``; analysis is the probe's CapacityResult, sustained's Drift or overload's
 OverloadAnalysis. The sustained and overload phases take the probe's capacity when it ran, else
 ``load.rate``.
+
+Every k6 run (each probe step, sustained, overload) is measured with the nodes' GPUs beside it
+(``gpu.GpuSampler``: the engine's DCGM gauges, a DCGM exporter, or nvidia-smi over ``transports``):
+``LoadResult.gpu`` per node, ``gpu_util_pct`` per node and for the cluster. The SLO's optional
+``min_gpu_util_pct`` is judged on the sustained phase only (the reference runbook's "at least 80 % at
+the sustained rate"); its reasons join that phase's SLO verdict.
 """
 
 from __future__ import annotations
@@ -20,15 +26,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
-from deploybench.load import overload, probe, sustained
-from deploybench.load.records import Endpoint, LoadError
+from deploybench.load import gpu, overload, probe, sustained
+from deploybench.load.records import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
 from deploybench.load.runner import run_load
+from deploybench.load.scrape import read_series, save_series
 
 LOG = logging.getLogger(__name__)
 ORDER = ("probe", "sustained", "overload")
@@ -105,9 +114,43 @@ def capacity_of(out_dir: Path, spec: LoadSpec) -> tuple[float, str]:
     return float(cap), "probe"
 
 
+def with_gpu(run: Callable[[], LoadResult], nodes: list[Endpoint], spec: LoadSpec, out_dir: Path, phase: str,
+             step: int = 0, transports: Mapping[str, Any] | None = None) -> LoadResult:
+    """``run()`` (one k6 run) with the GPUs of ``nodes`` sampled beside it; its result with ``gpu`` set."""
+    if spec.scrape_interval_s <= 0:
+        return gpu.attach(run(), {e.node: GpuFigures(reason="scraping is off (scrape_interval_s=0)") for e in nodes})
+    sampler = gpu.GpuSampler(nodes, spec.scrape_interval_s, phase, step, transports=transports).start()
+    try:
+        res = run()
+    finally:
+        polled = sampler.stop()
+    stem = phase + (f".step{step:02d}" if step else "")
+    path = save_series(polled, Path(out_dir) / f"{stem}.gpu.jsonl.gz") if polled else None
+    points = (read_series(res.metrics_path) if res.metrics_path else []) + polled
+    figs = gpu.gpu_figures(points, [e.node for e in nodes], res.started_at,
+                           res.started_at + timedelta(seconds=res.duration_s), sampler.why)
+    return gpu.attach(res, figs, str(path) if path else None)
+
+
+def _judge_gpu(res: LoadResult, slo: SLO) -> LoadResult:
+    """The sustained phase's verdict with the utilisation objective (when the SLO sets one)."""
+    extra = gpu.gpu_verdict(res.gpu, slo)
+    if not extra:
+        return res
+    return res.model_copy(update={"slo_ok": False, "slo": SloVerdict(passed=False, reasons=[*res.slo.reasons, *extra])})
+
+
+def _series(res: LoadResult) -> list[str]:
+    return [p for p in (res.metrics_path, res.gpu_series_path) if p]
+
+
 def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
-              tags: dict | None = None, api: str | None = None) -> dict:
-    """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate)."""
+              tags: dict | None = None, api: str | None = None, transports: Mapping[str, Any] | None = None,
+              search: str = "ramp") -> dict:
+    """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
+
+    ``transports`` (node -> deploybench.transport.Transport) let nodes without DCGM report their GPUs
+    through nvidia-smi. ``search`` "doubling" runs the earlier capacity search (for the side-by-side bench)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_eps, scrape_eps = targets(endpoints, spec)
@@ -116,26 +159,37 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
         if phase == "probe":
             steps: dict[int, Any] = {}
 
-            def step(n: int, rate: float):
-                res = run_load(load_eps, spec, slo, out_dir, phase="probe", tags=tags, rate=rate,
-                               duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api, step=n,
-                               seed=n, scrape_endpoints=scrape_eps)
+            def measure(n: int, rate: float, stages: list | None = None) -> LoadResult:
+                s = spec.model_copy(update={"window_s": probe.ramp_window_s(spec)}) if stages else spec
+                res = with_gpu(lambda: run_load(load_eps, s, slo, out_dir, phase="probe", tags=tags, rate=rate,
+                                                duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api,
+                                                step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages),
+                               scrape_eps, spec, out_dir, "probe", n, transports)
                 steps[n] = res
                 return res
 
-            found = probe.search(step, spec, slo)
+            found = probe.search(measure, spec, slo, run_ramp=(
+                None if search == "doubling" else lambda n, frm, to: measure(n, frm, [(to, spec.probe_step_s)])))
             outcome["analysis"] = found.model_dump(mode="json")
             best = max((s for s in found.steps if s.passed), key=lambda s: s.rate, default=found.steps[-1])
             outcome["result"] = steps[best.step].model_dump(mode="json")
-            outcome["series"] = [r.metrics_path for r in steps.values() if r.metrics_path]
+            outcome["series"] = [p for r in steps.values() for p in _series(r)]
         else:
             cap, source = capacity_of(out_dir, spec)
             mod = sustained if phase == "sustained" else overload
-            res, analysis = mod.run(load_eps, spec, slo, out_dir, cap, tags=tags, api=api,
-                                    scrape_endpoints=scrape_eps)
+            done: dict[str, Any] = {}
+
+            def run() -> LoadResult:
+                done["res"], done["analysis"] = mod.run(load_eps, spec, slo, out_dir, cap, tags=tags, api=api,
+                                                        scrape_endpoints=scrape_eps)
+                return done["res"]
+
+            res = with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports)
+            res = _judge_gpu(res, slo) if phase == "sustained" else res
             outcome["result"] = res.model_dump(mode="json")
-            outcome["analysis"] = {**analysis.model_dump(mode="json"), "capacity_rps": cap, "capacity_source": source}
-            outcome["series"] = [res.metrics_path] if res.metrics_path else []
+            outcome["analysis"] = {**done["analysis"].model_dump(mode="json"), "capacity_rps": cap,
+                                   "capacity_source": source}
+            outcome["series"] = _series(res)
         outcome["status"] = "success"
     except Exception as exc:
         outcome["error"] = f"{type(exc).__name__}: {exc}"
@@ -169,8 +223,11 @@ def summary(data: dict) -> str:
             parts.append(f"probe: capacity {an.get('capacity_rps') or 0:.2f} req/s in {len(an.get('steps') or [])} "
                          f"steps ({an.get('reason')})")
         elif name == "sustained":
+            util = res.get("gpu_util_pct")
             parts.append(f"sustained: {res.get('achieved_rps', 0):.2f} of {res.get('offered_rps', 0):.2f} req/s, "
-                         f"P99 {res.get('latency_p99_ms') or 0:.0f} ms, SLO {'met' if res.get('slo_ok') else 'not met'}"
+                         f"P99 {res.get('latency_p99_ms') or 0:.0f} ms, GPU "
+                         + (f"{util:.0f} %" if util is not None else "not measured")
+                         + f", SLO {'met' if res.get('slo_ok') else 'not met'}"
                          + (", DRIFT " + "; ".join(an.get("reasons") or []) if an.get("drifted") else ""))
         else:
             broke = {k: round(v["rate"], 2) for k, v in (an.get("broke_at") or {}).items() if v}

@@ -1,6 +1,6 @@
 """The probe: the capacity of the cluster, searched for from Python with short k6 steps.
 
-Each step offers one constant rate for ``probe_warmup_s`` (excluded) + ``probe_step_s`` and is judged:
+Each constant step offers one rate for ``probe_warmup_s`` (excluded) + ``probe_step_s`` and is judged:
 
 * the SLO: P99 end-to-end latency, P99 time to first token (when the SLO sets one), error rate;
 * achieved ÷ offered: the requests *answered* in the window must be at least ``min_achieved_ratio`` of
@@ -8,9 +8,23 @@ Each step offers one constant rate for ``probe_warmup_s`` (excluded) + ``probe_s
   fails here even while its latency still looks fine;
 * no dropped iteration (k6's VUs are sized from the SLO, so a drop means the server is far behind).
 
-The rate doubles from ``probe_start_rps`` until a step fails (or ``probe_max_rps``), then the bracket
-[highest pass, lowest fail] is bisected until it is narrower than ``probe_tolerance`` of its top. A
-failing first step halves the rate instead. The capacity is the highest rate that passed.
+The capacity is the highest constant rate that passed. Two ways to get there:
+
+* **scout, then estimate** (``search`` with ``run_ramp``; what the load stage runs): a ramp step from
+  ``probe_start_rps`` to ``RAMP_FACTOR`` x it (again from its top while nothing breaks), judged window
+  by window (``overload.broken``); once a window breaks, the server's throughput in the windows from
+  there on (requests answered within the SLO per second: an overloaded server answers at its
+  capacity, whatever it is offered) is the estimate. Constant steps then start just under it
+  (``MARGIN`` x tolerance) and close the bracket with a step one tolerance up; a failing step's own
+  throughput re-estimates, and when the estimate says nothing (a latency-bound failure) the search
+  walks by doubling gaps, then bisects. Against the simulated engine: 3-5 steps where doubling
+  takes 9-12 (``bench/load_accuracy.py`` prints both).
+* **doubling** (``run_ramp`` None; the earlier search, kept for the side-by-side bench): the rate
+  doubles from ``probe_start_rps`` until a step fails (or ``probe_max_rps``), then the bracket
+  [highest pass, lowest fail] is bisected. A failing first step halves the rate instead.
+
+Either stops when the bracket is narrower than ``probe_tolerance`` of its top. A ramp step is stored
+with the others (``kind="ramp"``, never ``passed``: it is not a capacity claim).
 """
 
 from __future__ import annotations
@@ -27,6 +41,11 @@ from deploybench.load.records import LoadResult
 
 LOG = logging.getLogger(__name__)
 MIN_RATE_FACTOR = 1 / 64  # a first step that fails is halved down to start x this
+RAMP_FACTOR = 8.0  # a scout ramp ends at this multiple of where it starts
+RAMP_WINDOWS = 8  # windows a ramp step is judged in (at least MIN_RAMP_WINDOW_S each)
+MIN_RAMP_WINDOW_S = 0.5
+MARGIN = 0.4  # the first constant step sits this fraction of the tolerance under the estimate
+CLOSE = 0.9  # the step that closes a bracket sits this fraction of the tolerance above a pass
 
 
 class ProbeStep(BaseModel):
@@ -48,6 +67,11 @@ class ProbeStep(BaseModel):
     duration_s: float
     samples_path: str
     metrics_path: str | None
+    kind: str = "constant"  # or "ramp": a scout step from rate_from to rate, never passed
+    rate_from: float | None = None
+    estimate_rps: float | None = None  # the capacity this step's throughput suggests (ramps, failed steps)
+    gpu_util_pct: float | None = None  # mean GPU utilisation over the nodes that report one (None: absent)
+    gpu_util_by_node: dict[str, float | None] = {}
 
 
 class CapacityResult(BaseModel):
@@ -83,29 +107,124 @@ def next_rate(rate: float, passed: bool, low: float | None, high: float | None, 
     return None if nxt < spec.probe_start_rps * MIN_RATE_FACTOR else nxt
 
 
-def search(run_step: Callable[[int, float], LoadResult], spec: LoadSpec, slo: SLO) -> CapacityResult:
-    """Search with ``run_step(step number, rate) -> LoadResult`` (k6 in production, a model in tests)."""
+def ramp_window_s(spec: LoadSpec) -> float:
+    """The window a ramp step is judged in."""
+    return max(MIN_RAMP_WINDOW_S, spec.probe_step_s / RAMP_WINDOWS)
+
+
+def _step(n: int, rate: float, passed: bool, reasons: list[str], ratio: float, res: LoadResult, **extra) -> ProbeStep:
+    gpu = {k: v.util_mean_pct for k, v in res.gpu.items()}
+    return ProbeStep(
+        step=n, rate=round(rate, 4), passed=passed, reasons=reasons, requests=res.requests,
+        achieved_rps=res.achieved_rps, achieved_ratio=round(ratio, 4), latency_p99_ms=res.latency_p99_ms,
+        ttft_p99_ms=res.ttft_p99_ms, error_rate=res.error_rate, errors_by_kind=res.errors_by_kind,
+        dropped_iterations=res.dropped_iterations, started_at=res.started_at.isoformat(),
+        duration_s=res.duration_s, samples_path=res.samples_path, metrics_path=res.metrics_path,
+        gpu_util_pct=res.gpu_util_pct, gpu_util_by_node=gpu, **extra)
+
+
+def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | None, str]:
+    """(capacity estimate, why) from a ramp step's windows; None when no window broke an objective.
+
+    The estimate is the lower of the offered rate where the first window broke and the median
+    throughput (answered within the SLO, per second) of the windows from there on."""
+    from deploybench.load.overload import broken
+
+    wins = res.windows
+    if not wins:
+        return None, "the ramp measured no window"
+    slope = ((res.stages[-1][0] - res.offered_rps) / res.duration_s) if res.stages else 0.0
+    slope = max(slope, 0.0)
+    first = next((i for i, w in enumerate(wins) if broken(w, slo, spec, slope)), None)
+    if first is None:
+        return None, f"every window held up to {wins[-1].offered_rps:.2f} req/s"
+    w = wins[first]
+    over = sorted(x.goodput_rps for x in wins[first:])
+    through = over[len(over) // 2]
+    broke = ", ".join(sorted(broken(w, slo, spec, slope)))
+    if through <= 0:
+        return None, f"broke ({broke}) at {w.offered_rps:.2f} req/s and answered nothing within the SLO after"
+    est = min(through, w.offered_rps)
+    return est, (f"broke ({broke}) at {w.offered_rps:.2f} req/s offered; throughput from there "
+                 f"{through:.2f} req/s (median of {len(over)} windows)")
+
+
+def step_estimate(res: LoadResult, rate: float, spec: LoadSpec) -> float | None:
+    """What a failed constant step says of the capacity: its throughput within the SLO when clearly below
+    the offered rate (an overloaded server answers at its capacity); None when it says nothing."""
+    got = res.goodput_rps
+    return got if 0 < got < rate * (1 - spec.probe_tolerance / 2) else None
+
+
+def _next_after_estimate(low: float | None, high: float | None, est: float | None, streak: int,
+                         spec: LoadSpec) -> float | None:
+    """The next constant rate of the estimate-led search (None: converged or nothing more to try)."""
+    tol = spec.probe_tolerance
+    guess = est * (1 - MARGIN * tol) if est else None
+    if low is not None and high is not None:
+        if (high - low) / high <= tol:
+            return None
+        step_up = low / (1 - CLOSE * tol)
+        if guess is not None and max(low, step_up) < guess < high:
+            return guess
+        near = guess is not None and guess <= step_up * (1 + tol)  # the estimate says: just above the pass
+        return step_up if step_up < high and near else (low + high) / 2
+    if low is not None:  # passes only: walk up with doubling gaps
+        if low >= spec.probe_max_rps:
+            return None
+        up = low / (1 - CLOSE * tol) ** (2 ** streak)
+        return min(spec.probe_max_rps, max(up, guess or 0.0))
+    if high is None:  # nothing tried yet: start under the estimate (or at the first rate)
+        return guess or spec.probe_start_rps
+    down = high * (1 - CLOSE * tol) ** (2 ** streak)
+    nxt = min(down, guess) if guess is not None and guess < high else down
+    return None if nxt < spec.probe_start_rps * MIN_RATE_FACTOR else nxt
+
+
+def search(run_step: Callable[[int, float], LoadResult], spec: LoadSpec, slo: SLO,
+           run_ramp: Callable[[int, float, float], LoadResult] | None = None) -> CapacityResult:
+    """Search with ``run_step(step number, rate) -> LoadResult`` (k6 in production, a model in tests) and,
+    when given, ``run_ramp(step number, from rate, to rate) -> LoadResult`` with windows of
+    ``ramp_window_s`` (the scout); without it, the doubling search (module doc)."""
     t0 = time.monotonic()
-    low = high = None
+    low = high = est = None
     steps: list[ProbeStep] = []
     rate: float | None = spec.probe_start_rps
+    if run_ramp is not None:
+        frm = spec.probe_start_rps
+        while est is None and len(steps) < spec.probe_max_steps - 1:
+            to = min(frm * RAMP_FACTOR, spec.probe_max_rps)
+            res = run_ramp(len(steps) + 1, frm, to)
+            est, why = ramp_estimate(res, slo, spec)
+            steps.append(_step(len(steps) + 1, to, False, [f"scout ramp {frm:.2f} -> {to:.2f} req/s: {why}"],
+                               res.achieved_rps / res.offered_rps if res.offered_rps else 0.0, res,
+                               kind="ramp", rate_from=round(frm, 4), estimate_rps=est))
+            LOG.info("probe step %d: ramp %.2f -> %.2f req/s: %s", len(steps), frm, to, why)
+            if to >= spec.probe_max_rps:
+                break
+            frm = to
+        rate = est * (1 - MARGIN * spec.probe_tolerance) if est else (
+            spec.probe_max_rps if steps and steps[-1].rate >= spec.probe_max_rps else spec.probe_start_rps)
+    streak, last = 0, None
     while rate is not None and len(steps) < spec.probe_max_steps:
+        rate = round(rate, 4)  # the rate run is the rate stored
         res = run_step(len(steps) + 1, rate)
         passed, reasons, ratio = judge(res, slo, spec)
-        steps.append(ProbeStep(
-            step=len(steps) + 1, rate=round(rate, 4), passed=passed, reasons=reasons, requests=res.requests,
-            achieved_rps=res.achieved_rps, achieved_ratio=round(ratio, 4), latency_p99_ms=res.latency_p99_ms,
-            ttft_p99_ms=res.ttft_p99_ms, error_rate=res.error_rate, errors_by_kind=res.errors_by_kind,
-            dropped_iterations=res.dropped_iterations, started_at=res.started_at.isoformat(),
-            duration_s=res.duration_s, samples_path=res.samples_path, metrics_path=res.metrics_path,
-        ))
+        seen = None if passed else step_estimate(res, rate, spec)
+        steps.append(_step(len(steps) + 1, rate, passed, reasons, ratio, res, estimate_rps=seen))
         LOG.info("probe step %d at %.2f req/s: %s%s", len(steps), rate, "pass" if passed else "FAIL",
                  "" if passed else " - " + "; ".join(reasons))
+        streak = streak + 1 if passed == last else 0
+        last = passed
         if passed:
             low = rate if low is None else max(low, rate)
         else:
             high = rate if high is None else min(high, rate)
-        rate = next_rate(rate, passed, low, high, spec)
+            est = seen if seen is not None else (est if est is not None and est < rate else None)
+        if run_ramp is None:
+            rate = next_rate(rate, passed, low, high, spec)
+        else:
+            rate = _next_after_estimate(low, high, est, streak, spec)
     converged = rate is None and low is not None and high is not None
     if converged:
         reason = f"bracket [{low:.2f}, {high:.2f}] req/s is within {spec.probe_tolerance:.0%}"

@@ -67,8 +67,27 @@ class Figures(BaseModel):
     lag_max_ms: float | None = None
 
 
+class GpuFigures(BaseModel):
+    """One node's GPUs over a measured window (``deploybench.load.gpu``): utilisation and memory as the
+    node's DCGM exporter or ``nvidia-smi`` reported them. ``source`` None: not measured (``reason`` says
+    why) - absent, never zero."""
+
+    source: str | None = None  # "dcgm" (the engine's or an exporter's /metrics) | "nvidia-smi"
+    reason: str | None = None
+    gpus: int = 0
+    samples: int = 0
+    util_mean_pct: float | None = None  # mean over the samples in the window of the mean over the GPUs
+    util_min_pct: float | None = None
+    util_max_pct: float | None = None
+    mem_used_mib_mean: float | None = None  # summed over the node's GPUs
+    mem_used_mib_max: float | None = None
+    mem_total_mib: float | None = None
+
+
 class NodeFigures(Figures):
     node: str
+    gpu_util_pct: float | None = None  # GpuFigures.util_mean_pct of the node (None: not measured)
+    gpu_mem_used_mib: float | None = None
 
 
 class WindowFigures(Figures):
@@ -117,3 +136,7 @@ class LoadResult(Figures):
     engine: dict = Field(default_factory=dict)  # per node: figures from the engine's /metrics (scrape.py)
     metrics_path: str | None = None  # the scraped /metrics series (NDJSON, see scrape.py)
     sources: dict[str, str] = Field(default_factory=dict)
+    # added with GPU utilisation (issue 17)
+    gpu: dict[str, GpuFigures] = Field(default_factory=dict)  # per node
+    gpu_util_pct: float | None = None  # mean over the nodes that report one (None: no node does)
+    gpu_series_path: str | None = None  # GPU samples taken beside the engine's /metrics (exporter, nvidia-smi)

@@ -2,7 +2,7 @@
 
 ``Scraper`` runs in a thread beside k6, GETs ``<url>/metrics`` of every endpoint every ``interval_s``
 (plus once before and once after the load) and keeps the series of the families in ``KEEP`` (vLLM's,
-Triton's ``nv_`` and the simulated engine's own). A failed scrape is a point of its own
+Triton's ``nv_``, the simulated engine's own, and DCGM's GPU gauges when the engine's page has them). A failed scrape is a point of its own
 (``metric="up"``, value 0): an endpoint that dies mid-phase shows in its series.
 
 The series file (``<stem>.metrics.jsonl.gz``, one JSON object per line) is what the results store
@@ -33,7 +33,7 @@ from deploybench.load.records import Endpoint
 
 LOG = logging.getLogger(__name__)
 
-KEEP = ("vllm:", "nv_inference_", "nv_gpu_", "deploybench_sim_")
+KEEP = ("vllm:", "nv_inference_", "nv_gpu_", "deploybench_sim_", "DCGM_FI_DEV_")  # DCGM: see gpu.py
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",

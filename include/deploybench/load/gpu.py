@@ -1,0 +1,269 @@
+"""GPU utilisation and memory of every node during a load phase, beside the throughput it served.
+
+Where a node's figures come from, decided when the phase starts (``GpuSampler.start``), first found wins:
+
+1. ``dcgm``: DCGM-named gauges in the engine's own /metrics (the simulated engine exports them from its
+   batch occupancy, see ``deploybench.lab.engine_metrics``); the /metrics scraper already keeps them
+   (``scrape.KEEP``), nothing more is polled;
+2. ``dcgm-exporter``: NVIDIA's DCGM exporter on the node, ``http://<node host>:<dcgm_port>/metrics``;
+3. ``nvidia-smi``: ``nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total
+   --format=csv,noheader,nounits`` over the run's transport to the node (when the caller gives one);
+
+else the node's figures are absent, with the reason: never a zero that was not measured. Every source
+becomes points in the scraper's series format under DCGM's names (``DCGM_FI_DEV_GPU_UTIL`` in %,
+``DCGM_FI_DEV_FB_USED``/``_FREE`` in MiB, label ``gpu``; polled ones also ``source``), so the results
+store ingests them as server metrics. What a node prints is hostile: ``parse_smi`` takes exactly the
+three numeric columns asked for, in range, or refuses the line; ``[N/A]`` (e.g. memory on unified-memory
+GB10 systems) is absent, not 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import urllib.request
+from collections import defaultdict
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+from deploybench.config import SLO
+from deploybench.load.records import Endpoint, GpuFigures, LoadError, LoadResult
+from deploybench.load.scrape import parse_metrics
+
+LOG = logging.getLogger(__name__)
+
+UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+METRICS = (UTIL, FB_USED, FB_FREE)
+DCGM_PORT = 9400
+SMI_COMMAND = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]
+MAX_TEXT = 1 << 20  # bytes of /metrics or nvidia-smi output read at most
+MAX_GPUS = 64
+MAX_MIB = 16 << 20  # 16 TiB of memory on one GPU: past it, the number is not a memory size
+_ABSENT = {"[n/a]", "[not supported]", "n/a", "[unknown error]"}
+
+
+class GpuReadError(LoadError):
+    """What a node printed for its GPUs is not what was asked for."""
+
+
+def _field(text: str, what: str, top: float, line: int) -> float | None:
+    t = text.strip()
+    if t.lower() in _ABSENT:
+        return None
+    try:
+        v = float(t)
+    except ValueError:
+        raise GpuReadError(f"nvidia-smi line {line}: {what} {t[:40]!r} is not a number") from None
+    if not math.isfinite(v) or not 0 <= v <= top:
+        raise GpuReadError(f"nvidia-smi line {line}: {what} {t[:40]!r} is outside [0, {top:g}]")
+    return v
+
+
+def parse_smi(text: str) -> list[tuple[float | None, float | None, float | None]]:
+    """nvidia-smi's ``utilization.gpu, memory.used, memory.total`` CSV (no header, no units): one
+    (util %, used MiB, total MiB) per GPU, None where it printed N/A. GpuReadError names a bad line."""
+    if len(text) > MAX_TEXT:
+        raise GpuReadError(f"nvidia-smi printed {len(text)} characters; a GPU query prints a few per GPU")
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        cols = line.split(",")
+        if len(cols) != 3:
+            raise GpuReadError(f"nvidia-smi line {i}: {line[:80]!r} has {len(cols)} columns, expected 3 "
+                               "(utilization.gpu, memory.used, memory.total)")
+        util = _field(cols[0], "utilization.gpu", 100.0, i)
+        used = _field(cols[1], "memory.used", MAX_MIB, i)
+        total = _field(cols[2], "memory.total", MAX_MIB, i)
+        if used is not None and total is not None and used > total:
+            raise GpuReadError(f"nvidia-smi line {i}: memory.used {used:g} MiB is above memory.total {total:g} MiB")
+        rows.append((util, used, total))
+        if len(rows) > MAX_GPUS:
+            raise GpuReadError(f"nvidia-smi listed more than {MAX_GPUS} GPUs")
+    if not rows:
+        raise GpuReadError("nvidia-smi printed no GPU")
+    return rows
+
+
+def smi_points(text: str, base: dict) -> list[dict]:
+    """nvidia-smi's answer as points under DCGM's names (``base``: ts, node, phase, step)."""
+    out = []
+    for gpu, (util, used, total) in enumerate(parse_smi(text)):
+        labels = {"gpu": str(gpu), "source": "nvidia-smi"}
+        if util is not None:
+            out.append({**base, "metric": UTIL, "labels": labels, "value": util})
+        if used is not None:
+            out.append({**base, "metric": FB_USED, "labels": labels, "value": used})
+            if total is not None:
+                out.append({**base, "metric": FB_FREE, "labels": labels, "value": total - used})
+    return out
+
+
+def dcgm_points(text: str, base: dict, source: str | None = None) -> list[dict]:
+    """The GPU gauges of a Prometheus text page, values out of range dropped (a hostile or broken page)."""
+    out = []
+    for name, labels, value in parse_metrics(text[:MAX_TEXT], keep=METRICS):
+        top = 100.0 if name == UTIL else MAX_MIB
+        if name not in METRICS or not (math.isfinite(value) and 0 <= value <= top):
+            continue
+        lb = {"gpu": labels.get("gpu", "0")[:16]} | ({"source": source} if source else {})
+        out.append({**base, "metric": name, "labels": lb, "value": value})
+    return out
+
+
+def _get(url: str, timeout_s: float) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - the run's own node
+            return resp.read(MAX_TEXT).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+
+
+def _host(url: str) -> str:
+    host = urlsplit(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
+
+
+class GpuSampler:
+    """Decides each node's source when started and polls those that need polling every ``interval_s``
+    in a thread; ``stop()`` returns the polled points (the engine-sourced ones are the scraper's)."""
+
+    def __init__(self, endpoints: list[Endpoint], interval_s: float, phase: str, step: int = 0, *,
+                 transports: Mapping[str, Any] | None = None, dcgm_port: int | None = DCGM_PORT,
+                 timeout_s: float = 2.0) -> None:
+        self.endpoints, self.interval_s, self.phase, self.step = endpoints, interval_s, phase, step
+        self.transports = dict(transports or {})
+        self.dcgm_port = dcgm_port
+        self.timeout_s = min(timeout_s, max(0.5, interval_s))
+        self.plan: dict[str, str] = {}  # node -> dcgm | dcgm-exporter | nvidia-smi | absent
+        self.why: dict[str, str] = {}  # node -> why absent / what failed
+        self.points: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _exporter(self, ep: Endpoint) -> str:
+        return f"http://{_host(ep.url)}:{self.dcgm_port}/metrics"
+
+    def _choose(self, ep: Endpoint) -> str:
+        page = _get(f"{ep.url.rstrip('/')}/metrics", self.timeout_s)
+        if page and UTIL in page:
+            return "dcgm"
+        if self.dcgm_port and (page := _get(self._exporter(ep), self.timeout_s)) and UTIL in page:
+            return "dcgm-exporter"
+        if ep.node in self.transports:
+            return "nvidia-smi"
+        self.why[ep.node] = (f"no {UTIL} in its /metrics" + (f" nor at {self._exporter(ep)}" if self.dcgm_port else "")
+                             + ", and no transport to run nvidia-smi over")
+        return "absent"
+
+    def poll_once(self) -> None:
+        for ep in self.endpoints:
+            how = self.plan.get(ep.node)
+            base = {"ts": datetime.now(timezone.utc).isoformat(), "node": ep.node, "phase": self.phase,
+                    "step": self.step}
+            if how == "dcgm-exporter":
+                page = _get(self._exporter(ep), self.timeout_s)
+                if page is None:
+                    self.why.setdefault(ep.node, f"{self._exporter(ep)} stopped answering")
+                    continue
+                self.points.extend(dcgm_points(page, base, "dcgm-exporter"))
+            elif how == "nvidia-smi":
+                try:
+                    res = self.transports[ep.node].run(SMI_COMMAND, timeout=max(2.0, self.interval_s * 2))
+                    if res.rc != 0:
+                        raise GpuReadError(f"nvidia-smi exited {res.rc}: {(res.stderr or res.stdout).strip()[:200]}")
+                    self.points.extend(smi_points(res.stdout, base))
+                except Exception as exc:  # noqa: BLE001 - a node's failure is a gap in its series, not the phase's
+                    self.why.setdefault(ep.node, f"nvidia-smi: {exc}")
+                    LOG.debug("GPU sample of %s failed: %r", ep.node, exc)
+
+    def start(self) -> GpuSampler:
+        self.plan = {ep.node: self._choose(ep) for ep in self.endpoints}
+        if any(p in ("dcgm-exporter", "nvidia-smi") for p in self.plan.values()):
+            self.poll_once()
+            self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll_once()
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s * max(1, len(self.endpoints)) + 5)
+            self.poll_once()
+        return list(self.points)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 3) if xs else None
+
+
+def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: datetime,
+                why: Mapping[str, str] | None = None) -> dict[str, GpuFigures]:
+    """Per node: its GPU samples taken in ``(start, end]``; a node without one is absent, with the reason."""
+    per: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    sources: dict[str, str] = {}
+    gpus: dict[str, set] = defaultdict(set)
+    for p in points:
+        if p.get("metric") not in METRICS or p.get("node") not in nodes:
+            continue
+        ts = datetime.fromisoformat(p["ts"])
+        if not start < ts <= end:
+            continue
+        per[p["node"]][p["ts"]][p["metric"]].append(float(p["value"]))
+        sources.setdefault(p["node"], (p.get("labels") or {}).get("source", "dcgm"))
+        gpus[p["node"]].add((p.get("labels") or {}).get("gpu", "0"))
+    out = {}
+    for node in nodes:
+        samples = per.get(node) or {}
+        utils = [sum(s[UTIL]) / len(s[UTIL]) for s in samples.values() if s.get(UTIL)]
+        used = [sum(s[FB_USED]) for s in samples.values() if s.get(FB_USED)]
+        total = [sum(s[FB_USED]) + sum(s[FB_FREE]) for s in samples.values() if s.get(FB_USED) and s.get(FB_FREE)]
+        if not utils and not used:
+            out[node] = GpuFigures(reason=(why or {}).get(node) or "no GPU sample in the measured window")
+            continue
+        out[node] = GpuFigures(
+            source=sources[node], gpus=len(gpus[node]), samples=len(samples), util_mean_pct=_mean(utils),
+            util_min_pct=min(utils) if utils else None, util_max_pct=max(utils) if utils else None,
+            mem_used_mib_mean=_mean(used), mem_used_mib_max=max(used) if used else None,
+            mem_total_mib=max(total) if total else None,
+            reason=None if utils else "memory reported, utilisation not")
+    return out
+
+
+def attach(res: LoadResult, figs: dict[str, GpuFigures], series_path: str | None = None) -> LoadResult:
+    """``res`` with the GPU figures set: per node, on each NodeFigures, and the mean over the nodes."""
+    utils = [f.util_mean_pct for f in figs.values() if f.util_mean_pct is not None]
+    nodes = [n.model_copy(update={"gpu_util_pct": figs[n.node].util_mean_pct if n.node in figs else None,
+                                  "gpu_mem_used_mib": figs[n.node].mem_used_mib_mean if n.node in figs else None})
+             for n in res.nodes]
+    srcs = sorted({f.source for f in figs.values() if f.source})
+    sources = {**res.sources, "gpu": (f"node: {', '.join(srcs)} samples in the measured window, mean per node"
+                                      if srcs else "absent: no node reported GPU figures")}
+    return res.model_copy(update={"gpu": figs, "gpu_util_pct": _mean(utils), "nodes": nodes, "sources": sources,
+                                  "gpu_series_path": series_path})
+
+
+def gpu_verdict(figs: Mapping[str, GpuFigures], slo: SLO) -> list[str]:
+    """Reasons the utilisation objective (``slo.min_gpu_util_pct``) is not met; [] when met or not set.
+    Every node must reach it; a node that reported nothing cannot be judged, and that fails it."""
+    want = slo.min_gpu_util_pct
+    if want is None:
+        return []
+    if not figs:
+        return [f"GPU utilisation was not measured; the SLO asks for at least {want:g} % (unset "
+                "slo_min_gpu_util_pct, or give the nodes a DCGM exporter or nvidia-smi)"]
+    out = []
+    for node, f in sorted(figs.items()):
+        if f.util_mean_pct is None:
+            out.append(f"node {node}: GPU utilisation not measured ({f.reason}); the SLO asks for at least {want:g} %")
+        elif f.util_mean_pct < want:
+            out.append(f"node {node}: GPU utilisation {f.util_mean_pct:.1f} % (mean of {f.samples} samples) is under "
+                       f"the SLO's {want:g} %")
+    return out

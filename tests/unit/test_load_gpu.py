@@ -1,0 +1,194 @@
+"""GPU figures of the load stage (deploybench.load.gpu) and the simulated engine's DCGM gauges
+(deploybench.lab.engine_metrics): nvidia-smi's output read strictly, absent figures absent, the
+utilisation objective, the occupancy integral against its closed form, and the three sources for
+real (a DCGM exporter page over loopback HTTP, nvidia-smi run through the local transport)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from deploybench.config import SLO
+from deploybench.inventory import Node
+from deploybench.lab import engine_metrics as em
+from deploybench.lab.service_model import Sequence
+from deploybench.load import Endpoint, gpu
+from deploybench.load.records import GpuFigures
+from deploybench.transport import LocalTransport
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+# -- nvidia-smi, read strictly ------------------------------------------------------------------------
+def test_parse_smi_reads_every_gpu_and_keeps_na_absent():
+    rows = gpu.parse_smi("87, 61234, 81559\n 3 ,512,81559\n\n[N/A], [N/A], [N/A]\n")
+    assert rows == [(87.0, 61234.0, 81559.0), (3.0, 512.0, 81559.0), (None, None, None)]
+    pts = gpu.smi_points("50, 100, 400\n", {"ts": T0.isoformat(), "node": "n1", "phase": "p", "step": 0})
+    assert {(p["metric"], p["value"]) for p in pts} == {(gpu.UTIL, 50.0), (gpu.FB_USED, 100.0), (gpu.FB_FREE, 300.0)}
+    assert all(p["labels"] == {"gpu": "0", "source": "nvidia-smi"} for p in pts)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "no GPU"),
+    ("87, 100\n", "2 columns"),
+    ("87, 100, 200, 5\n", "4 columns"),
+    ("87 %, 100, 200\n", "not a number"),
+    ("101, 100, 200\n", r"outside \[0, 100\]"),
+    ("-1, 100, 200\n", "outside"),
+    ("nan, 100, 200\n", "outside"),
+    ("50, 300, 200\n", "above memory.total"),
+    ("50, 100, 200; rm -rf /\n", "not a number"),
+    ("50, 1e30, 2e30\n", "outside"),
+    ("1, 1, 1\n" * 65, "more than 64 GPUs"),
+])
+def test_parse_smi_refuses_what_was_not_asked_for(text, words):
+    with pytest.raises(gpu.GpuReadError, match=words):
+        gpu.parse_smi(text)
+
+
+def test_dcgm_points_drop_out_of_range_values():
+    page = ('DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="x"} 42\nDCGM_FI_DEV_GPU_UTIL{gpu="1"} 250\n'
+            'DCGM_FI_DEV_FB_USED{gpu="0"} -5\nDCGM_FI_DEV_FB_FREE{gpu="0"} 1000\nDCGM_FI_DEV_SM_CLOCK 1500\n')
+    pts = gpu.dcgm_points(page, {"ts": T0.isoformat(), "node": "n1", "phase": "p", "step": 0}, "dcgm-exporter")
+    assert [(p["metric"], p["labels"]["gpu"], p["value"]) for p in pts] == [(gpu.UTIL, "0", 42.0),
+                                                                            (gpu.FB_FREE, "0", 1000.0)]
+
+
+# -- figures and verdict ----------------------------------------------------------------------------------
+def _pt(t: float, node: str, metric: str, value: float, g: str = "0", **labels) -> dict:
+    return {"ts": (T0 + timedelta(seconds=t)).isoformat(), "node": node, "phase": "p", "step": 0, "metric": metric,
+            "labels": {"gpu": g, **labels}, "value": value}
+
+
+def test_gpu_figures_per_node_in_the_window_and_absent_nodes_absent():
+    pts = [_pt(0.5, "n1", gpu.UTIL, 99.0)]  # before the window: left out
+    for t, (u0, u1) in enumerate([(60, 80), (70, 90), (80, 100)], start=1):
+        pts += [_pt(t, "n1", gpu.UTIL, u0, "0"), _pt(t, "n1", gpu.UTIL, u1, "1"),
+                _pt(t, "n1", gpu.FB_USED, 100 * t, "0"), _pt(t, "n1", gpu.FB_USED, 100, "1"),
+                _pt(t, "n1", gpu.FB_FREE, 1000 - 100 * t, "0"), _pt(t, "n1", gpu.FB_FREE, 900, "1")]
+    figs = gpu.gpu_figures(pts, ["n1", "n2"], T0 + timedelta(seconds=0.9), T0 + timedelta(seconds=3),
+                           {"n2": "no DCGM_FI_DEV_GPU_UTIL in its /metrics"})
+    n1, n2 = figs["n1"], figs["n2"]
+    assert n1.source == "dcgm" and n1.gpus == 2 and n1.samples == 3
+    assert n1.util_mean_pct == 80.0 and n1.util_min_pct == 70.0 and n1.util_max_pct == 90.0  # per-sample GPU means
+    assert n1.mem_used_mib_mean == 300.0 and n1.mem_used_mib_max == 400.0 and n1.mem_total_mib == 2000.0
+    assert n2.source is None and n2.util_mean_pct is None and "no DCGM" in n2.reason  # absent, not 0
+
+
+def test_utilisation_objective_is_optional_and_names_each_node():
+    figs = {"n1": GpuFigures(source="dcgm", samples=5, util_mean_pct=85.0),
+            "n2": GpuFigures(source="dcgm", samples=5, util_mean_pct=62.5),
+            "n3": GpuFigures(reason="no transport to run nvidia-smi over")}
+    assert gpu.gpu_verdict(figs, SLO()) == []  # null: not judged
+    reasons = gpu.gpu_verdict(figs, SLO(min_gpu_util_pct=80))
+    assert len(reasons) == 2 and "node n2: GPU utilisation 62.5 %" in reasons[0] and "80 %" in reasons[0]
+    assert "node n3: GPU utilisation not measured (no transport" in reasons[1]
+    assert gpu.gpu_verdict({k: v for k, v in figs.items() if k == "n1"}, SLO(min_gpu_util_pct=80)) == []
+    assert "not measured" in gpu.gpu_verdict({}, SLO(min_gpu_util_pct=10))[0]
+
+
+# -- the simulated engine's gauges: the closed form ----------------------------------------------------------
+def test_occupancy_is_the_time_average_of_running_over_the_window():
+    occ = em.Occupancy(100.0)
+    for t, n in [(100.0, 2), (100.4, 4), (100.9, 0), (101.2, 8)]:
+        occ.set(n, t)
+    # slot-seconds: 2 x 0.4 + 4 x 0.5 + 0 x 0.3 + 8 x 0.3 at t = 101.5
+    assert occ.area(101.5) == pytest.approx(0.8 + 2.0 + 2.4)
+    assert occ.mean(101.5, 1.0) == pytest.approx((4 * 0.4 + 0 + 8 * 0.3) / 1.0)  # over [100.5, 101.5]
+    assert occ.mean(100.2, 1.0) == pytest.approx(2.0)  # younger than the window: since the start
+
+
+def test_sim_gauges_follow_batch_occupancy_and_kv_tokens():
+    m = em.EngineMetrics("m", slots=4, model_bytes=64 * 2**20)
+    t = m.occupancy.t0
+    running = [Sequence(100, 10), Sequence(60, 10)]
+    running[1].generated = 20
+    m.batch(running, waiting=0, now=t + 0.5)  # idle for half a second, then 2 of 4 slots
+    text = "\n".join(m.gpu_lines(now=t + 1.5))
+    pts = {p["metric"]: p["value"] for p in gpu.dcgm_points(text, {"ts": "", "node": "n", "phase": "", "step": 0})}
+    assert pts[gpu.UTIL] == pytest.approx(100 * 2 / 4, abs=0.01)  # the last second: 2 running all along
+    used = round(64 + em.KV_MIB_PER_TOKEN * (100 + 60 + 20))
+    assert pts[gpu.FB_USED] == used and pts[gpu.FB_FREE] == em.GPU_MEMORY_MIB - used
+    assert f"deploybench_sim_busy_slot_seconds_total{{{m.labels}}} 2.000000" in text
+    m.batch([], waiting=0, now=t + 1.5)
+    idle = {p["metric"]: p["value"] for p in gpu.dcgm_points("\n".join(m.gpu_lines(now=t + 3.0)),
+                                                            {"ts": "", "node": "n", "phase": "", "step": 0})}
+    assert idle[gpu.UTIL] == 0.0 and idle[gpu.FB_USED] == 64  # the model alone
+
+
+# -- the sources, for real: an exporter over HTTP, nvidia-smi through the transport ----------------------------
+@pytest.fixture
+def exporter():
+    """A DCGM exporter stand-in on loopback serving a fixed page (its port)."""
+    page = b'DCGM_FI_DEV_GPU_UTIL{gpu="0"} 73\nDCGM_FI_DEV_FB_USED{gpu="0"} 2048\nDCGM_FI_DEV_FB_FREE{gpu="0"} 6144\n'
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(page if self.path == "/metrics" else b"")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=utilization.gpu,memory.used,memory.total ] || exit 9\n"
+                    "echo '41, 1000, 4000'\necho '59, 3000, 4000'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    eps = [Endpoint("a", dead, "m"), Endpoint("b", dead, "m"), Endpoint("c", dead, "m")]
+    sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
+                             dcgm_port=exporter)
+    t0 = datetime.now(timezone.utc)
+    sampler.start()
+    assert sampler.plan == {"a": "dcgm-exporter", "b": "dcgm-exporter", "c": "dcgm-exporter"}  # one exporter for all
+    sampler.stop()
+    sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
+                             dcgm_port=_closed_port())
+    sampler.start()
+    import time
+
+    time.sleep(0.5)
+    pts = sampler.stop()
+    assert sampler.plan == {"a": "absent", "b": "nvidia-smi", "c": "absent"}
+    figs = gpu.gpu_figures(pts, ["a", "b", "c"], t0, datetime.now(timezone.utc), sampler.why)
+    assert figs["b"].source == "nvidia-smi" and figs["b"].gpus == 2 and figs["b"].util_mean_pct == 50.0
+    assert figs["b"].mem_used_mib_mean == 4000.0 and figs["b"].mem_total_mib == 8000.0 and figs["b"].samples >= 2
+    assert figs["a"].source is None and "no transport to run nvidia-smi" in figs["a"].reason
+
+
+def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho '<html>pwned</html>'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    ep = Endpoint("b", f"http://127.0.0.1:{_closed_port()}", "m")
+    t0 = datetime.now(timezone.utc)
+    sampler = gpu.GpuSampler([ep], 0.2, "p", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
+                             dcgm_port=None).start()
+    pts = sampler.stop()
+    figs = gpu.gpu_figures(pts, ["b"], t0, datetime.now(timezone.utc), sampler.why)
+    assert pts == [] and figs["b"].source is None
+    assert figs["b"].util_mean_pct is None and "nvidia-smi" in figs["b"].reason and "columns" in figs["b"].reason
