@@ -421,6 +421,10 @@ class SLO(_Strict):
                                   description="Fraction of requests that may fail (0.01 = 1 %).")
     min_rps: float = Field(0.0, ge=0, le=100000, title="Throughput target (req/s)",
                            description="Cluster throughput the run must reach; 0 = none.")
+    min_gpu_util_pct: float | None = Field(None, ge=0, le=100, title="GPU utilisation target (%)",
+                                           description="Every node's mean GPU utilisation over the sustained "
+                                                       "phase must reach this (DCGM or nvidia-smi); empty = not "
+                                                       "judged.")
 
 
 class OnBusy(str, Enum):

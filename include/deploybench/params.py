@@ -151,6 +151,7 @@ FIELDS: list[FormField] = [
     _f("slo_p99_ttft_ms", "slo.p99_ttft_ms", "SLO"),
     _f("slo_max_error_rate", "slo.max_error_rate", "SLO"),
     _f("slo_min_rps", "slo.min_rps", "SLO"),
+    _f("slo_min_gpu_util_pct", "slo.min_gpu_util_pct", "SLO"),
     _f("tags", "tags", "Run"),
 ]
 
