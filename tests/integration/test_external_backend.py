@@ -1,0 +1,148 @@
+"""The external backend: simulated engines started outside deploybench (plain processes on a loopback lab's
+addresses), measured by the deploybench_run DAG through Airflow's dag.test().
+
+Asserted: fan-out and rollout are recorded as skipped (external) and preflight as skipped by parameter; the
+store's software identity says the service was not deployed by deploybench; the probe's capacity is the
+simulated engines' closed-form capacity; sustained and probe figures and samples are stored; teardown left
+the engines running (deploybench did not start them, so it does not stop them). An endpoint outside the
+operator's allow-list, or on a node that is not the run's, is refused at validate time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploybench import engines, http, paths
+from deploybench.config import EngineSpec
+from deploybench.errors import ConfigError
+from deploybench.lab.state import LabFiles
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH")]
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+LAB = "lxext"
+PORT = 8040
+KNOBS = {"max_num_seqs": 4, "sim_decode_base_ms": 8, "sim_decode_per_seq_ms": 1, "sim_prefill_per_token_ms": 0.01}
+
+
+@pytest.fixture(scope="module")
+def started():
+    """A 2-node loopback lab and one simulated engine per node, started here as plain processes."""
+    from deploybench.lab import cluster
+
+    inv = cluster.up(LAB, nodes=2, link_mbit=200, mode="loopback", model_mb=1)
+    files = LabFiles(LAB)
+    spec = EngineSpec(max_num_seqs=4, sim={"decode_base_ms": 8, "decode_per_seq_ms": 1, "prefill_per_token_ms": 0.01})
+    procs, logs = [], []
+    try:
+        for n in inv.nodes:
+            model = files.models(n.name) / "sim-model"
+            if not model.exists():
+                shutil.copytree(files.models(inv.nodes[0].name) / "sim-model", model)
+            ctx = engines.LaunchContext(inv, n, str(model), "sim-model", PORT, spec)
+            argv = [sys.executable if a == inv.python else a for a in engines.profile("sim").command(ctx)]
+            log = open(files.root / f"external-{n.name}.log", "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        urls = {n.name: f"http://{n.address}:{PORT}" for n in inv.nodes}
+        deadline = time.monotonic() + 30
+        while not all(http.is_up(u + "/health") for u in urls.values()):
+            assert time.monotonic() < deadline, "the external engines did not start"
+            assert all(p.poll() is None for p in procs), "an external engine exited"
+            time.sleep(0.2)
+        yield inv, urls, procs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs:
+            f.close()
+        cluster.down(LAB)
+
+
+def _conf(inv, urls: dict[str, str], **extra) -> dict:
+    return {"inventory": str(paths.lab_dir(LAB) / "inventory.json"), "nodes": 2, "rollout_backend": "external",
+            "external_endpoints": [f"{n}={u}" for n, u in urls.items()], "external_preflight": False,
+            "prompt_tokens": 32, "output_tokens": 8, **KNOBS,
+            "load_phases": ["probe", "sustained"], "probe_start_rps": 30, "probe_step_s": 2, "probe_tolerance": 0.3,
+            "warmup_s": 1, "load_duration_s": 3, "window_s": 1.5, "slo_p99_latency_ms": 2000,
+            "ttft_sample_rps": 1, "scrape_interval_s": 1, **extra}
+
+
+def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(started, monkeypatch):
+    from deploybench import pipeline
+
+    inv, urls, _ = started
+    monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", " ".join(urls.values()))
+    with pytest.raises(ConfigError, match=r"not in the allow-list \$DEPLOYBENCH_TARGET_URLS"):
+        pipeline.validate("lx-ext-bad1", _conf(inv, {**urls, inv.nodes[0].name: "http://127.0.0.1:9"}))
+    with pytest.raises(ConfigError, match="is not one of this run's nodes"):
+        pipeline.validate("lx-ext-bad2", _conf(inv, {"elsewhere": urls[inv.nodes[0].name]}, nodes=2))
+    with pytest.raises(ConfigError, match="no user, query or fragment"):
+        pipeline.validate("lx-ext-bad3", _conf(inv, {inv.nodes[0].name: urls[inv.nodes[0].name] + "?x=1"}))
+    with pytest.raises(ConfigError, match="needs rollout.endpoints"):
+        pipeline.validate("lx-ext-bad4", {**_conf(inv, urls), "external_endpoints": []})
+    assert not (paths.run_dir("lx-ext-bad1") / "run.json").exists()
+
+
+def test_external_engines_measured_through_the_dag(started, airflow_db, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from deploybench import params as form
+    from deploybench.lab.service_model import ServiceParams, capacity
+    from sqlalchemy import text
+
+    from deploybench.store import count_samples, load_run
+    from deploybench.store.db import open_store
+
+    inv, urls, procs = started
+    monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", ",".join(urls.values()))
+    dag = DagBag(dag_folder=str(DAGS)).dags["deploybench_run"]
+    conf = _conf(inv, urls)
+    dr = dag.test(run_conf=conf)
+    key = paths.dag_run_key("deploybench_run", dr.run_id)
+    stages = {p.stem: json.loads(p.read_text()) for p in (paths.run_dir(key) / "stages").glob("*.json")}
+    assert dr.state == "success", {s: r.get("error") for s, r in stages.items() if r.get("status") == "failed"}
+
+    for name in ("preflight", "fanout"):
+        assert stages[name]["result"]["skipped"] == "external", stages[name]
+        assert stages[name]["summary"].startswith("skipped (external backend")
+    ro = stages["rollout"]["result"]
+    assert ro["skipped"] == "external" and ro["steps"] == [] and ro["deployed_by"] == "not deployed by deploybench"
+    assert sorted(e["url"] for e in ro["endpoints"]) == sorted(urls.values())
+
+    # deploybench started nothing, so it stopped nothing: the engines still serve
+    assert all(p.poll() is None for p in procs)
+    assert all(http.is_up(u + "/health") for u in urls.values())
+
+    cfg = form.to_config(conf)
+    truth = capacity(ServiceParams.from_config(cfg.engine), 32, 8).requests_per_s * 2
+    res = stages["load"]["result"]
+    cap = res["capacity"]["capacity_rps"]
+    assert 0.6 * truth <= cap <= 1.1 * truth, (cap, truth)
+    assert res["phase"] == "sustained" and res["offered_rps"] == pytest.approx(0.8 * cap)
+
+    stored = load_run(None, key)
+    assert stored.run.status == "success"
+    assert {p.phase for p in stored.phases if p.node == "*"} == {"probe", "sustained"}
+    assert {p.node for p in stored.phases if p.node != "*"} == {n.name for n in inv.nodes}
+    for phase in ("probe", "sustained"):
+        assert count_samples(None, key, phase) > 0
+    assert {s.stage: s.status for s in stored.stages}["rollout"] == "success"
+    with open_store(None).connect() as conn:
+        engine, version = conn.execute(text(
+            "SELECT sw.engine, sw.version FROM runs r JOIN series se ON se.id = r.series_id "
+            "JOIN software sw ON sw.id = se.software_id WHERE r.run_key = :k"), {"k": key}).one()
+    assert engine == "sim" and version == "external (not deployed by deploybench)"
