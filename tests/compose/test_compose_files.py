@@ -1,0 +1,171 @@
+"""The production path's files, checked without starting anything (issue 16).
+
+The real check — build the image, start the stack, run a benchmark through it — is
+deploy/compose_check.py (`make compose-check`, in .ci/run). These tests catch in a second what would
+otherwise surface minutes into that check: a compose file Docker Compose refuses, a component without a
+health check or that starts before the init service, a credential written into a file, an image whose
+Airflow version disagrees with requirements.txt, RBAC that misses a call the kubernetes backend makes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploybench.rollout import manifests
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yaml"
+COMPONENTS = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+ENV_EXAMPLE = ROOT / "deploy" / "compose.env.example"
+sys_path_deploy = ROOT / "deploy"
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _airflow_pin() -> str:
+    return re.search(r"^apache-airflow==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+
+
+def test_compose_has_the_official_shape_and_every_component_waits_for_init_and_is_checked():
+    services = _compose()["services"]
+    assert set(services) == {"postgres", "airflow-init", *COMPONENTS}
+    for name in COMPONENTS:
+        svc = services[name]
+        assert svc["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully", name
+        assert svc["depends_on"]["postgres"]["condition"] == "service_healthy", name
+        assert svc["healthcheck"]["test"], name
+        assert svc["environment"]["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", name
+        mounts = {t: [mode] if mode else [] for t, mode in
+                  (re.match(r"^.*:(/[^:]+)(?::(ro|rw))?$", m).groups() for m in svc["volumes"])}
+        # what the components share: task logs, the run folders, the login; nodes' inventories/secrets read-only
+        assert {"/opt/airflow/logs", "/opt/airflow/deploybench", "/opt/airflow/auth"} <= set(mounts), name
+        assert mounts["/opt/deploybench/inventories"] == ["ro"] and mounts["/opt/deploybench/secrets"] == ["ro"], name
+        assert svc["environment"]["DEPLOYBENCH_HOME"] == "/opt/airflow/deploybench", name
+    assert services["postgres"]["healthcheck"]["test"]
+    assert services["airflow-init"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["airflow-apiserver"]["command"] == "api-server"
+
+
+def test_compose_holds_no_credential_each_one_comes_from_the_env_file():
+    env = _compose()["services"]["airflow-scheduler"]["environment"]
+    assert "${DEPLOYBENCH_RESULTS_PASSWORD:?" in env["AIRFLOW_CONN_DEPLOYBENCH_RESULTS"]
+    assert "${POSTGRES_PASSWORD:?" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"].startswith("${AIRFLOW_JWT_SECRET:?")
+    text = COMPOSE.read_text()
+    for line in text.splitlines():
+        if re.search(r"(?i)(password|secret)\w*:\s*\S", line) and not re.search(r"(?i)_FILE:", line) \
+                and not line.lstrip().startswith("#"):
+            assert "${" in line, f"a credential in docker-compose.yaml: {line.strip()}"
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"), reason="docker-compose not installed (.ci/bootstrap installs it)")
+def test_docker_compose_accepts_the_file_with_the_example_env(tmp_path):
+    """`docker-compose config` validates offline (exit 1 on an unknown key or a missing required variable)."""
+    def config(env_file: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker-compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "--env-file",
+                               str(env_file), "config"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    done = config(ENV_EXAMPLE)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    assert resolved["services"]["airflow-scheduler"]["environment"]["AIRFLOW_CONN_DEPLOYBENCH_RESULTS"] == \
+        "postgresql://deploybench:change-me-three@postgres:5432/deploybench"
+    # without a password the file refuses to start, naming the variable
+    no_pw = tmp_path / "env"
+    no_pw.write_text("\n".join(l for l in ENV_EXAMPLE.read_text().splitlines()
+                               if not l.startswith("POSTGRES_PASSWORD=")) + "\n")
+    done = config(no_pw)
+    assert done.returncode != 0 and "POSTGRES_PASSWORD" in done.stderr
+
+
+def test_image_and_stand_in_install_the_airflow_version_requirements_pins():
+    pin = _airflow_pin()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"ARG AIRFLOW_IMAGE=apache/airflow:{pin}-python3.11" in dockerfile
+    assert f"ARG AIRFLOW_VERSION={pin}" in dockerfile
+    assert f"ARG AIRFLOW_VERSION={pin}" in (ROOT / "deploy" / "standin" / "airflow.Dockerfile").read_text()
+    assert f"apache/airflow:{pin}-python3.11" in _compose()["x-airflow-common"]["build"]["args"]["AIRFLOW_IMAGE"]
+
+
+def test_the_build_context_holds_what_the_dockerfile_copies():
+    """Every COPY source of ./Dockerfile is let through by .dockerignore (a missing one fails the build)."""
+    allowed = [l[1:].rstrip("/") for l in (ROOT / ".dockerignore").read_text().splitlines() if l.startswith("!")]
+    sources = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY"):
+            words = [w for w in line.split()[1:] if not w.startswith("--")]
+            sources += words[:-1]
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), src
+        assert any(src == a or src.startswith(a + "/") for a in allowed), f"{src} is not in the build context"
+
+
+def test_constraints_where_they_apply_requirements_pins_win_and_differences_are_named():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_constraints", sys_path_deploy / "image_constraints.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    constraints = "# header\nSQLAlchemy==2.0.41\npandas==2.3.1\nrich==14.0.0\nzope.event==5.0\n"
+    requirements = "apache-airflow==3.3.2\nsqlalchemy==2.1.9\npsycopg[binary]==3.3.9\nPandas==2.3.1\n"
+    text, dropped = mod.without_pinned(constraints, requirements)
+    assert "rich==14.0.0" in text and "zope.event==5.0" in text and "# header" in text
+    assert "SQLAlchemy" not in text and "pandas" not in text
+    assert dropped == [("sqlalchemy", "2.0.41", "2.1.9"), ("pandas", "2.3.1", "2.3.1")]
+
+
+def test_helm_values_use_this_image_and_mount_inventories_and_secrets_read_only():
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "values.yaml").read_text())
+    assert values["executor"] == "LocalExecutor" and values["airflowVersion"] == _airflow_pin()
+    assert values["images"]["airflow"]["repository"] == values["defaultAirflowRepository"]
+    mounts = {m["mountPath"]: m for m in values["volumeMounts"]}
+    assert mounts["/opt/deploybench/inventories"]["readOnly"] and mounts["/opt/deploybench/secrets"]["readOnly"]
+    assert not mounts["/opt/airflow/deploybench"].get("readOnly")
+    volumes = {v["name"] for v in values["volumes"]}
+    assert {m["name"] for m in values["volumeMounts"]} <= volumes
+    envs = {s["envName"] for s in values["secret"]}
+    assert {"AIRFLOW_CONN_DEPLOYBENCH_RESULTS", "AIRFLOW_CONN_DEPLOYBENCH_SSH", "AIRFLOW_CONN_KUBERNETES_DEFAULT"} <= envs
+    assert values["config"]["core"]["dags_folder"] == "/opt/deploybench/dags"
+
+
+def _k8s_objects() -> list[dict]:
+    return [o for o in yaml.safe_load_all((ROOT / "deploy" / "helm" / "deploybench-rbac.yaml").read_text()) if o]
+
+
+def test_kubernetes_objects_are_valid_against_the_official_schemas():
+    objs = _k8s_objects()
+    assert {o["kind"] for o in objs} == {"Namespace", "Role", "RoleBinding", "PersistentVolumeClaim"}
+    for obj in objs:
+        manifests.validate(obj)
+
+
+_VERBS = {"read": "get", "list": "list", "patch": "patch", "delete": "delete", "create": "create", "replace": "update"}
+
+
+def test_the_role_allows_every_call_the_kubernetes_backend_makes():
+    """Each ``kube.apps.<verb>_namespaced_<kind>`` / ``kube.core...`` call in deploybench.rollout maps to a rule."""
+    calls = set()
+    for path in (ROOT / "include" / "deploybench" / "rollout").glob("*.py"):
+        calls |= set(re.findall(r"kube\.(apps|core)\.(\w+?)_namespaced_(\w+)", path.read_text()))
+    assert len(calls) >= 8
+    role = next(o for o in _k8s_objects() if o["kind"] == "Role")
+    allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    plural = {"deployment": "deployments", "service": "services", "config_map": "configmaps", "pod": "pods",
+              "deployment_scale": "deployments/scale", "pod_log": "pods/log"}
+    for api, verb, kind in sorted(calls):
+        group = "apps" if api == "apps" else ""
+        need = (group, plural[kind], _VERBS[verb])
+        assert need in allowed, f"kube.{api}.{verb}_namespaced_{kind} needs {need} in the Role"
+    binding = next(o for o in _k8s_objects() if o["kind"] == "RoleBinding")
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "values.yaml").read_text())
+    assert binding["subjects"][0]["name"] == values["scheduler"]["serviceAccount"]["name"]
