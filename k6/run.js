@@ -35,6 +35,10 @@ export const options = {
   thresholds: {
     'db_request{window:measure,ok:true}': [`p(99)<${cfg.p99Ms}`],
     'db_request_failed{window:measure}': [`rate<=${cfg.maxErrorRate}`],
+    // no threshold: named only so that the summary export counts each source of token counts
+    'db_tokens_from{tokens_from:usage}': [],
+    'db_tokens_from{tokens_from:stream}': [],
+    'db_tokens_from{tokens_from:text}': [],
   },
   summaryTrendStats: ['avg', 'min', 'med', 'p(90)', 'p(99)', 'p(99.9)', 'max', 'count'],
   setupTimeout: ms(30 + 10 * cfg.endpoints.length),
@@ -93,5 +97,6 @@ export default function () {
     errorKind: read.errorKind,
     promptTokens: read.promptTokens,
     outputTokens: read.outputTokens,
+    tokensFrom: read.tokensFrom,
   });
 }

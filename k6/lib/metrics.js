@@ -9,11 +9,13 @@
 //     t0 (request start, epoch ms), lag_ms (start - when it was due), prompt_tokens, output_tokens
 // deploybench.load parses these points into the samples DataFrame.
 import exec from 'k6/execution';
-import { Rate, Trend } from 'k6/metrics';
+import { Counter, Rate, Trend } from 'k6/metrics';
 
 export const requestTrend = new Trend('db_request', true);
 export const requestFailed = new Rate('db_request_failed');
 export const outputTokens = new Trend('db_output_tokens');
+// where each answer's token count came from (usage | stream | text): the summary export carries the counts
+export const tokensFrom = new Counter('db_tokens_from');
 
 export function recordSample(sample) {
   const md = exec.vu.metrics.metadata;
@@ -30,7 +32,10 @@ export function recordSample(sample) {
   };
   requestTrend.add(sample.latencyMs, tags);
   requestFailed.add(!sample.ok, { node: sample.node, window: sample.window });
-  if (sample.ok) outputTokens.add(sample.outputTokens, { node: sample.node, window: sample.window });
+  if (sample.ok) {
+    outputTokens.add(sample.outputTokens, { node: sample.node, window: sample.window });
+    tokensFrom.add(1, { tokens_from: sample.tokensFrom || 'usage' });
+  }
   delete md.t0;
   delete md.lag_ms;
   delete md.prompt_tokens;

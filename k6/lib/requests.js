@@ -80,10 +80,12 @@ export function parseSSE(body) {
   return out;
 }
 
-// Reads a 2xx answer: {ok, errorKind, promptTokens, outputTokens}. A 2xx whose body cannot be read
-// (bad JSON, a stream without [DONE]) is an error of its own kind, not a success.
+// Reads a 2xx answer: {ok, errorKind, promptTokens, outputTokens, tokensFrom}. A 2xx whose body cannot be
+// read (bad JSON, a stream without [DONE]) is an error of its own kind, not a success. tokensFrom says
+// where outputTokens came from: 'usage' (the server's count), 'stream' (text events counted: servers
+// such as llama.cpp's send no usage in a stream) or 'text' (words of an answer without usage).
 export function readResponse(cfg, res, prompt) {
-  const r = { ok: true, errorKind: '', promptTokens: prompt.tokens, outputTokens: 0 };
+  const r = { ok: true, errorKind: '', promptTokens: prompt.tokens, outputTokens: 0, tokensFrom: 'usage' };
   if (cfg.stream) {
     const sse = parseSSE(res.body);
     if (cfg.api !== 'triton' && !sse.done) return { ...r, ok: false, errorKind: 'stream_incomplete' };
@@ -93,6 +95,7 @@ export function readResponse(cfg, res, prompt) {
       r.promptTokens = sse.usage.prompt_tokens || r.promptTokens;
     } else {
       r.outputTokens = cfg.api === 'triton' ? Math.max(sse.chunks, wordCount(sse.text)) : sse.chunks;
+      r.tokensFrom = 'stream';
     }
     return r;
   }
@@ -105,9 +108,16 @@ export function readResponse(cfg, res, prompt) {
   if (cfg.api === 'triton') {
     if (typeof data.text_output !== 'string') return { ...r, ok: false, errorKind: 'bad_response' };
     r.outputTokens = wordCount(data.text_output); // Triton's generate answer carries no token count
+    r.tokensFrom = 'text';
     return r;
   }
-  if (!data.usage || !Array.isArray(data.choices)) return { ...r, ok: false, errorKind: 'bad_response' };
+  if (!Array.isArray(data.choices) || !data.choices.length) return { ...r, ok: false, errorKind: 'bad_response' };
+  if (!data.usage) {
+    const c = data.choices[0] || {};
+    r.outputTokens = wordCount(c.text !== undefined ? c.text : c.message && c.message.content);
+    r.tokensFrom = 'text';
+    return r;
+  }
   r.outputTokens = data.usage.completion_tokens || 0;
   r.promptTokens = data.usage.prompt_tokens || r.promptTokens;
   return r;

@@ -110,8 +110,20 @@ export default function () {
     'read: json usage': () => {
       const body = JSON.stringify({ choices: [{ text: 'hi' }], usage: { prompt_tokens: 5, completion_tokens: 16 } });
       const r = readResponse(cfg, { body }, prompt);
-      return r.ok && r.outputTokens === 16 && r.promptTokens === 5;
+      return r.ok && r.outputTokens === 16 && r.promptTokens === 5 && r.tokensFrom === 'usage';
     },
+    'read: stream without usage counts its text events and says so': () => {
+      const body = 'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[{"text":"b"}]}\n\n' +
+        'data: {"choices":[{"text":"c"}]}\n\ndata: [DONE]\n\n';
+      const r = readResponse(streamCfg, { body }, prompt);
+      return r.ok && r.outputTokens === 3 && r.tokensFrom === 'stream';
+    },
+    'read: json without usage counts words and says so': () => {
+      const r = readResponse(cfg, { body: JSON.stringify({ choices: [{ text: 'one two three four' }] }) }, prompt);
+      return r.ok && r.outputTokens === 4 && r.tokensFrom === 'text';
+    },
+    'read: json without choices is bad_response': () =>
+      readResponse(cfg, { body: JSON.stringify({ usage: { completion_tokens: 3 } }) }, prompt).errorKind === 'bad_response',
     'read: bad json is bad_response': () => readResponse(cfg, { body: '<html>' }, prompt).errorKind === 'bad_response',
     'error kinds': () =>
       errorKind({ status: 503 }) === 'http_503' && errorKind({ status: 0, error_code: 1050 }) === 'timeout' &&

@@ -85,3 +85,124 @@ def test_new_engine_knobs_at_their_defaults_keep_the_fingerprint():
     d = RunConfig.parse({"inventory": "x", "engine": {"profile": "triton"}})
     assert "triton" not in a.performance_identity()["engine"]
     assert a.fingerprint() == b.fingerprint() and c.fingerprint() != d.fingerprint()
+
+
+# -- profiles as data (issue 17) ---------------------------------------------------------------------
+def _write(folder, name: str, body: str):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.toml").write_text(body)
+    return folder
+
+
+def test_every_shipped_profile_loads_and_the_builtins_are_files_like_any_other():
+    known = engines.profiles()
+    assert {"sim", "vllm", "triton", "llamacpp", "llamacpp-native", "sglang", "openai"} <= set(known)
+    for name in ("sim", "vllm", "triton"):
+        assert known[name].source.endswith(f"engine_profiles/{name}.toml")
+    assert known["llamacpp"].readiness.kind == "models" and known["llamacpp"].metrics == {}
+    assert known["sglang"].metrics["running"] == "sglang:num_running_reqs"
+
+
+def test_sim_profile_expands_its_knobs_from_the_template():
+    spec = EngineSpec(max_num_seqs=6, sim={"decode_base_ms": 7.5, "seed": 3})
+    argv = engines.profile("sim").command(_ctx(spec))
+    assert argv[1:3] == ["-m", "deploybench.lab.engine"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "6" and argv[argv.index("--decode-base-ms") + 1] == "7.5"
+    assert argv[argv.index("--seed") + 1] == "3" and argv[argv.index("--host") + 1] == "10.0.0.11"
+    assert argv[argv.index("--served-model-name") + 1] == "llama"
+
+
+def test_a_profile_file_in_the_profiles_folder_is_used_without_touching_the_library(tmp_path, monkeypatch):
+    _write(tmp_path, "tgi", '''name = "tgi"
+command = ["text-generation-launcher", "--model-id", "{model_dir}", "--port", "{port}", "--hostname", "{host}",
+           "--max-concurrent-requests", "{max_num_seqs}", "{extra_args}"]
+[readiness]
+kind = "completion"
+path = "/v1/completions"
+timeout_s = 7
+''')
+    monkeypatch.setenv(engines.PROFILE_ENV, str(tmp_path))
+    cfg = RunConfig.parse({"inventory": "x", "engine": {"profile": "file", "profile_file": "tgi",
+                                                        "extra_args": ["--dtype", "bfloat16"]}})
+    prof = engines.profile(cfg.engine)
+    assert prof.name == "tgi" and prof.readiness.kind == "completion" and prof.readiness.timeout_s == 7
+    assert prof.command(_ctx(cfg.engine)) == [
+        "text-generation-launcher", "--model-id", "/srv/m/llama", "--port", "8000", "--hostname", "10.0.0.11",
+        "--max-concurrent-requests", "8", "--dtype", "bfloat16"]
+    assert engines.profile_name(cfg.engine) == "tgi"
+    monkeypatch.delenv(engines.PROFILE_ENV)
+    with pytest.raises(ConfigError, match=r"unknown engine profile 'tgi'.*DEPLOYBENCH_ENGINE_PROFILES"):
+        engines.profile(cfg.engine)
+
+
+@pytest.mark.parametrize("command, words", [
+    ('["srv", "--model", "{model_path}"]', r"unknown placeholder \{model_path\}.*allowed: \{python\}, \{model_dir\}"),
+    ('["srv", "--port={port:05d}"]', r"unknown placeholder \{port:05d\}"),
+    ('["srv", "--x", "{extra_args}x"]', r"\{extra_args\} stands for several arguments"),
+    ('["srv", "{port"]', "a literal brace"),
+])
+def test_a_profile_with_a_bad_placeholder_is_refused_naming_it(tmp_path, command, words):
+    path = _write(tmp_path, "bad", f'name = "bad"\ncommand = {command}\n') / "bad.toml"
+    with pytest.raises(ConfigError, match=words):
+        engines.load_profile_file(path)
+
+
+@pytest.mark.parametrize("body, words", [
+    ('name = "other"\ncommand = ["x"]\n', "must be the file's name"),
+    ('name = "bad"\ncommand = ["x"]\nhealth = "/h"\n', "health: Extra inputs are not permitted"),
+    ('name = "bad"\ncommand = ["x"]\nfiles = "pbtxt"\n', "names no file generator; known: triton"),
+    ('name = "bad"\ncommand = ["x"]\n[readiness]\nkind = "ping"\n', "readiness.kind"),
+    ('name = "bad"\ncommand = [\n', "cannot read it as TOML"),
+])
+def test_a_malformed_profile_file_is_refused_naming_the_file(tmp_path, body, words):
+    path = _write(tmp_path, "bad", body) / "bad.toml"
+    with pytest.raises(ConfigError, match=words) as err:
+        engines.load_profile_file(path)
+    assert str(path) in str(err.value)
+
+
+def test_a_profile_name_defined_twice_or_a_missing_folder_is_refused(tmp_path, monkeypatch):
+    _write(tmp_path, "vllm", 'name = "vllm"\ncommand = ["x"]\n')
+    monkeypatch.setenv(engines.PROFILE_ENV, str(tmp_path))
+    with pytest.raises(ConfigError, match="'vllm' is defined twice"):
+        engines.profiles()
+    monkeypatch.setenv(engines.PROFILE_ENV, str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="not a folder"):
+        engines.profiles()
+
+
+def test_profile_file_goes_with_engine_file_and_external_needs_endpoints():
+    with pytest.raises(ConfigError, match="goes with engine.profile=file"):
+        RunConfig.parse({"inventory": "x", "engine": {"profile_file": "llamacpp"}})
+    with pytest.raises(ConfigError, match="goes with engine.profile=file"):
+        RunConfig.parse({"inventory": "x", "engine": {"profile": "file"}})
+    with pytest.raises(ConfigError, match="needs rollout.endpoints"):
+        RunConfig.parse({"inventory": "x", "rollout": {"backend": "external"}})
+    with pytest.raises(ConfigError, match="are for rollout.backend=external"):
+        RunConfig.parse({"inventory": "x", "rollout": {"endpoints": ["n1=http://127.0.0.1:8000"]}})
+    with pytest.raises(ConfigError, match="names a node twice"):
+        RunConfig.parse({"inventory": "x", "rollout": {"backend": "external", "endpoints": [
+            "n1=http://127.0.0.1:8000", "n1=http://127.0.0.1:8001"]}})
+    ok = RunConfig.parse({"inventory": "x", "engine": {"profile": "file", "profile_file": "llamacpp"}})
+    assert ok.fingerprint() != RunConfig.parse({"inventory": "x"}).fingerprint()
+
+
+def test_external_endpoints_must_be_allow_listed_plain_urls_on_the_runs_nodes(monkeypatch):
+    from deploybench.rollout import external
+
+    def cfg(*eps):
+        return RunConfig.parse({"inventory": "x", "rollout": {"backend": "external", "endpoints": list(eps)}})
+
+    monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", "http://10.0.0.11:8000, http://10.0.0.12:8000")
+    eps = external.check(cfg("n1=http://10.0.0.11:8000/", "n2=http://10.0.0.12:8000"), ["n1", "n2"])
+    assert eps == [{"node": "n1", "url": "http://10.0.0.11:8000", "model": "sim-model"},
+                   {"node": "n2", "url": "http://10.0.0.12:8000", "model": "sim-model"}]
+    with pytest.raises(ConfigError, match=r"'http://10.0.0.13:8000' is not in the allow-list"):
+        external.check(cfg("n1=http://10.0.0.13:8000"), ["n1"])
+    with pytest.raises(ConfigError, match="no user, query or fragment"):
+        external.check(cfg("n1=http://u:p@10.0.0.11:8000"), ["n1"])
+    with pytest.raises(ConfigError, match="node 'n9'"):
+        external.check(cfg("n9=http://10.0.0.11:8000"), ["n1"])
+    monkeypatch.delenv("DEPLOYBENCH_TARGET_URLS")
+    with pytest.raises(ConfigError, match=r"allow-list \$DEPLOYBENCH_TARGET_URLS \(empty\)"):
+        external.check(cfg("n1=http://10.0.0.11:8000"), ["n1"])

@@ -251,6 +251,27 @@ def _start_k6(cmd: list[str], env: dict[str, str], log_out: Path, timeout_s: flo
             pid_file.unlink(missing_ok=True)
 
 
+def token_sources(summary: dict, sampled: list[dict]) -> dict[str, int]:
+    """How many answers had their output tokens from each source: ``usage`` (the server's count), ``stream``
+    (text events counted: no usage in the stream) or ``text`` (words of an answer without usage); k6's
+    counts from its summary export (counter ``db_tokens_from``), the TTFT sampler's from its rows."""
+    metrics = summary.get("metrics") or {}
+    out = {}
+    for kind in ("usage", "stream", "text"):
+        n = int((metrics.get(f"db_tokens_from{{tokens_from:{kind}}}") or {}).get("count") or 0)
+        n += sum(1 for r in sampled if r.get("tokens_from") == kind)
+        if n:
+            out[kind] = n
+    return out
+
+
+def _token_note(counts: dict[str, int]) -> str:
+    words = {"usage": "the server's usage", "stream": "counted from the stream (no usage sent)",
+             "text": "words of the answer (no usage sent)"}
+    return "client: output tokens from " + (", ".join(f"{words[k]} in {n} answers" for k, n in counts.items())
+                                            or "no successful answer")
+
+
 def _sampler_frame(rows: list[dict], phase: str) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["ts", "node", "status", "error_kind", "latency_ms", "ttft_ms",
                                      "prompt_tokens", "output_tokens", "itl_ms"])
@@ -389,7 +410,7 @@ def run_load(
                                        lambda t: offered_at(rate, stages, t), dropped, slo),
         engine=engine_figures(points, warmup_end.to_pydatetime()) if points else {},
         metrics_path=str(metrics_path) if metrics_path else None,
-        sources=SOURCES,
+        sources={**SOURCES, "output_tokens": _token_note(token_sources(summary, sampled))},
         notes=[
             f"{int(in_warmup.sum())} requests started in the {warmup_s:g} s warm-up are left out of every "
             "figure (kept in warmup_samples_path)",

@@ -8,7 +8,10 @@ server does), always streamed, and times each SSE event as it arrives:
 
 * ``ttft_ms``: from the request's start (before connecting) to the first event that carries text;
 * ``itl_ms``: the gaps between consecutive text events (one token per event for vLLM and Triton);
-* ``latency_ms``: to the end of the stream, as for k6's requests.
+* ``latency_ms``: to the end of the stream, as for k6's requests;
+* ``output_tokens``: the server's ``usage`` when the stream carries one, else the text events counted
+  (``tokens_from`` says which). Headers sent long before the first token change nothing: TTFT is
+  timed from the first event that carries text, never from the headers.
 
 Its rows join k6's in the phase's samples (``ttft_ms`` set marks them), and its rate is taken off k6's,
 so the offered rate is the sum. It speaks OpenAI completions and chat (``stream_options.include_usage``)
@@ -171,7 +174,10 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
                 keep = _reusable(headers)
                 row["ttft_ms"] = (times[0] - t0) * 1000.0
                 row["itl_ms"] = [(b - a) * 1000.0 for a, b in zip(times, times[1:])]
-                row["output_tokens"] = int((usage or {}).get("completion_tokens") or len(times))
+                # servers such as llama.cpp's send no usage in a stream: then the text events are the count
+                counted = int((usage or {}).get("completion_tokens") or 0)
+                row["output_tokens"] = counted or len(times)
+                row["tokens_from"] = "usage" if counted else "stream"
                 row["prompt_tokens"] = int((usage or {}).get("prompt_tokens") or prompt_tokens)
     except TimeoutError:
         row["error_kind"] = "timeout"
