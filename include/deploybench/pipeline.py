@@ -282,8 +282,9 @@ def teardown(run_key: str, ssh_overrides: dict | None = None, kube: Any = None) 
     with stage(run.dir, "teardown") as rec, run.cluster(ssh_overrides) as cluster:
         if run.cfg.deployment.keep_for and (kept := _keep(run, ssh_overrides, rec)):
             return kept
+        theirs = _stop_adopted(run, ssh_overrides)  # first: an adopted engine answers on the port this run checks
         stopped = stage_mod.teardown(cluster, run.nodes, run.cfg, kube=kube)
-        stopped = _stop_adopted(run, stopped, ssh_overrides)
+        stopped = {**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}}
         rec["result"] = stopped
         errors = {n: s for n, s in stopped.items() if s.startswith("error")}
         what = "objects deleted" if run.cfg.rollout.backend.value == "kubernetes" else "engines stopped on"
@@ -476,16 +477,15 @@ def _keep(run: Run, ssh_overrides: dict | None, rec: dict) -> dict | None:
     return rec["result"]
 
 
-def _stop_adopted(run: Run, stopped: dict[str, str], ssh_overrides: dict | None) -> dict[str, str]:
+def _stop_adopted(run: Run, ssh_overrides: dict | None) -> dict[str, str]:
     """Teardown of a run that adopted another run's engines and keeps them for nobody: stop them too."""
     from deploybench.matrix import deployment
 
     owner = deployment.adopted_owner(run)
     if owner is None:
-        return stopped
+        return {}
     nodes = (deployment.adoption(run) or {}).get("nodes") or []
-    theirs = deployment.stop(owner, [n for n in nodes if n in run.nodes], ssh_overrides)
-    return {**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}}
+    return deployment.stop(owner, [n for n in nodes if n in run.nodes], ssh_overrides)
 
 
 def _hand_over(run: Run, rec: dict, kept: dict, dsn: str | None) -> dict:

@@ -2,8 +2,10 @@
 
 - A 2 x 2 matrix (max_num_seqs x load_rate) where one cell was measured before by a manual run:
   three cells run as deploybench_run DAG runs (one at a time, labelled), one is skipped naming the
-  run that measured it, the cells differing only in load rate are adjacent in one deployment group,
-  and the stored comparison names the best cell.
+  run that measured it, the two cells differing only in load rate share one rollout (the second
+  adopts the first's engines: its preflight, fanout and rollout say "reused from run ...", the lease
+  passes from one to the other, the engines are stopped and the lease freed at the end), and the
+  stored comparison names the best cell and which cells shared a rollout.
 - Triggering the same matrix again runs nothing: every cell is skipped.
 - A matrix with an invalid value is refused by its plan, naming cell, parameter and value; no run starts.
 - A cell whose engine crashes (sim_crash_after) fails alone: the other cell is measured and the
@@ -143,11 +145,12 @@ def test_matrix_runs_the_gaps_skips_the_measured_cell_and_names_the_best(airflow
     plan_log = _log(airflow, MATRIX, mrun, "plan")
     assert "4 cells - 3 will run, 1 skipped (already measured)" in plan_log, plan_log[-3000:]
     assert "expected, at most" in plan_log
+    assert "cells c01, c02 run on the rollout of c01" in plan_log, plan_log[-3000:]
     cells = _cells(airflow, mrun)
     labels = [c["rendered_map_index"] for c in cells]
-    # the cells differing only in load rate are adjacent: one deployment each
-    assert labels == ["max_num_seqs=8 load_rate=2", "max_num_seqs=8 load_rate=4", "max_num_seqs=16 load_rate=2",
-                      "max_num_seqs=16 load_rate=4"], labels
+    # the cells differing only in load rate are adjacent: one deployment each; the Grid says who reuses a rollout
+    assert labels == ["max_num_seqs=8 load_rate=2", "max_num_seqs=8 load_rate=4 (on c01's rollout)",
+                      "max_num_seqs=16 load_rate=2", "max_num_seqs=16 load_rate=4"], labels
     assert [c["state"] for c in cells] == ["success", "success", "success", "skipped"], cells
     # one cell at a time: each started after the previous one ended
     ran = cells[:3]
@@ -171,6 +174,31 @@ def test_matrix_runs_the_gaps_skips_the_measured_cell_and_names_the_best(airflow
     stored = _comparison(results_dsn, matrix_key)
     assert set(stored["run_keys"]) == {c["run_key"] for c in out["cells"]}
     assert stored["params"]["matrix"]["deployments"] == {"d1": ["c01", "c02"], "d2": ["c03", "c04"]}
+
+    # the two cells that differ only in load rate share one rollout (c03 alone: c04 was measured before)
+    c01, c02, c03 = (c["run_key"] for c in out["cells"][:3])
+    assert [c["rollout_run"] for c in out["cells"][:3]] == [c01, c01, c03]
+    assert stored["params"]["matrix"]["shared_rollouts"] == {c01: ["c01", "c02"]}
+    first, second = load_run(results_dsn, c01), load_run(results_dsn, c02)
+    reused = {s.stage: s.summary for s in second.stages if s.stage in ("preflight", "fanout", "rollout")}
+    assert all(v["summary"].startswith(f"reused from run {c01} (age ") for v in reused.values()), reused
+    assert reused["rollout"]["result"]["endpoints"] == next(
+        s.summary for s in first.stages if s.stage == "rollout")["result"]["endpoints"]
+    teardown = {s.stage: s.summary for s in first.stages}["teardown"]
+    assert teardown["summary"].startswith(f"engines of run {c01} left running"), teardown
+    assert second.run.config["deployment"]["adopt"] == c01 and second.run.status == "success"
+    assert "reused from run" in _log(airflow, RUN, c02.removeprefix(RUN + "__"), "rollout.canary_then_scale")
+    # c02 stopped them; the lease went c01 -> c02 and is free now, with nothing left for anyone to clean
+    from deploybench.lease import LeaseStore
+
+    assert not any(_up(e["url"]) for e in reused["rollout"]["result"]["endpoints"])
+    from deploybench.pipeline import Run
+
+    lease = LeaseStore(results_dsn).status(Run.open(c01).inventory.name)
+    assert lease.free and lease.pending_cleanup == [], lease
+    handed = [e["detail"].get("handed_over_to") for e in LeaseStore(results_dsn).events(run_key=c01)]
+    assert c02 in handed, handed
+    assert _state(airflow, mrun, "cleanup") == "success"
     assert stored["result"]["best"] and best["run_key"] in stored["result"]["best"].values()
 
     # a cell is a deploybench_run like a manual one: same stages stored, the cell's conf, the matrix tags
@@ -197,6 +225,12 @@ def test_matrix_runs_the_gaps_skips_the_measured_cell_and_names_the_best(airflow
     assert [c["state"] for c in _cells(airflow, again)] == ["skipped"] * 4
     assert _run_ids(airflow) == before
     assert "4 cells - 0 will run, 4 skipped" in _log(airflow, MATRIX, again, "plan")
+
+
+def _up(url: str) -> bool:
+    from deploybench import http
+
+    return http.is_up(url + "/health", timeout=2)
 
 
 def _page(airflow, path: str) -> str:
