@@ -5,7 +5,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 NODES ?= 16
 
-.PHONY: setup demo test test-unit compose-check lab-down clean
+.PHONY: setup demo test test-unit lint compose-check lab-down clean
 
 setup:
 	@.ci/bootstrap
@@ -20,6 +20,11 @@ test: setup
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit
+
+## lint: ruff (rules and per-file relaxations in pyproject.toml) and mypy on the library (strict core listed there)
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 ## compose-check: build the image, start docker-compose.yaml on a private Docker daemon, run deploybench_run through it (root; deploy/compose_check.py)
 compose-check:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 import store_fixtures as fx  # noqa: E402
-
 from deploybench.analyse.history import analyse_series  # noqa: E402
 from deploybench.analyse.simseries import run_series  # noqa: E402
 
@@ -46,9 +45,13 @@ def main() -> int:
                     flagged = sorted({keys.index(k) for k in h.flagged()})
                     p50 = h.runs["latency_p50_ms"].round(1).tolist()
                     v = h.verdicts["latency_p50_ms"]
-                    print(f"rep {rep} {kind:<6} change at {at}: flagged run(s) {flagged}; newest run "
-                          f"{v['verdict']} {v['magnitude']:+.1%} p={v['p_value'] if v['p_value'] is None else round(v['p_value'], 5)}; "
-                          f"P50 ms {p50}", flush=True)
+                    p = v["p_value"] if v["p_value"] is None else round(v["p_value"], 5)
+                    print(
+                        f"rep {rep} {kind:<6} change at {at}: flagged run(s) {flagged}; newest run "
+                        f"{v['verdict']} {v['magnitude']:+.1%} p={p}; "
+                        f"P50 ms {p50}",
+                        flush=True,
+                    )
                     if kind == "change":
                         hits += flagged == [at]
                     else:

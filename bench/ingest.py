@@ -22,7 +22,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 import store_fixtures as fx  # noqa: E402
-
 from deploybench.store import write_run  # noqa: E402
 from deploybench.store.db import open_store  # noqa: E402
 from deploybench.store.records import SAMPLE_COLUMNS  # noqa: E402

@@ -1,6 +1,6 @@
 """Matrix overhead: what a cell of deploybench_matrix costs over the same run started alone.
 
-    python bench/matrix.py [--cells 3] [--alone 2]
+    python bench/matrix.py [--cells 3] [--alone 2] [--no-unshared]
 
 On ``airflow standalone`` (scheduler, triggerer, LocalExecutor; the browser tests' fixture) with a
 2-node lab of its own (``lmb``) and a throwaway results database, side by side in one session:
@@ -8,14 +8,20 @@ On ``airflow standalone`` (scheduler, triggerer, LocalExecutor; the browser test
 - the run started alone: deploybench_run triggered through the REST API, timed from the POST to the
   state Airflow reports as final (``--alone`` times: before the matrix and one after it);
 - the same run as matrix cells: deploybench_matrix with ``repeats=--cells`` and ``on_measured=rerun``
-  (identical cells, so every cell does the work of the run alone). Per cell: its triggered run's own
-  duration, the cell task's duration (trigger + run + the triggerer's poke), and its share of the
-  matrix's own tasks (plan, compare, finish and the scheduling between them).
+  (identical cells, one deployment group). The cells share one rollout: the first deploys and keeps
+  its engines, each next one adopts them (no preflight, fan-out or rollout of its own). Per cell: its
+  triggered run's own duration, the cell task's duration (trigger + run + the triggerer's poke), and
+  its share of the matrix's own tasks (plan, share, cleanup, compare, finish and the scheduling
+  between them);
+- the same matrix with ``reuse_s=0`` (every cell deploys on its own, what the matrix did before
+  cells shared a rollout), unless ``--no-unshared``.
 
 Printed per cell: the cell's wall time in the matrix (cell task + its share), the matrix's own part
 of it (that minus the cell's run: triggering, the triggerer's poll, the share), the median run
-alone, the overhead (wall time minus the run alone) and the ratio. The aim of issue 14: under 10 s
-per cell.
+alone, the overhead (wall time minus the run alone, negative = cheaper than alone) and the ratio,
+then the mean for cells that deployed and for cells that ran on a shared rollout, and what sharing
+saves per cell against the run alone and against the unshared matrix. The aim of issue 14: under
+10 s of overhead per cell.
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ if _OWN_HOME:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
 
 import conftest as harness  # noqa: E402 - the browser tests' Airflow: one way to start and stop it
-
 from deploybench import paths  # noqa: E402
 
 LAB = "lmb"
@@ -68,6 +73,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=3)
     ap.add_argument("--alone", type=int, default=2)
+    ap.add_argument("--no-unshared", action="store_true", help="skip the matrix whose cells each deploy")
     args = ap.parse_args()
     from deploybench.lab import cluster
     from deploybench.store import embedded
@@ -84,10 +90,18 @@ def main() -> int:
             af.wait_for(f"{MATRIX} unpaused", lambda: _unpause(af), 240, every_s=2)
             print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
             alone = [_trigger(af, RUN, conf)[1] for _ in range(max(1, args.alone - 1))]
-            mrun, matrix_s = _trigger(af, MATRIX, {"base": conf, "axes": {"load_rate": [4]}, "repeats": args.cells,
-                                                   "on_measured": "rerun"})
+            spec = {"base": conf, "axes": {"load_rate": [4]}, "repeats": args.cells, "on_measured": "rerun"}
+            shared = _trigger(af, MATRIX, spec)
             alone.append(_trigger(af, RUN, conf)[1])
-            _report(af, mrun, matrix_s, alone)
+            unshared = None if args.no_unshared else _trigger(af, MATRIX, {**spec, "reuse_s": 0})
+            base = statistics.median(alone)
+            print(f"run alone (POST -> final state): {', '.join(f'{a:.1f} s' for a in alone)}; median {base:.1f} s")
+            got = _report(af, *shared, base, "cells share one rollout")
+            if unshared:
+                flat = _report(af, *unshared, base, "reuse_s=0: every cell deploys on its own")
+                print(f"sharing saves {statistics.mean(flat) - statistics.mean(got):.1f} s per cell on average "
+                      f"({statistics.mean(got):+.1f} s vs {statistics.mean(flat):+.1f} s over the run alone), "
+                      f"measured side by side in this session")
     finally:
         cluster.down(LAB)
         embedded.stop()
@@ -105,31 +119,43 @@ def _unpause(af) -> bool:
         raise
 
 
-def _report(af, mrun: str, matrix_s: float, alone: list[float]) -> None:
+def _report(af, mrun: str, matrix_s: float, base: float, what: str) -> list[float]:
+    """Print one matrix run's cells against the run alone; returns each cell's overhead (s)."""
     tis = af.request("GET", f"/api/v2/dags/{MATRIX}/dagRuns/{quote(mrun, safe='')}/taskInstances?limit=100")
     cells = sorted((t for t in tis["task_instances"] if t["task_id"] == "cell"), key=lambda t: t["map_index"])
-    own = {t["task_id"]: _t(t["end_date"]) - _t(t["start_date"]) for t in tis["task_instances"] if t["task_id"] != "cell"}
+    own = {
+        t["task_id"]: _t(t["end_date"]) - _t(t["start_date"])
+        for t in tis["task_instances"]
+        if t["task_id"] != "cell"
+    }
     cell_s = [_t(c["end_date"]) - _t(c["start_date"]) for c in cells]
     share = (matrix_s - sum(cell_s)) / len(cells)  # plan, compare, finish and the scheduling between tasks
-    base = statistics.median(alone)
-    print(f"run alone (POST -> final state): {', '.join(f'{a:.1f} s' for a in alone)}; median {base:.1f} s")
-    print(f"matrix of {len(cells)} identical cells: {matrix_s:.1f} s; own tasks "
+    print(f"\nmatrix of {len(cells)} identical cells, {what}: {matrix_s:.1f} s; own tasks "
           + ", ".join(f"{k} {v:.1f} s" for k, v in own.items()) + f"; share per cell {share:.1f} s")
-    print(f"{'cell':<18} {'its run':>8} {'cell task':>9} {'+ share':>8} {'matrix part':>11} {'alone':>7} "
+    print(f"{'cell':<40} {'its run':>8} {'cell task':>9} {'+ share':>8} {'matrix part':>11} {'alone':>7} "
           f"{'overhead':>9} {'ratio':>6}")
     planned = af.request("GET", f"/api/v2/dags/{MATRIX}/dagRuns/{quote(mrun, safe='')}/taskInstances/plan/xcomEntries"
                                 f"/plan?deserialize=true")["value"]
-    overheads = []
+    overheads, deployed, reused = [], [], []
     for c, s, cell in zip(cells, cell_s, planned["cells"]):
         run_id = cell["trigger_run_id"]
         run = af.request("GET", f"/api/v2/dags/{RUN}/dagRuns/{quote(run_id, safe='')}")
         own_run = _t(run["end_date"]) - _t(run["start_date"])
         total = s + share
         overheads.append(total - base)
-        print(f"{c['rendered_map_index']:<18} {own_run:7.1f}s {s:8.1f}s {total:7.1f}s {total - own_run:10.1f}s {base:6.1f}s "
-              f"{total - base:+8.1f}s {total / base:6.2f}")
+        (reused if cell.get("rollout_of") else deployed).append(total - base)
+        print(
+            f"{c['rendered_map_index']:<40} {own_run:7.1f}s {s:8.1f}s {total:7.1f}s {total - own_run:10.1f}s "
+            f"{base:6.1f}s "
+            f"{total - base:+8.1f}s {total / base:6.2f}"
+        )
     print(f"mean overhead per cell {statistics.mean(overheads):+.1f} s (aim of issue 14: under 10 s); the cell task "
           f"waits for its run by polling every few seconds, so up to that interval is part of each cell's overhead")
+    if reused:
+        print(f"cells that deployed: {statistics.mean(deployed):+.1f} s over the run alone; cells on a shared rollout: "
+              f"{statistics.mean(reused):+.1f} s, i.e. {-statistics.mean(reused):.1f} s saved per sharing cell "
+              f"({statistics.mean(reused) / base + 1:.2f} x the run alone)")
+    return overheads
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Exception classes. Every message names the value at fault and the way out."""
 
+from typing import Any
+
 
 class DeploybenchError(Exception):
     """Base class for errors deploybench raises on purpose."""
@@ -23,7 +25,7 @@ class StageFailed(DeploybenchError):
     ``result`` carries what the stage measured anyway, so it is stored with the run.
     """
 
-    def __init__(self, message: str, result: dict | None = None):
+    def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.result = result
 

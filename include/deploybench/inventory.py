@@ -24,7 +24,7 @@ import os
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -34,11 +34,17 @@ from deploybench.errors import ConfigError
 INVENTORIES_ENV = "DEPLOYBENCH_INVENTORIES"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
-_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_HOST = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
 USER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+@overload
+def check_host(value: str) -> str: ...
+@overload
+def check_host(value: None) -> None: ...
 def check_host(value: str | None) -> str | None:
     """A host name (RFC 1123 labels) or an IPv4/IPv6 address; anything else (``-oProxyCommand=x``, a space, a
     shell character) could be read as an option or a second argument by ssh, rsync or iperf3."""
@@ -55,6 +61,10 @@ def check_host(value: str | None) -> str | None:
     return value
 
 
+@overload
+def check_path(value: str, absolute: bool = True) -> str: ...
+@overload
+def check_path(value: None, absolute: bool = True) -> None: ...
 def check_path(value: str | None, absolute: bool = True) -> str | None:
     """A folder or file on a node: absolute (or, for a command, not starting with '-'), no control character,
     no '..' part."""
@@ -180,7 +190,7 @@ class Inventory(BaseModel):
         return nodes
 
     @model_validator(mode="after")
-    def _ssh_needs_hostkeys(self) -> "Inventory":
+    def _ssh_needs_hostkeys(self) -> Inventory:
         if self.transport is TransportKind.SSH and not (self.ssh.known_hosts or self.ssh.conn_id):
             raise ValueError(
                 "ssh.known_hosts is required for the ssh transport (host keys are always verified); "
@@ -203,13 +213,13 @@ class Inventory(BaseModel):
         n = self.node(node) if isinstance(node, str) else node
         return n.model_root or self.model_root
 
-    def subset(self, names: list[str]) -> "Inventory":
+    def subset(self, names: list[str]) -> Inventory:
         """The same inventory restricted to ``names`` (in that order)."""
         return self.model_copy(update={"nodes": [self.node(n) for n in names]})
 
     # -- files -------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path) -> "Inventory":
+    def load(cls, path: str | Path) -> Inventory:
         """The inventory at ``path``, or, for a bare name (no ``/``), the one of that name in the inventory
         folders (``resolve``)."""
         p = resolve(path) if isinstance(path, str) and "/" not in path else Path(path)

@@ -6,7 +6,7 @@ import argparse
 import json
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("lease", help="the cluster lease: who holds a cluster, break a dead run's lease")
     lsub = p.add_subparsers(dest="lease_command", required=True)
     s = lsub.add_parser("status", help="the holder of a cluster's lease (run, DAG, host, pid, age), or of every one")

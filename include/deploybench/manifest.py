@@ -58,7 +58,7 @@ class Manifest:
         return json.dumps({"digest": self.digest, "files": [asdict(f) for f in self.files]}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
+    def from_json(cls, text: str) -> Manifest:
         data = json.loads(text)
         m = cls(tuple(FileEntry(**f) for f in data["files"]))
         if data.get("digest") not in (None, m.digest):
@@ -66,7 +66,7 @@ class Manifest:
         return m
 
     @classmethod
-    def read(cls, model_dir: str | Path) -> "Manifest":
+    def read(cls, model_dir: str | Path) -> Manifest:
         p = Path(model_dir) / MANIFEST_NAME
         try:
             return cls.from_json(p.read_text())

@@ -32,9 +32,9 @@ import json
 import logging
 import os
 from dataclasses import asdict
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -50,7 +50,8 @@ SUFFIX = ".benchmark.json"
 DAG_PREFIX = "deploybench_regression__"
 VERDICT_FILE = "verdict.json"
 TAG_BENCHMARK, TAG_REVISION, TAG_SOFTWARE = "benchmark", "benchmark_rev", "software"
-JUDGED_METRICS = ("capacity_rps", "latency_p50_ms", "latency_p99_ms", "output_tps")
+JudgedMetric = Literal["capacity_rps", "latency_p50_ms", "latency_p99_ms", "output_tps"]
+JUDGED_METRICS: tuple[JudgedMetric, ...] = get_args(JudgedMetric)
 
 
 class RegressionFound(DeploybenchError):
@@ -115,7 +116,7 @@ class Benchmark(_Strict):
                                                     "stay possible up to it")
     versions: str | None = Field(None, description="the versions file, relative to the benchmark file")
     params: dict[str, Any] = Field(description="flat trigger-form parameters (deploybench.params.FIELDS)")
-    metrics: list[Literal[JUDGED_METRICS]] = Field(default_factory=lambda: list(JUDGED_METRICS), min_length=1)
+    metrics: list[JudgedMetric] = Field(default_factory=lambda: list(JUDGED_METRICS), min_length=1)
     fail_on_suspect: bool = False
     judge: dict[str, float] = Field(default_factory=dict, description="deploybench.analyse.judge.JudgeParams")
     notify: list[Notify] = Field(default_factory=list)
@@ -144,7 +145,8 @@ class Benchmark(_Strict):
         unknown = sorted(set(self.judge) - known)
         if unknown:
             raise ConfigError(f"benchmark {self.name!r}: unknown judge setting(s) {unknown}; allowed: {sorted(known)}")
-        return JudgeParams(**self.judge)
+        settings: dict[str, Any] = dict(self.judge)
+        return JudgeParams(**settings)
 
 
 # -- the files ------------------------------------------------------------------------------------
@@ -233,10 +235,10 @@ def _merge(bench: Benchmark, version: Version | None) -> dict[str, Any]:
 def day_of(logical_date: datetime | str | None) -> date:
     """The UTC day a logical date stands for (a manual run without one: today, UTC)."""
     if logical_date is None or logical_date == "":
-        return datetime.now(timezone.utc).date()
+        return datetime.now(UTC).date()
     if isinstance(logical_date, str):
         logical_date = datetime.fromisoformat(logical_date)
-    return (logical_date.astimezone(timezone.utc) if logical_date.tzinfo else logical_date).date()
+    return (logical_date.astimezone(UTC) if logical_date.tzinfo else logical_date).date()
 
 
 def params_for(bench: Benchmark, logical_date: datetime | str | None) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import socket
 import stat
 import sys
 import time
+from typing import Any
 
 MANIFEST_NAME = ".deploybench-manifest.json"
 MAX_PATH = 4096
@@ -236,8 +237,14 @@ def cmd_manifest(a: argparse.Namespace) -> dict:
     if refused:
         return {"error": "refused", "dir": a.dir, "paths": refused[:20], "count": len(refused)}
     cache = HashCache(a.cache)
-    files = [{"path": p, "size": os.path.getsize(os.path.join(a.dir, p)), "sha256": cache.sha256(os.path.join(a.dir, p))}
-             for p in names]
+    files = [
+        {
+            "path": p,
+            "size": os.path.getsize(os.path.join(a.dir, p)),
+            "sha256": cache.sha256(os.path.join(a.dir, p)),
+        }
+        for p in names
+    ]
     cache.save()
     declared = None
     try:
@@ -487,14 +494,14 @@ def _receive_file(conn, f: dict, staging: str, need: bool, down: Downstream, cac
             left -= len(data)
             st["bytes_received"] += len(data)
             down.send(data)
-            if out is not None:
+            if out is not None and h is not None:
                 out.write(data)
                 h.update(data)
                 st["bytes_written"] += len(data)
     finally:
         if out is not None:
             out.close()
-    if need:
+    if h is not None:
         if h.hexdigest() == f["sha256"]:
             cache.record(path, f["sha256"])
             st["files_ok"].append(f["path"])
@@ -535,7 +542,8 @@ def _write_status(path: str, st: dict) -> None:
 
 
 def cmd_serve(a: argparse.Namespace) -> dict:
-    st = {"role": "relay", "pid": os.getpid(), "started": time.time(), "first_byte": None, "finished": None,
+    st: dict[str, Any] = {
+          "role": "relay", "pid": os.getpid(), "started": time.time(), "first_byte": None, "finished": None,
           "bytes_received": 0, "bytes_written": 0, "resumed_bytes": 0, "files_ok": [], "files_bad": [],
           "refused": [], "upstream_error": None, "downstream_error": None, "published": False, "error": None}
     cache = HashCache(a.cache)
@@ -581,7 +589,8 @@ def cmd_serve(a: argparse.Namespace) -> dict:
 
 
 def cmd_send(a: argparse.Namespace) -> dict:
-    st = {"role": "feeder", "pid": os.getpid(), "started": time.time(), "first_byte": None, "finished": None,
+    st: dict[str, Any] = {
+          "role": "feeder", "pid": os.getpid(), "started": time.time(), "first_byte": None, "finished": None,
           "bytes_sent": 0, "error": None}
     try:
         with open(a.plan) as f:

@@ -19,7 +19,7 @@ NDJSON/CSV files (ts, node, metric, value[, phase, labels]) under ``"series"`` o
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,15 +130,21 @@ def samples_source(load: dict[str, Any]) -> Any:
     return pd.concat([read_samples(p) for p in paths], ignore_index=True)
 
 
-def run_facts(run: "Run", recs: dict[str, dict]) -> Any:
+def run_facts(run: Run, recs: dict[str, dict]) -> Any:
     """Identities and the facts of every stage, from the stage records."""
-    from deploybench.store.facts import FanoutNodeRow, PreflightLinkRow, PreflightNodeRow, RolloutStepRow, RunFacts
+    from deploybench.store.facts import (
+        FanoutNodeRow,
+        PreflightLinkRow,
+        PreflightNodeRow,
+        RolloutStepRow,
+        RunFacts,
+    )
     from deploybench.store.identity import identity_of
 
     def result(stage: str) -> dict[str, Any]:
         return (recs.get(stage) or {}).get("result") or {}
 
-    def unique(rows: list[dict], *key: str) -> list[dict]:
+    def unique(rows: list[dict] | None, *key: str) -> list[dict]:
         """The last row per key: a stage that retried an item lists it twice; the store keeps one."""
         return list({tuple(r.get(k) for k in key): r for r in rows or [] if isinstance(r, dict)}.values())
 
@@ -170,7 +176,7 @@ def load_sample_paths(load: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(p for p in found if p))
 
 
-def store_run(run: "Run", dsn: str | None = None) -> dict[str, int]:
+def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
     from deploybench.store import RunRecord, StageRecord, write_run
 
     recs = run.stage_records()
@@ -180,8 +186,8 @@ def store_run(run: "Run", dsn: str | None = None) -> dict[str, int]:
         dag_id=run.meta.get("dag_id") or "cli",
         airflow_run_id=run.meta.get("airflow_run_id"),
         status=run_status(recs),
-        started_at=_when(run.meta.get("started_at")) or datetime.now(timezone.utc),
-        finished_at=datetime.now(timezone.utc),
+        started_at=_when(run.meta.get("started_at")) or datetime.now(UTC),
+        finished_at=datetime.now(UTC),
         node_count=len(run.nodes),
         trigger=trigger_of(run.meta),
         logical_date=_when(run.meta.get("logical_date")),

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from deploybench import paths, pipeline
 from deploybench.airflow_env import airflow_env, metadata_db_ready
@@ -41,8 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--conf", default="{}", help="extra flat parameters as JSON")
     d.set_defaults(func=cmd_demo)
 
-    a = sub.add_parser("airflow", help="run an `airflow` command with this checkout's Airflow home, dags and plugins",
-                       description="e.g. `deploybench airflow standalone` (UI on :8080), `deploybench airflow dags list`")
+    a = sub.add_parser(
+        "airflow",
+        help="run an `airflow` command with this checkout's Airflow home, dags and plugins",
+        description="e.g. `deploybench airflow standalone` (UI on :8080), `deploybench airflow dags list`",
+    )
     a.add_argument("args", nargs=argparse.REMAINDER, help="arguments for airflow")
     a.set_defaults(func=cmd_airflow)
 
@@ -97,7 +100,7 @@ def _conf(text: str) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # the pid too: two runs started in the same second must not share a key (the lease's holder)
-    key = args.key or f"cli__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}_{os.getpid()}"
+    key = args.key or f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}_{os.getpid()}"
     conf = _conf(args.conf)
     lease = {k: v for k, v in (("on_busy", args.on_busy), ("wait_s", args.lease_wait), ("ttl_s", args.lease_ttl),
                                ("heartbeat_s", args.lease_heartbeat)) if v is not None}

@@ -40,4 +40,5 @@ def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
     }
     if task in phase_s:
         return phase_s[task] + MARGIN_S
-    raise ValueError(f"no time budget for task {task!r}; known: {sorted([*FIXED_S, *phase_s, 'preflight', 'fanout', 'rollout', 'teardown'])}")
+    known = sorted([*FIXED_S, *phase_s, "preflight", "fanout", "rollout", "teardown"])
+    raise ValueError(f"no time budget for task {task!r}; known: {known}")

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deploybench.errors import NodeUnreachable, TransportError
 
@@ -46,7 +46,7 @@ class CommandResult:
     def ok(self) -> bool:
         return self.rc == 0
 
-    def check(self) -> "CommandResult":
+    def check(self) -> CommandResult:
         if self.rc != 0:
             tail = (self.stderr or self.stdout).strip()[-800:]
             raise TransportError(f"node {self.node}: `{self.command}` exited {self.rc}: {tail}")
@@ -60,7 +60,7 @@ def _as_command(cmd: Sequence[str] | str) -> str:
 class Transport(ABC):
     """Runs commands on one node."""
 
-    def __init__(self, node: "Node"):
+    def __init__(self, node: Node):
         self.node = node
 
     @abstractmethod
@@ -72,7 +72,7 @@ class Transport(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the connection, if any."""
 
-    def __enter__(self) -> "Transport":
+    def __enter__(self) -> Transport:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -82,13 +82,17 @@ class Transport(ABC):
 class LocalTransport(Transport):
     """The loopback lab: every node is this machine, with its own address and folders."""
 
-    def run(self, cmd, *, timeout=60.0, stdin=None):
+    def run(
+        self, cmd: Sequence[str] | str, *, timeout: float = 60.0, stdin: bytes | None = None
+    ) -> CommandResult:
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         t0 = time.monotonic()
         try:
             proc = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired as exc:
-            raise TransportError(f"node {self.node.name}: `{_as_command(cmd)}` timed out after {timeout:.0f} s") from exc
+            raise TransportError(
+                f"node {self.node.name}: `{_as_command(cmd)}` timed out after {timeout:.0f} s"
+            ) from exc
         except FileNotFoundError as exc:
             return CommandResult(self.node.name, _as_command(cmd), 127, "", str(exc), time.monotonic() - t0)
         return CommandResult(
@@ -117,17 +121,17 @@ class SSHParams:
 class SSHTransport(Transport):
     """Paramiko, with RejectPolicy: a node whose key is unknown or changed is refused."""
 
-    def __init__(self, node: "Node", params: SSHParams):
+    def __init__(self, node: Node, params: SSHParams):
         super().__init__(node)
         self.params = params
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
 
-    def _connect(self) -> "paramiko.SSHClient":
+    def _connect(self) -> paramiko.SSHClient:
         import paramiko
 
         with self._lock:
-            if self._client is not None and self._client.get_transport() and self._client.get_transport().is_active():
+            if self._client is not None and (live := self._client.get_transport()) is not None and live.is_active():
                 return self._client
             p = self.params
             client = paramiko.SSHClient()
@@ -136,7 +140,9 @@ class SSHTransport(Transport):
                 try:
                     client.load_host_keys(p.known_hosts)
                 except OSError as exc:
-                    raise NodeUnreachable(f"node {self.node.name}: cannot read known_hosts {p.known_hosts!r}: {exc}") from exc
+                    raise NodeUnreachable(
+                        f"node {self.node.name}: cannot read known_hosts {p.known_hosts!r}: {exc}"
+                    ) from exc
             if p.host_key:
                 key_type, _, blob = p.host_key.strip().partition(" ")
                 key = paramiko.PKey.from_type_string(key_type, __import__("base64").b64decode(blob.split()[0]))
@@ -165,19 +171,28 @@ class SSHTransport(Transport):
                     f"node {self.node.name} ({p.host}:{p.port}): SSH refused: {exc}; check that its host key is in "
                     f"{p.known_hosts or 'the connection extras'} and that user {p.user!r} accepts key {p.key_file}"
                 ) from exc
-            except (OSError, socket.timeout) as exc:
-                raise NodeUnreachable(f"node {self.node.name} ({p.host}:{p.port}) is unreachable over SSH: {exc}") from exc
+            except (TimeoutError, OSError) as exc:
+                raise NodeUnreachable(
+                    f"node {self.node.name} ({p.host}:{p.port}) is unreachable over SSH: {exc}"
+                ) from exc
             # Small request/reply packets: without NODELAY each channel open waits ~40 ms for a delayed ACK.
-            client.get_transport().sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            transport = client.get_transport()
+            if transport is not None and isinstance(transport.sock, socket.socket):
+                transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._client = client
             return client
 
-    def run(self, cmd, *, timeout=60.0, stdin=None):
+    def run(
+        self, cmd: Sequence[str] | str, *, timeout: float = 60.0, stdin: bytes | None = None
+    ) -> CommandResult:
         command = _as_command(cmd)
         client = self._connect()
         t0 = time.monotonic()
         deadline = t0 + timeout
-        chan = client.get_transport().open_session(timeout=self.params.timeout)
+        transport = client.get_transport()
+        if transport is None:  # closed between _connect and here
+            raise NodeUnreachable(f"node {self.node.name}: the SSH connection closed before `{command[:200]}` ran")
+        chan = transport.open_session(timeout=self.params.timeout)
         out, err = bytearray(), bytearray()
         try:
             chan.settimeout(0.2)
@@ -200,11 +215,16 @@ class SSHTransport(Transport):
         finally:
             chan.close()
         return CommandResult(
-            self.node.name, command, rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - t0
+            self.node.name,
+            command,
+            rc,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            time.monotonic() - t0,
         )
 
     @staticmethod
-    def _drain(chan: "paramiko.Channel", out: bytearray, err: bytearray) -> bool:
+    def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> bool:
         got = False
         while chan.recv_ready():
             out += chan.recv(65536)
@@ -214,7 +234,7 @@ class SSHTransport(Transport):
             got = True
         return got
 
-    def _send_input(self, chan: "paramiko.Channel", command: str, data: bytes, deadline: float, out: bytearray,
+    def _send_input(self, chan: paramiko.Channel, command: str, data: bytes, deadline: float, out: bytearray,
                     err: bytearray) -> None:
         """Send all of ``data`` to the command's stdin, reading its output meanwhile (a command that writes
         before it reads must not block us both). A command that exits before it read everything is not an
@@ -230,8 +250,8 @@ class SSHTransport(Transport):
                     "time ran out (a stalled channel or a command that does not read its input); the command still "
                     "runs and was not given the rest")
             try:
-                n = chan.send(view[sent:sent + 65536])
-            except socket.timeout:
+                n = chan.send(bytes(view[sent:sent + 65536]))
+            except TimeoutError:
                 self._drain(chan, out, err)
                 continue
             except OSError as exc:
@@ -248,7 +268,7 @@ class SSHTransport(Transport):
             self._drain(chan, out, err)
 
     @staticmethod
-    def _exited(chan: "paramiko.Channel", wait_s: float = 2.0) -> bool:
+    def _exited(chan: paramiko.Channel, wait_s: float = 2.0) -> bool:
         """Whether the remote command has exited (its status may trail the channel's close a little)."""
         end = time.monotonic() + wait_s
         while not chan.exit_status_ready():
@@ -264,7 +284,7 @@ class SSHTransport(Transport):
                 self._client = None
 
 
-def ssh_params(inventory: "Inventory", node: "Node", overrides: dict | None = None) -> SSHParams:
+def ssh_params(inventory: Inventory, node: Node, overrides: dict[str, Any] | None = None) -> SSHParams:
     """SSH parameters for ``node``; ``overrides`` (from an Airflow connection) win over the inventory."""
     s = inventory.ssh
     o = overrides or {}
@@ -279,7 +299,7 @@ def ssh_params(inventory: "Inventory", node: "Node", overrides: dict | None = No
     )
 
 
-def connect(inventory: "Inventory", node: "Node", ssh_overrides: dict | None = None) -> Transport:
+def connect(inventory: Inventory, node: Node, ssh_overrides: dict[str, Any] | None = None) -> Transport:
     """The transport for ``node`` as the inventory describes it (connections open lazily)."""
     from deploybench.inventory import TransportKind
 
@@ -298,7 +318,7 @@ class Cluster:
     apart from another run's. None: a caller outside a run (tests, one-off tools).
     """
 
-    def __init__(self, inventory: "Inventory", ssh_overrides: dict | None = None, run_key: str | None = None):
+    def __init__(self, inventory: Inventory, ssh_overrides: dict[str, Any] | None = None, run_key: str | None = None):
         self.inventory = inventory
         self.run_key = run_key
         self._overrides = ssh_overrides
@@ -306,7 +326,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._checked: set[str] = set()
 
-    def run_dir(self, node: "str | Node") -> str:
+    def run_dir(self, node: str | Node) -> str:
         """``<run_root>/<node>``: where the processes a run starts on ``node`` keep their pid files, logs and
         programs. The run root is checked once per node before it is used: made 0700 if missing, else it
         must belong to the deploy user and be writable by nobody else, in folders nobody else can swap
@@ -318,7 +338,9 @@ class Cluster:
             try:
                 verdict = json.loads(res.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
-                verdict = {"error": f"the check printed no verdict (exit {res.rc}): {(res.stderr or res.stdout)[-300:]}"}
+                verdict = {
+                    "error": f"the check printed no verdict (exit {res.rc}): {(res.stderr or res.stdout)[-300:]}"
+                }
             if not verdict.get("ok"):
                 raise UnsafeFolder(
                     f"node {name}: run_root {root!r} is not safe to use: {verdict.get('error')}; remove it (after "
@@ -327,7 +349,7 @@ class Cluster:
             self._checked.add(name)
         return f"{root}/{name}"
 
-    def __getitem__(self, node: "str | Node") -> Transport:
+    def __getitem__(self, node: str | Node) -> Transport:
         name = node if isinstance(node, str) else node.name
         with self._lock:
             t = self._transports.get(name)
@@ -341,7 +363,7 @@ class Cluster:
             t.close()
         self._transports.clear()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -436,9 +458,9 @@ def stop_script(pid_path: str, grace_s: float = 5.0, argv: Sequence[str] | None 
         f"{_ALIVE_FN}{_PID_FN}if [ -f {q} ]; then "
         f"if ! pid=$(pidof_file {q}); then printf '%s %s holds no pid a run starts (%s)\\n' {shlex.quote(LEFT_ALONE)} "
         f"{q} \"$(head -c 40 {q} | head -n 1)\" >&2; "
-        f"elif alive $pid && ! {_cmdline_test(argv)}; then printf '%s pid %s of %s runs %s, not the command deploybench "
-        f"started\\n' {shlex.quote(LEFT_ALONE)} \"$pid\" {q} \"$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | "
-        f"head -c 200)\" >&2; "
+        f"elif alive $pid && ! {_cmdline_test(argv)}; then "
+        f"printf '%s pid %s of %s runs %s, not the command deploybench started\\n' {shlex.quote(LEFT_ALONE)} "
+        f"\"$pid\" {q} \"$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | head -c 200)\" >&2; "
         f"else kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; "
         f"i=0; while alive $pid && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done; "
         f"kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; rm -f {q}; fi; fi; true"
@@ -489,9 +511,11 @@ st = os.stat(real)
 if not stat.S_ISDIR(st.st_mode):
     bad("%s is not a folder" % real)
 if st.st_uid != uid:
-    bad("%s is owned by uid %d, not the deploy user (uid %d): another user may have created it first" % (real, st.st_uid, uid))
+    bad("%s is owned by uid %d, not the deploy user (uid %d): another user may have created it first"
+        % (real, st.st_uid, uid))
 if st.st_mode & 0o022:
-    bad("%s is writable by other users (mode %o): what is in it may have been planted" % (real, stat.S_IMODE(st.st_mode)))
+    bad("%s is writable by other users (mode %o): what is in it may have been planted"
+        % (real, stat.S_IMODE(st.st_mode)))
 if stat.S_IMODE(st.st_mode) != 0o700:
     os.chmod(real, 0o700)
 print(json.dumps({"ok": True}))

@@ -344,7 +344,10 @@ def browser(airflow, tmp_path_factory):
 # -- what the browser showed -----------------------------------------------------------------------
 def shots_dir() -> Path:
     """Where screenshots go: $DEPLOYBENCH_BROWSER_SHOTS (CI can keep it as an artifact), else a temp folder."""
-    path = Path(os.environ.get("DEPLOYBENCH_BROWSER_SHOTS") or Path(tempfile.gettempdir()) / "deploybench-browser-shots")
+    path = Path(
+        os.environ.get("DEPLOYBENCH_BROWSER_SHOTS")
+        or Path(tempfile.gettempdir()) / "deploybench-browser-shots"
+    )
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -101,7 +101,9 @@ def test_clearing_a_load_phase_redeploys_before_it_and_tears_down_after(airflow,
     assert _lease_free(inv, results_dsn), "the lease was not released after the cleared phase"
 
 
-def test_marking_a_running_run_failed_still_stops_the_engines_and_frees_the_cluster(airflow, lab_inventory, results_dsn):
+def test_marking_a_running_run_failed_still_stops_the_engines_and_frees_the_cluster(
+    airflow, lab_inventory, results_dsn
+):
     inv = Inventory.load(lab_inventory)
     run_id = _trigger(airflow, _conf(lab_inventory, load_duration_s=120))
     airflow.wait_for("load.sustained running",

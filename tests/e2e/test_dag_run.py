@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 import store_fixtures as fx  # noqa: E402
+
 LAB = "e2e4"
 
 
@@ -69,7 +70,7 @@ def _engines_down(inv: Inventory, port: int = 8000) -> bool:
 
 
 def test_full_run_succeeds_and_lands_in_postgres(lab, dag):
-    from deploybench.store import load_run, count_samples
+    from deploybench.store import count_samples, load_run
 
     dr = dag.test(run_conf=_conf(lab))
     key = _key(dr)

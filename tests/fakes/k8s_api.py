@@ -84,8 +84,8 @@ class FakeCluster:
             if not free:
                 p["status"] = {"phase": "Pending", "conditions": [
                     {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                     "message": "0/%d nodes are available: didn't match pod anti-affinity or node affinity"
-                                % len(self.nodes)}]}
+                     "message": f"0/{len(self.nodes)} nodes are available: didn't match pod anti-affinity "
+                                "or node affinity"}]}
                 continue
             p["spec"]["nodeName"] = free[0]
             taken.add(free[0])
@@ -241,7 +241,9 @@ def _handler(fake: FakeCluster):
                                             "metadata": {"name": name, "namespace": ns},
                                             "spec": {"replicas": replicas}, "status": {"replicas": replicas}})
                 if ctype != "application/apply-patch+yaml":
-                    return self._status(415, "UnsupportedMediaType", f"the fake only takes server-side apply, not {ctype}")
+                    return self._status(
+                        415, "UnsupportedMediaType", f"the fake only takes server-side apply, not {ctype}"
+                    )
                 if not q.get("fieldManager"):
                     return self._status(400, "BadRequest", "fieldManager is required for apply patch")
                 if body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
@@ -301,7 +303,7 @@ class FakeApiServer:
         conf.host = self.url
         return client.ApiClient(conf)
 
-    def __enter__(self) -> "FakeApiServer":
+    def __enter__(self) -> FakeApiServer:
         self.thread.start()
         return self
 

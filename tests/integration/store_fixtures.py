@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
 import psycopg
 from sqlalchemy.engine import make_url
 
-from deploybench.store import PhaseRecord, RunRecord
-from deploybench.store import db, embedded
+from deploybench.store import PhaseRecord, RunRecord, db, embedded
 from deploybench.store.facts import (
     CapacityStepRow,
     FanoutNodeRow,
@@ -23,7 +22,7 @@ from deploybench.store.facts import (
 )
 from deploybench.store.identity import identity_of
 
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 NODES = ["n1", "n2"]
 
 
@@ -99,9 +98,19 @@ def samples(n: int, latency_ms: float, rng: np.random.Generator, phase: str = "s
     status = np.full(n, 200)
     if errors:
         status[np.linspace(0, n - 1, errors).astype(int)] = 503  # spread over the phase
-    return pd.DataFrame({"ts": ts, "phase": phase, "node": np.where(np.arange(n) % 2 == 0, NODES[0], NODES[1]), "status": status,
-                         "error_kind": np.where(status == 200, None, "http_503"), "latency_ms": lat,
-                         "ttft_ms": lat * 0.3, "prompt_tokens": 32, "output_tokens": 8})
+    return pd.DataFrame(
+        {
+            "ts": ts,
+            "phase": phase,
+            "node": np.where(np.arange(n) % 2 == 0, NODES[0], NODES[1]),
+            "status": status,
+            "error_kind": np.where(status == 200, None, "http_503"),
+            "latency_ms": lat,
+            "ttft_ms": lat * 0.3,
+            "prompt_tokens": 32,
+            "output_tokens": 8,
+        }
+    )
 
 
 def phase_from(frame: pd.DataFrame, offered: float, phase: str = "sustained") -> list[PhaseRecord]:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,7 +114,7 @@ class TestNetnsLab:
         other = (tmp_path / "other.pub").read_text().split()
         n02 = inv.node("n02")
         lines = [f"{n02.address} {other[0]} {other[1]}" if line.startswith(f"{n02.address} ") else line
-                 for line in open(inv.ssh.known_hosts).read().splitlines()]
+                 for line in Path(inv.ssh.known_hosts).read_text().splitlines()]
         (tmp_path / "known_hosts").write_text("\n".join(lines) + "\n")
         bad = inv.model_copy(update={"ssh": inv.ssh.model_copy(update={"known_hosts": str(tmp_path / "known_hosts")})})
         with pytest.raises(NodeUnreachable, match="n02"):
@@ -232,7 +233,10 @@ def test_loopback_lab(home):
         with Cluster(inv) as c:
             t = c["n02"]
             assert isinstance(t, LocalTransport)
-            assert t.run(["sh", "-c", f"echo hi > {roots[1]}/x && cat {roots[1]}/x"], timeout=10).check().stdout == "hi\n"
+            assert (
+                t.run(["sh", "-c", f"echo hi > {roots[1]}/x && cat {roots[1]}/x"], timeout=10).check().stdout
+                == "hi\n"
+            )
             assert not c["n03"].run(["test", "-e", f"{roots[2]}/x"], timeout=10).ok
             assert c["n01"].run(["test", "-f", f"{roots[0]}/sim-model/{MANIFEST_NAME}"], timeout=10).ok
         assert cluster.status(name).healthy

@@ -16,11 +16,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from deploybench import paths, pipeline
-from deploybench import preflight
+from deploybench import paths, pipeline, preflight
 from deploybench.config import LinkMode, Policy, PreflightSpec
 from deploybench.errors import StageFailed
 from deploybench.lab import cluster, netns
@@ -71,7 +71,7 @@ def iperf3_left(name: str, inv) -> list[str]:
     for node in inv.names:
         for pid in netns.namespace_pids(names.namespace(node)):
             try:
-                argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
             if os.path.basename(argv[0]) == "iperf3" or (os.path.basename(argv[0]) == "timeout" and "iperf3" in argv):
@@ -130,7 +130,7 @@ def tampered_known_hosts(name, inv, node):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     key = other.with_suffix(".pub").read_text().split()
     lines = [f"{victim.address} {key[0]} {key[1]}" if line.startswith(f"{victim.address} ") else line
-             for line in open(inv.ssh.known_hosts).read().splitlines()]
+             for line in Path(inv.ssh.known_hosts).read_text().splitlines()]
     tmp.write_text("\n".join(lines) + "\n")
     return inv.model_copy(update={"ssh": inv.ssh.model_copy(update={"known_hosts": str(tmp)})})
 
@@ -225,7 +225,8 @@ def test_servers_left_by_a_killed_preflight_are_swept_by_the_next(lab, tmp_path)
         f"inv = Inventory.load({str(paths.lab_dir(name) / 'inventory.json')!r}); "
         "preflight.run(Cluster(inv), inv.names[:4], PreflightSpec(link_mode='mesh', iperf_seconds=20))"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), stderr=open(tmp_path / "err", "w"))
+    with open(tmp_path / "err", "w") as err:  # the child holds its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), stderr=err)
     try:
         deadline = time.monotonic() + 40
         while not iperf3_left(name, inv) and time.monotonic() < deadline:

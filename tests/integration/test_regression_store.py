@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import store_fixtures as fx  # noqa: E402
 
-DAY0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+DAY0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 @pytest.fixture()
@@ -54,7 +54,7 @@ def _store(dsn, bench, day: int, latency: float, stored_at: datetime, tags: dict
 
 
 def test_a_backfilled_run_is_judged_against_the_dates_before_it_not_the_runs_stored_before_it(dsn, bench):
-    now = datetime(2026, 12, 3, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 3, tzinfo=UTC)
     # stored first (scheduled, recent dates, already slow), then the backfill of March
     late = [_store(dsn, bench, 200 + i, 330.0, now + timedelta(minutes=i)) for i in range(3)]
     keys = [_store(dsn, bench, d, 300.0 if d < 4 else 330.0, now + timedelta(hours=1, minutes=d)) for d in range(6)]
@@ -74,12 +74,16 @@ def test_a_backfilled_run_is_judged_against_the_dates_before_it_not_the_runs_sto
     # the next date, already at the new level: nothing new
     assert regression.judge_run(bench, keys[5], dsn)["verdict"] == "no change"
     with fx.db.open_store(dsn).connect() as conn:
-        rows = dict(conn.execute(select(Verdict.run_key, Verdict.verdict).where(Verdict.method == "deploybench-judge")).all())
+        rows = dict(
+            conn.execute(
+                select(Verdict.run_key, Verdict.verdict).where(Verdict.method == "deploybench-judge")
+            ).all()
+        )
     assert rows == {keys[3]: "no change", keys[4]: "regression", keys[5]: "no change"}
 
 
 def test_a_suspect_fails_only_when_the_benchmark_says_so(dsn, bench, tmp_path):
-    keys = [_store(dsn, bench, d, v, datetime(2026, 12, 3, tzinfo=timezone.utc) + timedelta(minutes=d))
+    keys = [_store(dsn, bench, d, v, datetime(2026, 12, 3, tzinfo=UTC) + timedelta(minutes=d))
             for d, v in enumerate([300, 306, 294, 303, 297, 316])]
     got = regression.judge_run(bench, keys[-1], dsn)
     assert got["verdict"] == "suspect", got
@@ -89,6 +93,6 @@ def test_a_suspect_fails_only_when_the_benchmark_says_so(dsn, bench, tmp_path):
 
 
 def test_the_first_run_of_a_benchmark_is_judged_too_few_runs(dsn, bench):
-    key = _store(dsn, bench, 0, 300.0, datetime(2026, 12, 3, tzinfo=timezone.utc), tags={"benchmark": "renamed"})
+    key = _store(dsn, bench, 0, 300.0, datetime(2026, 12, 3, tzinfo=UTC), tags={"benchmark": "renamed"})
     got = regression.judge_run(bench, key, dsn)  # no run of this benchmark revision in the store, not even it
     assert got["verdict"] == "no change" and "too few runs" in got["metrics"]["latency_p50_ms"]["how"]

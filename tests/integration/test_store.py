@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
@@ -26,18 +26,20 @@ from deploybench.store import (
     StageRecord,
     StoreError,
     count_samples,
+    db,
+    embedded,
     latest_runs,
     load_run,
     load_samples,
     migrate,
     write_run,
+    writer,
 )
-from deploybench.store import db, embedded, writer
 from deploybench.store.models import VERSION_TABLE, Base
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 TEST_TIMEOUT_S = 90
 
 
@@ -236,7 +238,7 @@ def test_duplicate_stage_is_refused_before_writing(dsn):
 
 def test_cli_lists_runs(dsn, capsys):
     key = f"deploybench_run/cli__{uuid.uuid4().hex[:8]}"
-    write_run(dsn, make_run(key, started_at=datetime.now(timezone.utc), finished_at=None), [], [], None)
+    write_run(dsn, make_run(key, started_at=datetime.now(UTC), finished_at=None), [], [], None)
     assert cli.main(["store", "--dsn", dsn, "runs", "-n", "5"]) == 0
     out = capsys.readouterr().out
     assert key in out and "RUN KEY" in out

@@ -17,8 +17,7 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, func, select, text
 
-from deploybench.store import StoreError, load_run, write_run
-from deploybench.store import db
+from deploybench.store import StoreError, db, load_run, write_run
 from deploybench.store.models import (
     CapacityStep,
     Cluster,

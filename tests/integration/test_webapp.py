@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
@@ -33,7 +33,7 @@ from deploybench.store import PhaseRecord, RunRecord, StageRecord, db, embedded,
 pytestmark = pytest.mark.integration
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 TEST_TIMEOUT_S = 90
 SUBPROCESS_TIMEOUT_S = 80
 EVIL = "<script>alert(1)</script>"

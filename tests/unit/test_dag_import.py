@@ -80,9 +80,9 @@ def test_dag_file_does_not_import_heavy_modules():
     import sys
 
     code = (
-        "import sys, runpy; runpy.run_path(%r); "
+        f"import sys, runpy; runpy.run_path({str(DAGS / 'deploybench_run.py')!r}); "
         "bad=[m for m in ('pandas','paramiko','psycopg','deploybench.pipeline') if m in sys.modules]; "
-        "print('HEAVY=' + ','.join(bad))" % str(DAGS / "deploybench_run.py")
+        "print('HEAVY=' + ','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
                          timeout=120)

@@ -76,7 +76,7 @@ def test_a_two_hop_stream_is_written_verified_and_published(tmp_path):
     for p in procs:
         assert p.wait(timeout=30) == 0
     assert sent["error"] is None and sent["bytes_sent"] == m.total_bytes
-    for addr, root in nodes.items():
+    for root in nodes.values():
         st = json.loads(Path(str(root) + ".status").read_text())
         assert st["published"] and st["bytes_written"] == m.total_bytes and not st["files_bad"], st
         assert manifest.verify(root / "m").digest == m.digest

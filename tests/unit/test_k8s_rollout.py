@@ -107,7 +107,9 @@ def test_full_scale_out_against_the_fake_api_server():
         # idempotent: applying again changes nothing and does not fail (no create-only 409)
         dep = rollout.deployer(Cluster(_inv()), NODES, cfg, kube)
         dep.canary = NODES[:2]
-        gen = srv.cluster.objects[("Deployment", "deploybench", "deploybench-sim-model-canary")]["metadata"]["generation"]
+        gen = srv.cluster.objects[("Deployment", "deploybench", "deploybench-sim-model-canary")]["metadata"][
+            "generation"
+        ]
         for o in dep.manifests(2, 0)[:-1]:
             dep._apply(o)
         assert srv.cluster.objects[("Deployment", "deploybench", "deploybench-sim-model-canary")]["metadata"][
@@ -187,7 +189,7 @@ def test_two_runs_in_one_namespace_never_touch_each_others_objects():
         res_b = rollout.run(Cluster(_inv(), run_key="run-b"), NODES[4:8], cfg, kube=kube, **_checks([]))
         assert len(res_a.endpoints) == 4 and len(res_b.endpoints) == 4
         by_run = {}
-        for (kind, _, name), o in srv.cluster.objects.items():
+        for (_, _, name), o in srv.cluster.objects.items():
             by_run.setdefault(o["metadata"]["labels"][manifests.RUN], set()).add(name)
         assert set(by_run) == {"run-a", "run-b"} and not by_run["run-a"] & by_run["run-b"]
         out = rollout.teardown(Cluster(_inv(), run_key="run-a"), NODES[:4], cfg, kube=kube)

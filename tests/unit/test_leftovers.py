@@ -18,7 +18,15 @@ import pytest
 
 from deploybench import leftovers
 from deploybench.inventory import Inventory
-from deploybench.transport import RUN_ENV, Cluster, LocalTransport, alive_script, run_tag, spawn_script, stop_script
+from deploybench.transport import (
+    RUN_ENV,
+    Cluster,
+    LocalTransport,
+    alive_script,
+    run_tag,
+    spawn_script,
+    stop_script,
+)
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(300)"]
 
@@ -71,10 +79,10 @@ def test_a_pid_file_names_its_run_and_command_and_the_process_carries_the_run_ke
     lines = pid_file.read_text().splitlines()
     assert lines[0] == str(pid) and lines[1] == "run=run/A 1" and json.loads(lines[2].split("=", 1)[1]) == SLEEP
     for _ in range(50):  # the exec of nohup -> python happens just after the spawn returns
-        if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1] == [a.encode() for a in SLEEP]:
+        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] == [a.encode() for a in SLEEP]:
             break
         time.sleep(0.02)
-    assert f"{RUN_ENV}=run/A 1".encode() in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    assert f"{RUN_ENV}=run/A 1".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     t = LocalTransport(inv.nodes[0])
     assert t.run(alive_script(str(pid_file))).ok  # the readers take the first line
     t.run(stop_script(str(pid_file), 1), timeout=10).check()

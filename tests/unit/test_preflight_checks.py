@@ -11,7 +11,15 @@ import pytest
 
 from deploybench.config import PreflightSpec
 from deploybench.inventory import Inventory, Node
-from deploybench.preflight.checks import Wanted, consistency, gather, judge_node, listening, parse_facts, port_taken
+from deploybench.preflight.checks import (
+    Wanted,
+    consistency,
+    gather,
+    judge_node,
+    listening,
+    parse_facts,
+    port_taken,
+)
 from deploybench.preflight.links import sweep_script
 from deploybench.preflight.model import CheckItem, NodeCheck
 from deploybench.transport import Cluster

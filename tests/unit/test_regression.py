@@ -1,7 +1,7 @@
 """Reference benchmarks, the versions file, the verdict's message and the regression DAG's shape."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ def test_the_repository_benchmarks_validate_with_the_form_schema():
 
 def test_a_date_runs_the_software_current_on_that_day(tmp_path):
     b = _write(tmp_path)
-    before = regression.params_for(b, datetime(2026, 3, 4, 23, 0, tzinfo=timezone.utc))
+    before = regression.params_for(b, datetime(2026, 3, 4, 23, 0, tzinfo=UTC))
     after = regression.params_for(b, "2026-03-05T00:00:00+00:00")
     assert before["sim_slowdown"] == 1.0 and after["sim_slowdown"] == 1.1
     assert after["tags"] == {"benchmark": "nightly", "benchmark_rev": b.revision, "software": "sim 1.1"}

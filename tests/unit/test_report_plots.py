@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +12,7 @@ import pandas as pd
 from deploybench.config import RunConfig
 from deploybench.report import plots, write_html
 
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 
 
 def _samples(n: int = 300, phase: str = "sustained") -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
@@ -13,7 +13,7 @@ from deploybench.config import RunConfig
 from deploybench.store import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord, StoreError
 from deploybench.store.writer import prepare_samples, read_samples
 
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 
 
 def run(**kw) -> RunRecord:

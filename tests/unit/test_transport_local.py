@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,10 +32,10 @@ def test_spawn_then_stop_kills_the_process_group(t, tmp_path):
     res = t.run(spawn_script(["sh", "-c", "sleep 300 & echo child $!; wait"], log_file, pid_file), timeout=10).check()
     pid = int(res.stdout.split()[-1])
     for _ in range(50):
-        if os.path.exists(log_file) and "child" in open(log_file).read():
+        if os.path.exists(log_file) and "child" in Path(log_file).read_text():
             break
         time.sleep(0.05)
-    child = int(open(log_file).read().split()[-1])
+    child = int(Path(log_file).read_text().split()[-1])
     assert _alive(pid) and _alive(child)
     t.run(stop_script(pid_file, grace_s=2), timeout=10).check()
     time.sleep(0.2)

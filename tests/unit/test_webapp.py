@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from fastapi import FastAPI
@@ -14,7 +14,7 @@ from deploybench import webapp
 from deploybench import webapp_html as html_view
 from deploybench.store import PhaseRecord, RunRecord, StageRecord, StoredRun, StoreError
 
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 EVIL = "<script>alert(1)</script>"
 
 

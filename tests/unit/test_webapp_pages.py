@@ -5,7 +5,7 @@ parsing, and the read rule against a stand-in auth manager."""
 from __future__ import annotations
 
 import html
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
@@ -21,7 +21,7 @@ from deploybench.report import plots
 from deploybench.store import RunRecord, StoredRun
 from deploybench.webapp_access import AccessUnavailable, AirflowReadAccess, may_read
 
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 EVIL = "<script>alert(1)</script>"
 ROOT = "/deploybench"
 
@@ -98,7 +98,7 @@ def test_compare_query_parses_the_form_and_names_bad_values():
     q = webapp_compare.CompareQuery.parse(["a", "a", " ", "b"], "", "", None, "", ["suite=i7", ""], "2026-12-01",
                                           "", False, 0.01)
     assert q.runs == ("a", "b") and q.baseline is None and q.model is None and q.tags == {"suite": "i7"}
-    assert q.since == datetime(2026, 12, 1, tzinfo=timezone.utc) and q.until is None and q.has_filter
+    assert q.since == datetime(2026, 12, 1, tzinfo=UTC) and q.until is None and q.has_filter
     with pytest.raises(HTTPException, match="'yesterday' is not an ISO date"):
         webapp_compare.CompareQuery.parse([], None, None, None, None, [], "yesterday", None, False, 0.05)
     with pytest.raises(HTTPException, match="tag 'suite' is not KEY=VALUE"):

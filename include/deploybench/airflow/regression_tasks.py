@@ -38,7 +38,7 @@ def publish(name: str, asset: Any) -> dict:
     key = run_key(ctx)
     run = Run.open_if_validated(key)
     stored = (run.stage_record("store") or {}) if run else {}
-    if stored.get("status") != "success":
+    if run is None or stored.get("status") != "success":
         raise AirflowSkipException(f"run {key} was not stored (store: {stored.get('status', 'did not run')}); "
                                    f"no results to announce")
     from deploybench.report import run_status

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -15,7 +15,7 @@ def parse_when(text: str) -> datetime:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date/time, e.g. 2026-12-01 or 2026-12-01T08:00") \
             from exc
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def parse_tag(text: str) -> tuple[str, str]:
@@ -71,7 +71,7 @@ def _compare(args: argparse.Namespace) -> int:
     for n, (group, keys) in enumerate(cmp.groups.items(), start=1):
         out.write(f"workload group {n} ({group[:12]}): {len(keys)} run(s)\n")
         sub = cmp.table[cmp.table["run_key"].isin(keys)]
-        rows = [("configuration", *heads, "SLO", "pareto")]
+        rows: list[tuple[object, ...]] = [("configuration", *heads, "SLO", "pareto")]
         for _, r in sub.iterrows():
             rows.append((config_label(r), *[_f(r[c], pct=c == "error_rate") for c in cols],
                          "met" if r["slo_met"] else "NOT met", "*" if r["pareto"] else ""))
@@ -120,7 +120,7 @@ def _f(v, pct: bool = False) -> str:
     return f"{v:.2%}" if pct else f"{v:,.2f}"
 
 
-def _print_table(rows: list[tuple]) -> None:
+def _print_table(rows: list[tuple[object, ...]]) -> None:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         sys.stdout.write("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")

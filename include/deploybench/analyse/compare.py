@@ -67,14 +67,15 @@ def compare(target: Engine | str | None, flt: RunFilter, baseline: str | None = 
         runs = pd.concat([extra, runs], ignore_index=True)
     table = run_figures(target, runs)
     table["group"] = table["workload"].fillna("unknown")
-    groups = {g: list(t["run_key"]) for g, t in table.groupby("group", sort=False)}
-    best, front = {}, {}
+    groups = {str(g): [str(k) for k in t["run_key"]] for g, t in table.groupby("group", sort=False)}
+    best: dict[str, str | None] = {}
+    front: dict[str, list[str]] = {}
     table["pareto"] = False
     for g, keys in groups.items():
         sub = table[table["run_key"].isin(keys)]
         ok = sub[sub["slo_met"]]
         rank = ok["capacity_rps"].fillna(ok["goodput_rps"]).fillna(ok["achieved_rps"]) if len(ok) else None
-        best[g] = None if rank is None or rank.isna().all() else str(ok.loc[rank.idxmax(), "run_key"])
+        best[g] = None if rank is None or rank.isna().all() else str(ok.at[rank.idxmax(), "run_key"])
         front[g] = [str(k) for k in pareto_front(
             (r["run_key"], r["capacity_rps"] if pd.notna(r["capacity_rps"]) else r["achieved_rps"],
              r["latency_p99_ms"]) for _, r in sub.iterrows())]
@@ -128,10 +129,11 @@ def _p_value(target: Engine | str | None, fig: str, baseline: str, run: pd.Serie
                 return None
             return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
         if fig == "error_rate":
-            a, b = (_error_counts(conn, k, ph) for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
-            if a[0] + b[0] == 0 or sum(a) == 0 or sum(b) == 0:  # no error on either side: nothing to test
+            ea, eb = (_error_counts(conn, k, ph)
+                      for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
+            if ea[0] + eb[0] == 0 or sum(ea) == 0 or sum(eb) == 0:  # no error on either side: nothing to test
                 return None
-            return float(stats.fisher_exact([a, b]).pvalue)
+            return float(stats.fisher_exact([ea, eb]).pvalue)
     return None
 
 
@@ -175,7 +177,7 @@ def save_comparison(target: Engine | str | None, cmp: Comparison) -> int:
 def _jsonable(frame: pd.DataFrame) -> list[dict[str, Any]]:
     if frame.empty:
         return []
-    return [{k: (None if _isna(v) else (v.isoformat() if hasattr(v, "isoformat") else
+    return [{str(k): (None if _isna(v) else (v.isoformat() if hasattr(v, "isoformat") else
                                           (v.item() if hasattr(v, "item") else v)))
              for k, v in row.items()} for row in frame.to_dict("records")]
 

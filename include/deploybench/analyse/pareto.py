@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 
 def pareto_front(points: Iterable[tuple[Hashable, float, float]]) -> list[Hashable]:

@@ -13,10 +13,10 @@ bench/history_accuracy.py, which repeats it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator
 
 from deploybench.lab.local import LocalEngines
 
@@ -66,7 +66,7 @@ def run_series(dsn: str, prefix: str, n_runs: int, workdir: Path, *, change_at: 
                 eps = stack.__enter__()
                 current = factor
             key = f"{prefix}/run_{i:02d}"
-            started = datetime.now(timezone.utc)
+            started = datetime.now(UTC)
             res = run_load(eps, spec, slo, workdir / f"run_{i:02d}", phase="sustained", tags={"run": key}).model_dump(
                 mode="json")
             # the prefix names the cluster: two series of the same setup stay two series
@@ -75,7 +75,7 @@ def run_series(dsn: str, prefix: str, n_runs: int, workdir: Path, *, change_at: 
                    "load": spec.model_dump(mode="json"), "slo": slo.model_dump(mode="json")}
             facts = RunFacts(identity=identity_of(cfg, names, None, {"model": MODEL}, {"profile": "sim"}))
             record = RunRecord(run_key=key, dag_id="simseries", status="success", started_at=started,
-                               finished_at=datetime.now(timezone.utc), config=cfg, fingerprint=prefix,
+                               finished_at=datetime.now(UTC), config=cfg, fingerprint=prefix,
                                inventory=f"sim-{prefix}", node_count=nodes, trigger="cli", tags={"series": prefix})
             write_run(dsn, record, [], phase_records(res), res["samples_path"], facts=facts)
             log.info("series %s run %d (slowdown %.2f): P50 %.1f ms P99 %.1f ms", prefix, i, factor,

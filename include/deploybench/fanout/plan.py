@@ -6,7 +6,9 @@ a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 from deploybench.manifest import Manifest
 
@@ -18,11 +20,11 @@ class NodeState:
     name: str
     published: bool = False  # holds this manifest, every file verified
     bad: list[str] = field(default_factory=list)  # files of its published copy that no longer match
-    staged: dict[str, object] = field(default_factory=dict)  # path -> "ok" | bytes already staged
+    staged: dict[str, str | int] = field(default_factory=dict)  # path -> "ok" | bytes already staged
     free_bytes: int = 0
 
     @classmethod
-    def from_inspect(cls, name: str, data: dict) -> "NodeState":
+    def from_inspect(cls, name: str, data: dict[str, Any]) -> NodeState:
         return cls(name, bool(data.get("published")), list(data.get("bad") or []), dict(data.get("staged") or {}),
                    int(data.get("free_bytes") or 0))
 
@@ -46,7 +48,7 @@ class NodeState:
         return sum(sizes[p] - done for p, done in self.needs(manifest).items())
 
 
-def header_files(manifest: Manifest, receivers: list[NodeState]) -> list[dict]:
+def header_files(manifest: Manifest, receivers: list[NodeState]) -> list[dict[str, Any]]:
     """The files a stream carries to ``receivers``: each file some receiver lacks, from the smallest
     offset any of them already holds (the others re-hash their longer prefix and drop the rest)."""
     out = []
@@ -59,7 +61,7 @@ def header_files(manifest: Manifest, receivers: list[NodeState]) -> list[dict]:
 
 
 def chain_paths(order: list[str], verified: set[str], pending: list[str],
-                repair_only: set[str] = frozenset()) -> list[list[str]]:
+                repair_only: AbstractSet[str] = frozenset()) -> list[list[str]]:
     """Paths ``[feeder, node, node, ...]`` for one chain round.
 
     Nodes that only need a few files of an otherwise verified copy get a one-hop path from

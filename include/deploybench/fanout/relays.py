@@ -137,7 +137,7 @@ class Relays:
         """Stream to every path at once; returns each receiver's status (``{"dead": why}`` for a lost node,
         ``{"error": ...}`` for a relay that ended without one). Every relay started here is stopped."""
         jobs = []  # (round id, path)
-        self._dead: dict[str, str] = {}
+        self._dead = {}
         started: list[tuple[str, str, list[str]]] = []
         port = self.spec.port
         try:
@@ -168,7 +168,7 @@ class Relays:
                 jobs.append((rid, path))
             t0 = time.monotonic()
             with ThreadPoolExecutor(max_workers=min(16, len(spawns))) as pool:
-                list(pool.map(lambda s: self._spawn(*s, started), spawns))
+                list(pool.map(lambda s: self._spawn(s[0], s[1], s[2], s[3], started), spawns))
             t1 = time.monotonic()
             out = self._watch(jobs, deadline)
             log.debug("round: %d relays started in %.2f s, streams done after %.2f s", len(spawns), t1 - t0,
@@ -188,10 +188,18 @@ class Relays:
 
     def _timeouts(self, rid: str, node: str, down: Node | None, deadline: float) -> list[str]:
         left = max(1.0, deadline - time.monotonic())
-        return ["--status", self._file(node, rid, "status.json"),
-                "--io-timeout", f"{self.spec.io_timeout_s:g}", "--accept-timeout", f"{max(30.0, self.spec.io_timeout_s):g}",
-                "--deadline-s", f"{left:.0f}",
-                "--downstream", f"{down.data_address}:{self.spec.port}" if down else ""]
+        return [
+            "--status",
+            self._file(node, rid, "status.json"),
+            "--io-timeout",
+            f"{self.spec.io_timeout_s:g}",
+            "--accept-timeout",
+            f"{max(30.0, self.spec.io_timeout_s):g}",
+            "--deadline-s",
+            f"{left:.0f}",
+            "--downstream",
+            f"{down.data_address}:{self.spec.port}" if down else "",
+        ]
 
     def _spawn(self, node: str, rid: str, token: str, argv: list[str], started: list) -> None:
         script = spawn_script(argv, self._file(node, rid, "log"), self._file(node, rid, "pid"),

@@ -170,7 +170,7 @@ class _Fanout:
             self.failed_files.setdefault(node, set()).add(f)
         if "dead" in st:
             c.error = f"node lost during the transfer: {st['dead']}"
-        problems = [st.get(k) for k in ("error", "upstream_error", "downstream_error") if st.get(k)]
+        problems: list[str] = [st[k] for k in ("error", "upstream_error", "downstream_error") if st.get(k)]
         if st.get("files_bad"):
             problems.append(f"sha256 mismatch in {', '.join(st['files_bad'])} (re-fetched next attempt)")
         if st.get("refused"):
@@ -220,9 +220,9 @@ class _Fanout:
             self.result.rounds += 1
             log.info("fanout round %d: %s", self.result.rounds, " | ".join("->".join(p) for p in paths))
             statuses = self.relays.run_round(paths, manifest, self.states, deadline)
-            for n, st in statuses.items():
-                self.account(n, st, manifest)
-            alive = [n for n, st in statuses.items() if "dead" not in st]
+            for n, status in statuses.items():
+                self.account(n, status, manifest)
+            alive = [n for n, status in statuses.items() if "dead" not in status]
             lost = self.inspect(alive, manifest)
             for n, why in lost.items():
                 self.copies[n].error = f"could not be inspected after the transfer: {why}"
@@ -233,7 +233,9 @@ class _Fanout:
                     c.status = "repaired" if n in repair_nodes and c.bytes < manifest.total_bytes else "copied"
                     self.verified.add(n)
         for n in self.pending():
-            self.copies[n].error = self.copies[n].error or f"not verified before the fan-out timeout ({spec.timeout_s:g} s)"
+            self.copies[n].error = (
+                self.copies[n].error or f"not verified before the fan-out timeout ({spec.timeout_s:g} s)"
+            )
         self.result.seconds = time.monotonic() - self.t0
         return self.finish()
 

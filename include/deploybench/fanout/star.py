@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from deploybench.config import FanoutSpec, Policy
 from deploybench.errors import DeploybenchError, StageFailed
 from deploybench.fanout.relays import Relays
-from deploybench.relay import old_name
 from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.inventory import Inventory, Node, TransportKind
 from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest
+from deploybench.relay import old_name
 from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,9 @@ def copy_to(cluster: Cluster, source: Node, node: Node, model: str, manifest: Ma
         ).check()
         published = cluster[node].run(["cat", f"{final}/{MANIFEST_NAME}"], timeout=30)
         if not published.ok or json.loads(published.stdout or "{}").get("digest") != manifest.digest:
-            raise StageFailed(f"node {node.name}: {final} does not hold manifest {manifest.digest[:12]} after publishing")
+            raise StageFailed(
+                f"node {node.name}: {final} does not hold manifest {manifest.digest[:12]} after publishing"
+            )
         copy.status, copy.verified, copy.bytes = "copied", True, manifest.total_bytes
     except DeploybenchError as exc:
         copy.error = str(exc)
@@ -160,7 +162,14 @@ def run_star(cluster: Cluster, names: list[str], source: str, model: str, spec: 
     result.seconds = time.monotonic() - t0
     failed = [c for c in result.nodes if not c.verified]
     for c in result.nodes:
-        log.info("fanout %s: %s %.1f MiB in %.1f s (%.0f Mbit/s)", c.node, c.status, c.bytes / 2**20, c.seconds, c.mbit_s)
+        log.info(
+            "fanout %s: %s %.1f MiB in %.1f s (%.0f Mbit/s)",
+            c.node,
+            c.status,
+            c.bytes / 2**20,
+            c.seconds,
+            c.mbit_s,
+        )
     if failed and (policy is Policy.ABORT or len(result.verified_nodes) < min_nodes):
         raise StageFailed("fanout: " + "; ".join(f"{c.node}: {c.error}" for c in failed), result.to_dict())
     return result

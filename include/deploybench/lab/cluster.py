@@ -266,7 +266,9 @@ def down(name: str, purge: bool = False) -> None:
     if is_root():
         netns.teardown(NetnsNames.of(name), files.root, files.shared_root)
     elif state is not None and state.mode is Mode.NETNS:
-        raise LabError(f"lab {name} runs in netns mode; removing it needs root (sudo deploybench lab down --name {name})")
+        raise LabError(
+            f"lab {name} runs in netns mode; removing it needs root (sudo deploybench lab down --name {name})"
+        )
     else:
         pids = netns.pids_mentioning(f"{files.root}/nodes/")
         if pids:

@@ -134,7 +134,11 @@ def sshd_start_argv(ns: str, binds: Mapping[str, str], config: str) -> list[str]
     and the node's own model root at the path every node shares.
     """
     mounts = " && ".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in binds.items())
-    script = f"{mounts} && exec {SSHD} -D -e -f {shlex.quote(config)}" if mounts else f"exec {SSHD} -D -e -f {shlex.quote(config)}"
+    script = (
+        f"{mounts} && exec {SSHD} -D -e -f {shlex.quote(config)}"
+        if mounts
+        else f"exec {SSHD} -D -e -f {shlex.quote(config)}"
+    )
     return ["ip", "netns", "exec", ns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script]
 
 

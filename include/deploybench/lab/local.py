@@ -43,7 +43,7 @@ class LocalEngines:
         self.start_timeout_s = start_timeout_s
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, n: int, *extra: str, engine: "EngineSpec | None" = None) -> list["Endpoint"]:
+    def start(self, n: int, *extra: str, engine: EngineSpec | None = None) -> list[Endpoint]:
         """``n`` more engines (nodes n1..n<n>, seeds 1..n), healthy before this returns; ``extra``: more
         engine options (they win over ``engine``'s). DeploybenchError when one exits or stays unhealthy."""
         from deploybench.load import Endpoint
@@ -87,7 +87,7 @@ class LocalEngines:
                 proc.wait(timeout=5)
         self.procs.clear()
 
-    def __enter__(self) -> "LocalEngines":
+    def __enter__(self) -> LocalEngines:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -57,7 +57,7 @@ class NetnsNames:
     tag: str  # 6 hex chars from the name's hash
 
     @classmethod
-    def of(cls, lab: str) -> "NetnsNames":
+    def of(cls, lab: str) -> NetnsNames:
         return cls(check_name(lab), lab_hash(lab)[:6])
 
     @property

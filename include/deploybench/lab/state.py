@@ -69,15 +69,41 @@ class LabFiles:
         self.name = name
         self.root = paths.lab_dir(name)
 
-    state = property(lambda self: self.root / "lab.json")
-    inventory = property(lambda self: self.root / "inventory.json")
-    keys = property(lambda self: self.root / KEYS)
-    user_key = property(lambda self: self.root / KEYS / "id_ed25519")
-    authorized_keys = property(lambda self: self.root / "authorized_keys")
-    known_hosts = property(lambda self: self.root / "known_hosts")
-    shared_root = property(lambda self: SHARED_ROOT / self.name)
-    shared_models = property(lambda self: SHARED_ROOT / self.name / "models")
-    shared_run = property(lambda self: SHARED_ROOT / self.name / "run")
+    @property
+    def state(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory.json"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / KEYS
+
+    @property
+    def user_key(self) -> Path:
+        return self.root / KEYS / "id_ed25519"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.root / "authorized_keys"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def shared_root(self) -> Path:
+        return SHARED_ROOT / self.name
+
+    @property
+    def shared_models(self) -> Path:
+        return SHARED_ROOT / self.name / "models"
+
+    @property
+    def shared_run(self) -> Path:
+        return SHARED_ROOT / self.name / "run"
 
     def host_key(self, node: str) -> Path:
         return self.keys / f"host_{node}"

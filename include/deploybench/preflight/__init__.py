@@ -27,7 +27,14 @@ from deploybench.preflight.links import (
     sweep_script,
     test_link,
 )
-from deploybench.preflight.model import CheckItem, Direction, LinkTest, NodeCheck, PreflightResult, node_errors
+from deploybench.preflight.model import (
+    CheckItem,
+    Direction,
+    LinkTest,
+    NodeCheck,
+    PreflightResult,
+    node_errors,
+)
 from deploybench.preflight.policy import blame, decide, describe_link, matrix, node_summary, worst_links
 from deploybench.transport import Cluster, UnsafeFolder
 

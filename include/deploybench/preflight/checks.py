@@ -13,12 +13,13 @@ import shlex
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from deploybench.config import PreflightSpec
 from deploybench.errors import DeploybenchError
 from deploybench.inventory import Node
 from deploybench.preflight.links import sweep_script
-from deploybench.preflight.model import CheckItem, NodeCheck, node_errors
+from deploybench.preflight.model import CheckItem, NodeCheck, Status, node_errors
 from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,9 @@ def facts_script(w: Wanted, node: Node, preflight_dir: str, binaries: tuple[str,
         "echo \"gpu_error=$(echo $out | head -c 300)\"; else echo gpu_none=1; fi",
     ]
     if model:
-        lines.append(f"if [ -d {model} ]; then echo model_bytes=$(du -sb {model} | cut -f1); else echo model_bytes=0; fi")
+        lines.append(
+            f"if [ -d {model} ]; then echo model_bytes=$(du -sb {model} | cut -f1); else echo model_bytes=0; fi"
+        )
     return "; ".join(lines) + "; true"
 
 
@@ -143,10 +146,19 @@ def judge_node(check: NodeCheck, node: Node, spec: PreflightSpec, w: Wanted, mod
     if w.engine_port:
         check.add(_port(name, node.address, f, w.engine_port))
     check.add(_gpu(name, f, spec))
-    check.add(CheckItem("system", "pass", {"cpus": _int(f.get("cpus")), "mem_gib": round(_int(f.get("mem_bytes")) / GiB, 1),
-                                           "kernel": f.get("kernel")},
-                        f"node {name}: {f.get('cpus')} CPUs ({f.get('cpu_model') or 'unknown model'}), "
-                        f"{_int(f.get('mem_bytes')) / GiB:.1f} GiB memory, kernel {f.get('kernel')}"))
+    check.add(
+        CheckItem(
+            "system",
+            "pass",
+            {
+                "cpus": _int(f.get("cpus")),
+                "mem_gib": round(_int(f.get("mem_bytes")) / GiB, 1),
+                "kernel": f.get("kernel"),
+            },
+            f"node {name}: {f.get('cpus')} CPUs ({f.get('cpu_model') or 'unknown model'}), "
+            f"{_int(f.get('mem_bytes')) / GiB:.1f} GiB memory, kernel {f.get('kernel')}",
+        )
+    )
 
 
 def _int(v: object) -> int:
@@ -223,11 +235,18 @@ def _gpu(name: str, f: dict, spec: PreflightSpec) -> CheckItem:
     gpus = f.get("gpus") or []
     if gpus:
         models = Counter(g[0] for g in gpus)
-        summary = {"count": len(gpus), "models": sorted(models), "drivers": sorted({g[1] for g in gpus if len(g) > 1}),
-                   "memory_mib": sorted({g[2] for g in gpus if len(g) > 2})}
-        return CheckItem("gpu", "pass", summary, f"node {name}: {len(gpus)} GPU(s) "
-                         + ", ".join(f"{n}x {m}" for m, n in models.items()) + f", driver {', '.join(summary['drivers'])}")
-    status = "fail" if spec.require_gpu else "pass"
+        summary: dict[str, Any] = {
+            "count": len(gpus), "models": sorted(models), "drivers": sorted({g[1] for g in gpus if len(g) > 1}),
+            "memory_mib": sorted({g[2] for g in gpus if len(g) > 2})}
+        return CheckItem(
+            "gpu",
+            "pass",
+            summary,
+            f"node {name}: {len(gpus)} GPU(s) "
+            + ", ".join(f"{n}x {m}" for m, n in models.items())
+            + f", driver {', '.join(summary['drivers'])}",
+        )
+    status: Status = "fail" if spec.require_gpu else "pass"
     why = f"nvidia-smi failed: {f['gpu_error']}" if f.get("gpu_error") else "nvidia-smi is not installed"
     tail = "; require_gpu is on" if spec.require_gpu else " (require_gpu is off, so this is only reported)"
     return CheckItem("gpu", status, None, f"node {name}: no GPU ({why}){tail}")
@@ -264,7 +283,14 @@ def consistency(checks: list[NodeCheck], spec: PreflightSpec) -> list[str]:
         findings.append(text)
         for c in reached:
             if c.node in odd:
-                c.add(CheckItem("consistency", "fail" if fails else "warn", _show(odd[c.node]), f"node {c.node}: {text}"))
+                c.add(
+                    CheckItem(
+                        "consistency",
+                        "fail" if fails else "warn",
+                        _show(odd[c.node]),
+                        f"node {c.node}: {text}",
+                    )
+                )
     return findings
 
 

@@ -171,7 +171,8 @@ def sweep_script(directory: str) -> str:
     d = shlex.quote(directory)
     return (
         f"for f in {d}/iperf3-*.pid; do [ -f \"$f\" ] || continue; pid=$(head -n 1 \"$f\"); "
-        "case \"$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null)\" in \"timeout \"*\" iperf3 \"*|iperf3\\ *|*/iperf3\\ *) "
+        "case \"$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null)\" in "
+        "\"timeout \"*\" iperf3 \"*|iperf3\\ *|*/iperf3\\ *) "
         "kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; sleep 0.2; "
         "kill -KILL -$pid 2>/dev/null; kill -KILL $pid 2>/dev/null; echo swept=$pid;; esac; rm -f \"$f\"; done"
     )
@@ -268,7 +269,7 @@ def test_link(cluster: Cluster, src: Node, dst: Node, rnd: int, seconds: float, 
     t0 = time.monotonic()
     own = server is None
     try:
-        if own:
+        if server is None:
             port, err = start_server(cluster, dst, network, pid, logf, len(modes) * (seconds + SLACK_S) + 10,
                                      one_off=bidir)
         else:
@@ -400,4 +401,4 @@ def _log(lt: LinkTest) -> None:
                  "" if lt.ok else " BELOW THRESHOLD")
 
 
-test_link.__test__ = False  # a library function, not a pytest test
+test_link.__test__ = False  # type: ignore[attr-defined]  # a library function, not a pytest test

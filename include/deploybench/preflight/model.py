@@ -8,7 +8,7 @@ Everything else is added beside them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal, cast
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -27,7 +27,7 @@ _RANK = {"pass": 0, "warn": 1, "fail": 2}
 
 
 def worst_status(statuses: list[str]) -> Status:
-    return max(statuses, key=_RANK.__getitem__, default="pass")  # type: ignore[return-value]
+    return cast(Status, max(statuses, key=_RANK.__getitem__, default="pass"))
 
 
 @dataclass
@@ -45,7 +45,7 @@ class NodeCheck:
     node: str
     ok: bool
     reasons: list[str] = field(default_factory=list)  # why it failed (one sentence per failed check)
-    facts: dict = field(default_factory=dict)  # what the node reported, raw
+    facts: dict[str, Any] = field(default_factory=dict)  # what the node reported, raw
     status: Status = "pass"
     warnings: list[str] = field(default_factory=list)
     checks: list[CheckItem] = field(default_factory=list)
@@ -113,5 +113,5 @@ class PreflightResult:
     worst_links: list[str] = field(default_factory=list)  # the weakest directions, worst first, in words
     matrix: dict[str, dict[str, float]] = field(default_factory=dict)  # src -> dst -> ratio of nominal
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

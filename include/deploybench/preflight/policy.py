@@ -24,7 +24,9 @@ def describe_link(lt: LinkTest) -> str:
     return text
 
 
-def blame(names: list[str], checks: list[NodeCheck], links: list[LinkTest], source: str | None = None) -> dict[str, str]:
+def blame(
+    names: list[str], checks: list[NodeCheck], links: list[LinkTest], source: str | None = None
+) -> dict[str, str]:
     """Nodes to exclude and why.
 
     1. a node whose own checks failed;
