@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH"),
 ]
 
-LAB = "r5lab"
+LAB = "lxr5"  # lab names are global on the machine: one prefix per suite
 PORT = 8000
 
 
