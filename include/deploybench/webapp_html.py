@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import quote, urlencode
 
-from deploybench.report.html import Html, esc, fmt_ms, fmt_num, fmt_pct, fmt_time, table
+from deploybench.report.html import Html, esc, fmt_ms, fmt_num, fmt_pct, fmt_time, fmt_util, table
 from deploybench.store.records import CLUSTER, RunStatus
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -142,7 +142,7 @@ class RunRow:
 
 LIST_COLUMNS = ["compare", "baseline", "run", "DAG", "status", "started", "nodes", "engine", "config", "phase",
                 "achieved req/s", "P99 ms", "error rate"]
-PHASE_COLUMNS = ["phase", "node", "offered req/s", "achieved req/s", "output tok/s", "requests", "errors",
+PHASE_COLUMNS = ["phase", "node", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "requests", "errors",
                  "error rate", "dropped", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "TTFT P50 ms", "TTFT P99 ms",
                  "seconds"]
 
@@ -208,7 +208,28 @@ def render_run_list(
 
 
 # -- one run ---------------------------------------------------------------------------------
-def _phase_rows(phases: list[PhaseRecord]) -> list[list[Any]]:
+def gpu_utilisation(stages: list[StageRecord]) -> dict[tuple[str, str], float | None]:
+    """{(phase, node or '*'): mean GPU utilisation %} from the stored load stage's result (its LoadResults
+    carry ``gpu_util_pct`` and ``gpu``; see deploybench.load.gpu). A pair missing, or None: not measured."""
+    load = next((s for s in stages if s.stage == "load"), None)
+    result = ((load.summary if load else {}) or {}).get("result") or {}
+    phases = result.get("phases") if isinstance(result.get("phases"), dict) else {}
+    out: dict[tuple[str, str], float | None] = {}
+    for name, ph in phases.items():
+        res = (ph or {}).get("result") if isinstance(ph, dict) else None
+        if not isinstance(res, dict):
+            continue
+        out[(name, CLUSTER)] = _pct(res.get("gpu_util_pct"))
+        for node, g in (res.get("gpu") if isinstance(res.get("gpu"), dict) else {}).items():
+            out[(name, str(node))] = _pct(g.get("util_mean_pct")) if isinstance(g, dict) else None
+    return out
+
+
+def _pct(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _phase_rows(phases: list[PhaseRecord], gpu: dict[tuple[str, str], float | None] | None = None) -> list[list[Any]]:
     ordered = sorted(phases, key=lambda p: (p.phase, p.node != CLUSTER, p.node))
     return [
         [
@@ -216,6 +237,7 @@ def _phase_rows(phases: list[PhaseRecord]) -> list[list[Any]]:
             Html("<b>cluster</b>") if p.node == CLUSTER else p.node,
             fmt_num(p.offered_rps),
             fmt_num(p.achieved_rps),
+            fmt_util((gpu or {}).get((p.phase, p.node))),
             fmt_num(p.output_tps, 1),
             fmt_num(p.requests),
             fmt_num(p.errors),
@@ -285,7 +307,7 @@ def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str
         else "<p>No stage was stored.</p>"
     )
     phases = (
-        table(PHASE_COLUMNS, _phase_rows(stored.phases), numeric_from=2)
+        table(PHASE_COLUMNS, _phase_rows(stored.phases, gpu_utilisation(stored.stages)), numeric_from=2)
         if stored.phases
         else "<p>No load phase was stored (the run stopped before the load stage).</p>"
     )

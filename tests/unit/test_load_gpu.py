@@ -192,3 +192,50 @@ def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypat
     figs = gpu.gpu_figures(pts, ["b"], t0, datetime.now(timezone.utc), sampler.why)
     assert pts == [] and figs["b"].source is None
     assert figs["b"].util_mean_pct is None and "nvidia-smi" in figs["b"].reason and "columns" in figs["b"].reason
+
+
+# -- shown beside the throughput: the run report and the results pages ------------------------------------------
+def _load_stage() -> dict:
+    nodes = [{"node": "n1", "requests": 100, "achieved_rps": 10.0, "gpu_util_pct": 83.5, "gpu_mem_used_mib": 900.0},
+             {"node": "n2", "requests": 90, "achieved_rps": 9.0, "gpu_util_pct": None, "gpu_mem_used_mib": None}]
+    sustained = {"phase": "sustained", "offered_rps": 20.0, "achieved_rps": 19.0, "output_tps": 5.0, "error_rate": 0.0,
+                 "dropped_iterations": 0, "latency_p99_ms": 120.0, "slo_ok": True, "nodes": nodes,
+                 "gpu_util_pct": 83.5,
+                 "gpu": {"n1": {"source": "dcgm", "util_mean_pct": 83.5, "mem_used_mib_mean": 900.0, "samples": 5},
+                         "n2": {"source": None, "reason": "no transport to run nvidia-smi over"}}}
+    steps = [{"step": 1, "kind": "ramp", "rate_from": 1.0, "rate": 8.0, "passed": False, "achieved_rps": 3.0,
+              "gpu_util_pct": 12.25, "reasons": ["scout ramp"]},
+             {"step": 2, "kind": "constant", "rate": 24.0, "passed": True, "achieved_rps": 24.0,
+              "gpu_util_pct": None, "reasons": []}]
+    return {**sustained, "phases": {"probe": {"status": "success", "result": None, "analysis": {"steps": steps}},
+                                    "sustained": {"status": "success", "result": sustained}},
+            "capacity": {"capacity_rps": 24.0, "steps": steps}}
+
+
+def test_report_shows_utilisation_per_node_and_phase_and_absent_as_absent():
+    from deploybench.report.run_html import _load_sections
+
+    html = "".join(_load_sections(_load_stage(), 2000.0))
+    assert "<th>GPU util %</th>" in html and "<td>83.5</td>" in html  # the phase row and node n1
+    assert "GPU utilisation per node, every phase" in html
+    assert "absent: no transport to run nvidia-smi over" in html  # n2: absent, with the reason
+    assert "<td>12.2</td>" in html or "<td>12.3</td>" in html  # the ramp step's utilisation
+    assert "<td>0.0</td>" not in html  # nothing absent became a zero
+
+
+def test_run_page_shows_utilisation_beside_achieved_rate():
+    from datetime import datetime, timezone
+
+    from deploybench.store.records import PhaseRecord, StageRecord
+    from deploybench.webapp_html import PHASE_COLUMNS, _phase_rows, gpu_utilisation
+
+    stages = [StageRecord(stage="load", status="success", summary={"summary": "", "result": _load_stage()})]
+    got = gpu_utilisation(stages)
+    assert got == {("sustained", "*"): 83.5, ("sustained", "n1"): 83.5, ("sustained", "n2"): None}
+    common = dict(phase="sustained", offered_rps=10.0, achieved_rps=9.5, output_tps=1.0, requests=10, errors=0,
+                  error_rate=0.0, duration_s=5.0, started_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    rows = _phase_rows([PhaseRecord(node=n, **common) for n in ("*", "n1", "n2")], got)
+    col = PHASE_COLUMNS.index("GPU util %")
+    assert PHASE_COLUMNS[col - 1] == "achieved req/s"
+    assert [r[col] for r in rows] == ["83.5", "83.5", "absent"]
+    assert [r[col] for r in _phase_rows([PhaseRecord(node="*", **common)], {})] == ["absent"]  # an older run

@@ -142,6 +142,12 @@ def test_ramp_estimate_is_the_throughput_after_the_break():
     assert est == pytest.approx(30.0) and "broke" in why and "latency_p99" in why
     est, why = probe.ramp_estimate(ramp(2, 1, 8), SLO(p99_latency_ms=1000), LoadSpec())
     assert est is None and "held up to" in why
+    # a lone late window (k6 behind on a busy machine) before the real break is not the server's limit
+    res = ramp(3, 10, 80)
+    wins = list(res.windows)
+    wins[0] = wins[0].model_copy(update={"latency_p99_ms": 5000.0, "goodput_rps": 3.0})
+    est, why = probe.ramp_estimate(res.model_copy(update={"windows": wins}), SLO(p99_latency_ms=1000), LoadSpec())
+    assert est == pytest.approx(30.0), why
 
 
 def test_judge_names_every_broken_criterion():

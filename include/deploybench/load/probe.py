@@ -126,8 +126,8 @@ def _step(n: int, rate: float, passed: bool, reasons: list[str], ratio: float, r
 def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | None, str]:
     """(capacity estimate, why) from a ramp step's windows; None when no window broke an objective.
 
-    The estimate is the lower of the offered rate where the first window broke and the median
-    throughput (answered within the SLO, per second) of the windows from there on."""
+    The estimate is the median throughput (answered within the SLO, per second) of the windows from the
+    break on (the first window after which none held), capped by the offered rate there when latency or errors broke it."""
     from deploybench.load.overload import broken
 
     wins = res.windows
@@ -135,16 +135,22 @@ def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | No
         return None, "the ramp measured no window"
     slope = ((res.stages[-1][0] - res.offered_rps) / res.duration_s) if res.stages else 0.0
     slope = max(slope, 0.0)
-    first = next((i for i, w in enumerate(wins) if broken(w, slo, spec, slope)), None)
+    # on a rising ramp an overloaded server stays overloaded: the break is where every window from there
+    # on is broken (a lone noisy window - k6 late on a busy machine - is not the server's limit)
+    held = [not broken(w, slo, spec, slope) for w in wins]
+    first = next((i for i in range(len(wins)) if not any(held[i:])), None)
     if first is None:
         return None, f"every window held up to {wins[-1].offered_rps:.2f} req/s"
     w = wins[first]
     over = sorted(x.goodput_rps for x in wins[first:])
     through = over[len(over) // 2]
-    broke = ", ".join(sorted(broken(w, slo, spec, slope)))
+    kinds = set(broken(w, slo, spec, slope))
+    broke = ", ".join(sorted(kinds))
     if through <= 0:
         return None, f"broke ({broke}) at {w.offered_rps:.2f} req/s and answered nothing within the SLO after"
-    est = min(through, w.offered_rps)
+    # falling behind on a ramp shows late (answers lag the offered rate), so then the throughput alone
+    # says it; a latency or error break is where the SLO ends, and the estimate is at most that rate
+    est = through if kinds == {"achieved_ratio"} else min(through, w.offered_rps)
     return est, (f"broke ({broke}) at {w.offered_rps:.2f} req/s offered; throughput from there "
                  f"{through:.2f} req/s (median of {len(over)} windows)")
 

@@ -60,6 +60,11 @@ def fmt_pct(rate: float | None) -> str:
     return "n/a" if rate is None or rate != rate else f"{rate:.2%}"
 
 
+def fmt_util(pct: float | None) -> str:
+    """A GPU utilisation in %; None is 'absent' (not measured: never shown as 0)."""
+    return "absent" if pct is None or pct != pct else f"{pct:.1f}"
+
+
 def fmt_time(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from deploybench.report import ORDER, run_status
 from deploybench.report import plots
-from deploybench.report.html import document, esc, figure, table
+from deploybench.report.html import document, esc, figure, fmt_util, table
 
 if TYPE_CHECKING:
     from deploybench.analyse.history import History
@@ -35,14 +35,23 @@ def _samples(load: dict[str, Any]) -> pd.DataFrame:
         return pd.DataFrame()
 
 
+def _gpu_row(phase: dict[str, Any], node: dict[str, Any]) -> list[Any]:
+    """phase, node, req/s beside the node's GPU figures (``LoadResult.gpu``); 'absent' where not measured."""
+    g = (phase.get("gpu") or {}).get(node["node"]) or {}
+    mem = g.get("mem_used_mib_mean")
+    return [phase.get("phase"), node["node"], node.get("achieved_rps"), fmt_util(g.get("util_mean_pct")),
+            "absent" if mem is None else mem, g.get("source") or f"absent: {g.get('reason') or 'not sampled'}"]
+
+
 def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
     from deploybench.results import capacity_steps, load_phases
 
     phases = load_phases(ld)
     parts = ["<h2>Load</h2>", table(
-        ["phase", "offered req/s", "achieved req/s", "output tok/s", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms",
-         "TTFT P99 ms", "errors", "dropped", "SLO"],
-        [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), p.get("output_tps"), p.get("latency_p50_ms"),
+        ["phase", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "P50 ms", "P90 ms", "P99 ms",
+         "P99.9 ms", "TTFT P99 ms", "errors", "dropped", "SLO"],
+        [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), fmt_util(p.get("gpu_util_pct")),
+          p.get("output_tps"), p.get("latency_p50_ms"),
           p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"), p.get("ttft_p99_ms"),
           f"{p.get('error_rate', 0):.2%}", p.get("dropped_iterations"),
           "met" if p.get("slo_ok") else "not met: " + "; ".join((p.get("slo") or {}).get("reasons") or [])]
@@ -59,6 +68,14 @@ def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
                         "throughput-latency curve (capacity-search steps, else the phases)"))
     parts.append("<h3>Capacity search</h3>")
     parts.append(figure(plots.capacity_steps(steps, cap), "capacity-search steps (green: SLO held)"))
+    probe_steps = (((ld.get("phases") or {}).get("probe") or {}).get("analysis") or {}).get("steps") or [] if (
+        isinstance(ld.get("phases"), dict)) else []
+    if probe_steps:
+        parts.append(table(["step", "kind", "offered req/s", "achieved req/s", "GPU util %", "passed", "why"],
+                           [[s.get("step"), s.get("kind", "constant"),
+                             (f"{s['rate_from']:g} -> {s['rate']:g}" if s.get("rate_from") is not None else s.get("rate")),
+                             s.get("achieved_rps"), fmt_util(s.get("gpu_util_pct")), s.get("passed"),
+                             "; ".join(s.get("reasons") or [])] for s in probe_steps]))
     for name, title in (("sustained", "Sustained phase over time"), ("overload", "Overload ramp and recovery")):
         parts.append(f"<h3>{esc(title)}</h3>")
         sub = samples[samples["phase"] == name] if not samples.empty else samples
@@ -69,9 +86,16 @@ def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
         phases[0].get("nodes") if phases else None) or []
     if nodes:
         parts += ["<h3>Per node</h3>", figure(plots.per_node_bars(nodes), "requests/s and P99 latency per node"),
-                  table(["node", "requests", "req/s", "output tok/s", "P50 ms", "P99 ms", "errors"],
-                        [[v["node"], v.get("requests"), v.get("achieved_rps"), v.get("output_tps"),
-                          v.get("latency_p50_ms"), v.get("latency_p99_ms"), v.get("errors")] for v in nodes])]
+                  table(["node", "requests", "req/s", "GPU util %", "GPU mem MiB", "output tok/s", "P50 ms",
+                         "P99 ms", "errors"],
+                        [[v["node"], v.get("requests"), v.get("achieved_rps"), fmt_util(v.get("gpu_util_pct")),
+                          "absent" if v.get("gpu_mem_used_mib") is None else v["gpu_mem_used_mib"],
+                          v.get("output_tps"), v.get("latency_p50_ms"), v.get("latency_p99_ms"), v.get("errors")]
+                         for v in nodes])]
+    gpu_rows = [_gpu_row(p, v) for p in phases for v in p.get("nodes") or []]
+    if gpu_rows:
+        parts += ["<h3>GPU utilisation per node, every phase</h3>",
+                  table(["phase", "node", "req/s", "GPU util %", "GPU mem MiB", "source"], gpu_rows)]
     notes = [n for p in phases for n in p.get("notes") or []]
     if notes:
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in dict.fromkeys(notes)) + "</ul>")
