@@ -142,11 +142,9 @@ def exporter():
 
 
 def _closed_port() -> int:
-    import socket
+    from deploybench.lab.local import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_path, monkeypatch):
@@ -176,6 +174,10 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
     assert figs["b"].source == "nvidia-smi" and figs["b"].gpus == 2 and figs["b"].util_mean_pct == 50.0
     assert figs["b"].mem_used_mib_mean == 4000.0 and figs["b"].mem_total_mib == 8000.0 and figs["b"].samples >= 2
     assert figs["a"].source is None and "no transport to run nvidia-smi" in figs["a"].reason
+    # a plan made before (the first step of a probe) is kept: no node is asked again
+    again = gpu.GpuSampler(eps[:1], 0.2, "probe", 2, dcgm_port=exporter, plan={"a": "absent"},
+                           why={"a": "chosen at step 1"}).start()
+    assert again.stop() == [] and again.plan == {"a": "absent"} and again.why == {"a": "chosen at step 1"}
 
 
 def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypatch):

@@ -2,8 +2,11 @@
 
 * ``runner.run_load`` — one k6 run (a phase, or one step of the search) with the TTFT sampler and the
   /metrics scraper beside it; the building block the others use, and what the rollout's canary gate calls.
-* ``probe.search`` — the capacity: doubling then bisection, each step judged by the SLO, achieved ÷
-  offered and dropped iterations.
+* ``probe.search`` — the capacity: a scout ramp, then constant steps around its throughput estimate
+  (or the earlier doubling then bisection), each constant step judged by the SLO, achieved ÷ offered
+  and dropped iterations.
+* ``gpu`` — each node's GPU utilisation and memory beside every k6 run (DCGM gauges, or nvidia-smi over
+  the run's transport; absent when neither answers), and the SLO's optional utilisation objective.
 * ``sustained.run`` — a fraction of the capacity held for the configured time; per-window figures, drift.
 * ``overload.run`` — a ramp past the capacity, then recovery at half of it; where each objective broke,
   errors by kind, recovery time.

@@ -24,6 +24,7 @@ import math
 import threading
 import urllib.request
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -133,13 +134,14 @@ class GpuSampler:
 
     def __init__(self, endpoints: list[Endpoint], interval_s: float, phase: str, step: int = 0, *,
                  transports: Mapping[str, Any] | None = None, dcgm_port: int | None = DCGM_PORT,
-                 timeout_s: float = 2.0) -> None:
+                 timeout_s: float = 2.0, plan: Mapping[str, str] | None = None,
+                 why: Mapping[str, str] | None = None) -> None:
         self.endpoints, self.interval_s, self.phase, self.step = endpoints, interval_s, phase, step
         self.transports = dict(transports or {})
         self.dcgm_port = dcgm_port
         self.timeout_s = min(timeout_s, max(0.5, interval_s))
-        self.plan: dict[str, str] = {}  # node -> dcgm | dcgm-exporter | nvidia-smi | absent
-        self.why: dict[str, str] = {}  # node -> why absent / what failed
+        self.plan: dict[str, str] = dict(plan or {})  # node -> dcgm | dcgm-exporter | nvidia-smi | absent
+        self.why: dict[str, str] = dict(why or {})  # node -> why absent / what failed
         self.points: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -181,7 +183,12 @@ class GpuSampler:
                     LOG.debug("GPU sample of %s failed: %r", ep.node, exc)
 
     def start(self) -> GpuSampler:
-        self.plan = {ep.node: self._choose(ep) for ep in self.endpoints}
+        """Choose each node's source (in parallel: a silent node costs one timeout, not one per node), unless
+        a plan was given (the steps of one probe keep the first step's), then poll those that need it."""
+        missing = [ep for ep in self.endpoints if ep.node not in self.plan]
+        if missing:
+            with ThreadPoolExecutor(max_workers=min(16, len(missing))) as pool:
+                self.plan.update(zip([ep.node for ep in missing], pool.map(self._choose, missing)))
         if any(p in ("dcgm-exporter", "nvidia-smi") for p in self.plan.values()):
             self.poll_once()
             self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)

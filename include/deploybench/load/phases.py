@@ -115,11 +115,15 @@ def capacity_of(out_dir: Path, spec: LoadSpec) -> tuple[float, str]:
 
 
 def with_gpu(run: Callable[[], LoadResult], nodes: list[Endpoint], spec: LoadSpec, out_dir: Path, phase: str,
-             step: int = 0, transports: Mapping[str, Any] | None = None) -> LoadResult:
-    """``run()`` (one k6 run) with the GPUs of ``nodes`` sampled beside it; its result with ``gpu`` set."""
+             step: int = 0, transports: Mapping[str, Any] | None = None, plan: dict | None = None) -> LoadResult:
+    """``run()`` (one k6 run) with the GPUs of ``nodes`` sampled beside it; its result with ``gpu`` set.
+    ``plan`` (a dict, filled on first use) keeps each node's source from one call to the next."""
     if spec.scrape_interval_s <= 0:
         return gpu.attach(run(), {e.node: GpuFigures(reason="scraping is off (scrape_interval_s=0)") for e in nodes})
-    sampler = gpu.GpuSampler(nodes, spec.scrape_interval_s, phase, step, transports=transports).start()
+    known = plan if plan is not None else {}
+    sampler = gpu.GpuSampler(nodes, spec.scrape_interval_s, phase, step, transports=transports,
+                             plan=known.get("plan"), why=known.get("why")).start()
+    known.update(plan=sampler.plan, why={k: v for k, v in sampler.why.items() if sampler.plan.get(k) == "absent"})
     try:
         res = run()
     finally:
@@ -158,13 +162,14 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
     try:
         if phase == "probe":
             steps: dict[int, Any] = {}
+            plan: dict = {}  # each node's GPU source, chosen at the first step
 
             def measure(n: int, rate: float, stages: list | None = None) -> LoadResult:
                 s = spec.model_copy(update={"window_s": probe.ramp_window_s(spec)}) if stages else spec
                 res = with_gpu(lambda: run_load(load_eps, s, slo, out_dir, phase="probe", tags=tags, rate=rate,
                                                 duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api,
                                                 step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages),
-                               scrape_eps, spec, out_dir, "probe", n, transports)
+                               scrape_eps, spec, out_dir, "probe", n, transports, plan)
                 steps[n] = res
                 return res
 
