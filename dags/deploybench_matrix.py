@@ -1,10 +1,15 @@
 """deploybench_matrix: sweep a grid of configurations, skip what is already measured, name the best.
 
-plan -> cell (one deploybench_run per cell, one at a time, labelled e.g. ``max_num_seqs=64 load_rate=4``)
--> compare -> finish. The plan validates every cell before anything runs and logs how many run, how
-many are skipped (and why) and the expected wall time. Each cell is a full deploybench_run (every
-stage in its own Grid, under the cluster's lease); a failed cell does not stop the others and
-``finish`` names it. ``compare`` stores the comparison and writes its report; the matrix run's
+plan -> share -> cell (one deploybench_run per cell, one at a time, labelled e.g. ``max_num_seqs=64
+load_rate=4``) -> cleanup -> compare -> finish. The plan validates every cell before anything runs and
+logs how many run, how many are skipped (and why) and the expected wall time. Each cell is a full
+deploybench_run (every stage in its own Grid, under the cluster's lease); a failed cell does not stop
+the others and ``finish`` names it. Cells that differ only in load or SLO parameters run on one
+rollout: the next cell adopts the engines, preflight and fan-out of the previous one while they are
+at most ``reuse_s`` old (default 900 s; its Grid label ends "(on c01's rollout)", its preflight,
+fanout and rollout tasks log "reused from run ... (age N s)"), and the lease passes from cell to
+cell; ``cleanup`` (a teardown: it always runs) stops engines that a cell kept for a next one that
+never took them over. ``compare`` stores the comparison and writes its report; the matrix run's
 "Benchmark results" tab shows the cells and links the comparison.
 
 ``deploybench_matrix_daily`` is the same matrix on a schedule (paused when created), so that

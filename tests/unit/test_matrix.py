@@ -208,6 +208,8 @@ def test_matrix_page_shows_cells_best_and_links_the_comparison():
               "status": "success", "deployment": "d1", "reason": ""},
              {"cell_id": "c02", "label": "max_num_seqs=8 load_rate=4", "run_key": "deploybench_run__manual__x",
               "status": "skipped", "deployment": "d1", "reason": "already measured by run deploybench_run__manual__x"},
+             {"cell_id": "c04", "label": "max_num_seqs=8 load_rate=6", "run_key": "deploybench_run__m__c04",
+              "status": "success", "deployment": "d1", "reason": "", "rollout_run": "deploybench_run__m__c01"},
              {"cell_id": "c03", "label": "<script>", "run_key": "deploybench_run__m__c03", "status": "failed",
               "deployment": "d2", "reason": ""}]
     found = {"id": 7, "run_keys": ["deploybench_run__m__c01", "deploybench_run__manual__x"],
@@ -220,7 +222,8 @@ def test_matrix_page_shows_cells_best_and_links_the_comparison():
             "&amp;baseline=deploybench_run__manual__x") in html
     assert "/deploybench/runs/deploybench_run__m__c01" in html and "already measured by run" in html
     assert "<script>" not in html and "&lt;script&gt;" in html
-    assert "1 success, 1 skipped, 1 failed" in html
+    assert "2 success, 1 skipped, 1 failed" in html
+    assert "<td>c01&#x27;s (shared)</td>" in html or "<td>c01's (shared)</td>" in html, html
 
 
 # -- cells of one deployment run on one rollout ------------------------------------------------------
