@@ -183,7 +183,7 @@ def test_models_health_errors_and_keep_alive(start):
     conn.close()
 
 
-def test_metrics_move(start):
+def test_metrics_move(start, model_dir):
     e = start(*FAST)
 
     def scrape() -> dict[str, float]:
@@ -219,6 +219,16 @@ def test_metrics_move(start):
     assert delta("vllm:inter_token_latency_seconds_count") == 12
     assert delta("vllm:e2e_request_latency_seconds_count") == 2
     assert after['vllm:e2e_request_latency_seconds_bucket{model_name="sim-test",le="+Inf"}'] == 2
+    # the DCGM-named gauges (issue 17): idle before and after, the model's memory alone; the busy-slot
+    # integral grew by exactly the two requests' time in the batch, each alone: O x (2 + 0.5) ms + prefill
+    gpu = 'gpu="0",UUID="GPU-deploybench-sim",device="nvidia0",modelName="deploybench-sim"'
+    model_mib = round(sum(f.stat().st_size for f in model_dir.iterdir() if not f.name.startswith(".")) / 2**20)
+    for snap in (before, after):
+        assert snap[f"DCGM_FI_DEV_FB_USED{{{gpu}}}"] == model_mib
+        assert snap[f"DCGM_FI_DEV_FB_FREE{{{gpu}}}"] == 131072 - model_mib
+    assert before[f"DCGM_FI_DEV_GPU_UTIL{{{gpu}}}"] == 0.0
+    assert delta("deploybench_sim_busy_slot_seconds_total") == pytest.approx(
+        (10 * 2.5 + 0.01 * 3 + 4 * 2.5 + 0.01 * 2) / 1000, abs=0.004)
 
 
 def test_corrupt_or_missing_shard_stops_start_up(tmp_path, start):

@@ -5,7 +5,8 @@ With ``decode_per_seq_ms = 0`` and no prefill cost every iteration lasts ``decod
 batch, so a request is in the batch for exactly ``O`` iterations and, below saturation, the mean number
 running is ``rate x O x decode_base_ms`` (Little's law): the utilisation gauge must read
 ``100 x rate x O x d / B`` %. Memory: the model's MiB at idle, plus ``KV_MIB_PER_TOKEN`` x the tokens
-the running sequences hold, on average ``rate x d x (O x P + O (O - 1) / 2)``.
+the running sequences hold, on average ``rate x d x (O x P + O (O - 1) / 2)``. (Every probe step's figures:
+test_load_accuracy.)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def engine(tmp_path):
 
 def test_sustained_utilisation_and_memory_match_the_closed_form_and_the_objective_is_judged(engine, tmp_path):
     eps, model_mib = engine
-    spec = LoadSpec(rate=RATE, phases=["sustained"], sustained_fraction=1.0, duration_s=6, warmup_s=1,
+    spec = LoadSpec(rate=RATE, phases=["sustained"], sustained_fraction=1.0, duration_s=4, warmup_s=1,
                     prompt_tokens=P, output_tokens=O, request_timeout_s=5, ttft_sample_rps=1, scrape_interval_s=1)
     slo = SLO(p99_latency_ms=2000, min_gpu_util_pct=80)  # half busy: the objective must fail, alone
     out = phases.run_phase("sustained", eps, spec, slo, tmp_path / "load")
@@ -49,7 +50,7 @@ def test_sustained_utilisation_and_memory_match_the_closed_form_and_the_objectiv
     want = 100 * RATE * O * D_MS / 1000 / B
     print(f"\nGPU utilisation {g['util_mean_pct']} % (closed form {want:.1f} %), {g['samples']} samples; "
           f"memory {g['mem_used_mib_mean']} MiB (model {model_mib:.2f})")
-    assert g["source"] == "dcgm" and g["gpus"] == 1 and g["samples"] >= 4
+    assert g["source"] == "dcgm" and g["gpus"] == 1 and g["samples"] >= 3
     assert g["util_mean_pct"] == pytest.approx(want, rel=0.08)
     # the exact integral the engine keeps, over the measured window, agrees with the gauge
     pts = read_series(res["metrics_path"])
@@ -79,21 +80,3 @@ def test_sustained_utilisation_and_memory_match_the_closed_form_and_the_objectiv
     # the same figures against a target they reach, or none: met
     figs = {"n1": GpuFigures(**g)}
     assert gpu.gpu_verdict(figs, SLO(min_gpu_util_pct=want * 0.8)) == gpu.gpu_verdict(figs, SLO()) == []
-
-
-def test_every_probe_step_carries_the_nodes_gpu_figures(engine, tmp_path):
-    eps, _ = engine
-    spec = LoadSpec(phases=["probe"], prompt_tokens=P, output_tokens=O, probe_start_rps=8, probe_max_rps=400,
-                    probe_step_s=3, probe_warmup_s=1, probe_tolerance=0.05, request_timeout_s=5, ttft_sample_rps=1,
-                    scrape_interval_s=1)
-    loose = SLO(p99_latency_ms=4000 * (B + 32) / 40.0)
-    out = phases.run_phase("probe", eps, spec, loose, tmp_path / "load")
-    steps = out["analysis"]["steps"]
-    assert out["analysis"]["converged"] and all(s["gpu_util_pct"] is not None for s in steps)
-    for s in steps:
-        if s["kind"] == "constant" and s["passed"]:  # below saturation: Little's law, as above
-            assert s["gpu_util_pct"] == pytest.approx(100 * s["rate"] * O * D_MS / 1000 / B, rel=0.1), s
-        if s["kind"] == "constant" and not s["passed"]:  # over it: the batch is full
-            assert s["gpu_util_pct"] >= 95, s
-    assert set(steps[0]["gpu_util_by_node"]) == {"n1"}
-    assert any(p.endswith(".metrics.jsonl.gz") for p in out["series"])
