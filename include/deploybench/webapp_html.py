@@ -213,7 +213,7 @@ def gpu_utilisation(stages: list[StageRecord]) -> dict[tuple[str, str], float | 
     carry ``gpu_util_pct`` and ``gpu``; see deploybench.load.gpu). A pair missing, or None: not measured."""
     load = next((s for s in stages if s.stage == "load"), None)
     result = ((load.summary if load else {}) or {}).get("result") or {}
-    phases = result.get("phases") if isinstance(result.get("phases"), dict) else {}
+    phases: dict = result["phases"] if isinstance(result.get("phases"), dict) else {}
     out: dict[tuple[str, str], float | None] = {}
     for name, ph in phases.items():
         res = (ph or {}).get("result") if isinstance(ph, dict) else None

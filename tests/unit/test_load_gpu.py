@@ -147,13 +147,18 @@ def _closed_port() -> int:
     return free_port()
 
 
-def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_path, monkeypatch):
+def _fake_smi(tmp_path: Path, monkeypatch, body: str) -> None:
+    """An ``nvidia-smi`` (a shell script printing ``body``'s output) first on PATH: this machine has no GPU."""
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=utilization.gpu,memory.used,memory.total ] || exit 9\n"
-                    "echo '41, 1000, 4000'\necho '59, 3000, 4000'\n")
+    fake.write_text("#!/bin/sh\n" + body)
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+
+
+def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_path, monkeypatch):
+    _fake_smi(tmp_path, monkeypatch, "[ \"$1\" = --query-gpu=utilization.gpu,memory.used,memory.total ] || exit 9\n"
+                                     "echo '41, 1000, 4000'\necho '59, 3000, 4000'\n")
     dead = f"http://127.0.0.1:{_closed_port()}"
     eps = [Endpoint("a", dead, "m"), Endpoint("b", dead, "m"), Endpoint("c", dead, "m")]
     sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
@@ -181,11 +186,7 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
 
 
 def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypatch):
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho '<html>pwned</html>'\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    _fake_smi(tmp_path, monkeypatch, "echo '<html>pwned</html>'\n")
     ep = Endpoint("b", f"http://127.0.0.1:{_closed_port()}", "m")
     t0 = datetime.now(timezone.utc)
     sampler = gpu.GpuSampler([ep], 0.2, "p", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},

@@ -123,6 +123,10 @@ def _get(url: str, timeout_s: float) -> str | None:
         return None
 
 
+def _has_util(page: str | None) -> bool:
+    return page is not None and any(True for _ in parse_metrics(page[:MAX_TEXT], keep=(UTIL,)))
+
+
 def _host(url: str) -> str:
     host = urlsplit(url).hostname or ""
     return f"[{host}]" if ":" in host else host
@@ -150,10 +154,9 @@ class GpuSampler:
         return f"http://{_host(ep.url)}:{self.dcgm_port}/metrics"
 
     def _choose(self, ep: Endpoint) -> str:
-        page = _get(f"{ep.url.rstrip('/')}/metrics", self.timeout_s)
-        if page and UTIL in page:
+        if _has_util(_get(f"{ep.url.rstrip('/')}/metrics", self.timeout_s)):
             return "dcgm"
-        if self.dcgm_port and (page := _get(self._exporter(ep), self.timeout_s)) and UTIL in page:
+        if self.dcgm_port and _has_util(_get(self._exporter(ep), self.timeout_s)):
             return "dcgm-exporter"
         if ep.node in self.transports:
             return "nvidia-smi"
