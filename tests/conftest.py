@@ -4,11 +4,26 @@ per session unless a test needs the real one."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import pytest
+
+if TYPE_CHECKING:
+    from deploybench.inventory import Inventory
+    from deploybench.lab.state import LabFiles
+
+# tests/integration/store_fixtures.py (stored runs built for the store, compare, history and page tests)
+# is importable as `store_fixtures` from every test folder
+sys.path.insert(0, str(Path(__file__).resolve().parent / "integration"))
 
 # Every test session gets its own deploybench home (lab state, runs, embedded PostgreSQL,
 # Airflow's metadata DB), so tests never touch the user's demo state. This must happen
@@ -55,3 +70,136 @@ def airflow_db():
 
 def run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(autouse=True)
+def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``@pytest.mark.time_limit(s)`` (on a test, or in a module's ``pytestmark``): the test fails with a
+    TimeoutError after ``s`` seconds instead of hanging the suite (pytest-timeout is not installed; SIGALRM
+    interrupts the main thread, where pytest runs tests, also inside a blocking call)."""
+    marker = request.node.get_closest_marker("time_limit")
+    if marker is None:
+        yield
+        return
+    seconds = int(marker.args[0])
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{request.node.nodeid} exceeded its {seconds} s bound (time_limit)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+T = TypeVar("T")
+
+
+def _wait_for(condition: Callable[[], T], timeout_s: float, what: str, every_s: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(every_s)
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., object]:
+    """``wait_for(condition, timeout_s, what)``: poll ``condition`` until it returns something true (that
+    value is returned); an AssertionError naming ``what`` after ``timeout_s``. For waiting on a state
+    instead of sleeping a fixed time."""
+    return _wait_for
+
+
+def _throwaway_database() -> Iterator[str]:
+    import store_fixtures
+
+    test_dsn, _ = store_fixtures.make_database()
+    try:
+        yield test_dsn
+    finally:
+        store_fixtures.drop_database(test_dsn)
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    """A throwaway database on DEPLOYBENCH_DSN's server (else the embedded PostgreSQL, started if needed),
+    for the tests of one module; dropped after the module's last test."""
+    yield from _throwaway_database()
+
+
+@pytest.fixture
+def fresh_dsn() -> Iterator[str]:
+    """Like ``dsn``, but a database of its own for each test."""
+    yield from _throwaway_database()
+
+
+def _lab_name(prefix: str) -> str:
+    """A lab name nobody else uses: $DEPLOYBENCH_TEST_LAB_PREFIX (so that concurrent sessions on one machine
+    keep to their own names) + ``prefix`` + random hex, within the 12 characters a lab name may have."""
+    return (os.environ.get("DEPLOYBENCH_TEST_LAB_PREFIX", "") + prefix + secrets.token_hex(6))[:12]
+
+
+@pytest.fixture
+def lab_name() -> Callable[[str], str]:
+    """``lab_name(prefix)``: a unique lab name, for a test that brings a lab up and down itself."""
+    return _lab_name
+
+
+class Lab(NamedTuple):
+    """A lab a test module brought up: ``name, inv, files = lab``."""
+
+    name: str
+    inv: Inventory
+    files: LabFiles
+
+    def wipe(self, nodes: list[str]) -> None:
+        """Empty the model roots of ``nodes`` (a symlink is removed, never followed)."""
+        for node in nodes:
+            for child in self.files.models(node).iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+
+
+def needs_netns() -> str | None:
+    """Why a netns lab cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "a netns lab needs root"
+    if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
+        return "a netns lab needs sshd (openssh-server)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def netns_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Lab]]:
+    """``netns_lab(prefix, nodes=, link_mbit=, model_mb=, mode="netns")`` -> Lab: a lab for this module (own
+    name, own DEPLOYBENCH_HOME), brought down after the module's last test whatever happened, also when
+    bringing it up failed half-way. Skips where a netns lab cannot run."""
+    from deploybench.lab import cluster
+    from deploybench.lab.state import LabFiles
+
+    if (why := needs_netns()) is not None:
+        pytest.skip(why)
+    names: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEPLOYBENCH_HOME", str(tmp_path_factory.mktemp("lab-home")))
+
+        def up(prefix: str, *, nodes: int, link_mbit: float, model_mb: int, mode: str = "netns") -> Lab:
+            name = _lab_name(prefix)
+            names.append(name)
+            inv = cluster.up(name, nodes=nodes, link_mbit=link_mbit, mode=mode, model_mb=model_mb)
+            return Lab(name, inv, LabFiles(name))
+
+        try:
+            yield up
+        finally:
+            for name in reversed(names):
+                cluster.down(name)

@@ -25,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -37,12 +36,10 @@ from pathlib import Path
 
 import pytest
 
+# the store tests' helpers: a throwaway database, and an Airflow connection that names it
+import store_fixtures  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
 from deploybench.airflow_env import airflow_env
-
-# the store tests' helpers: a throwaway database, and an Airflow connection that names it
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-import store_fixtures  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -8,19 +8,17 @@ in PostgreSQL. A broken stage fails these tests.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.inventory import Inventory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-import store_fixtures as fx  # noqa: E402
 
 LAB = "e2e4"
 
@@ -105,27 +103,24 @@ def test_full_run_succeeds_and_lands_in_postgres(lab, dag):
     assert states["load.sustained"] == "success" and states["teardown"] == "success", states
 
 
-def test_with_a_results_connection_store_and_report_use_that_database(lab, dag, monkeypatch):
+def test_with_a_results_connection_store_and_report_use_that_database(lab, dag, monkeypatch, fresh_dsn):
     """AIRFLOW_CONN_DEPLOYBENCH_RESULTS set: the run, its stages and the report's verdict go to that
     database, and nothing of the run reaches the embedded default one."""
     from deploybench.store import db, load_run
 
-    dsn, _ = fx.make_database()
-    try:
-        monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", fx.airflow_connection(dsn))
-        dr = dag.test(run_conf=_conf(lab, load_duration_s=4))
-        key = _key(dr)
-        assert dr.state == "success"
-        stored = load_run(dsn, key)
-        assert stored is not None and {s.stage for s in stored.stages} >= {"preflight", "load", "teardown"}
-        report = json.loads((paths.run_dir(key) / "stages" / "report.json").read_text())
-        assert report["status"] == "success" and report["result"]["verdicts"] is not None, report
-        with db.open_store(dsn).connect() as c:  # the verdict was written back to the connection's database
-            n = c.execute(db.text("SELECT count(*) FROM verdicts WHERE run_key = :k"), {"k": key}).scalar()
-        assert n > 0
-        assert load_run(None, key) is None, "the run leaked into the embedded default database"
-    finally:
-        fx.drop_database(dsn)
+    dsn = fresh_dsn
+    monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", fx.airflow_connection(dsn))
+    dr = dag.test(run_conf=_conf(lab, load_duration_s=4))
+    key = _key(dr)
+    assert dr.state == "success"
+    stored = load_run(dsn, key)
+    assert stored is not None and {s.stage for s in stored.stages} >= {"preflight", "load", "teardown"}
+    report = json.loads((paths.run_dir(key) / "stages" / "report.json").read_text())
+    assert report["status"] == "success" and report["result"]["verdicts"] is not None, report
+    with db.open_store(dsn).connect() as c:  # the verdict was written back to the connection's database
+        n = c.execute(db.text("SELECT count(*) FROM verdicts WHERE run_key = :k"), {"k": key}).scalar()
+    assert n > 0
+    assert load_run(None, key) is None, "the run leaked into the embedded default database"
 
 
 def test_unreachable_node_fails_the_run_and_everything_is_cleaned(lab, dag):

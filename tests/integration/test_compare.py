@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import signal
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from sqlalchemy import select
 
+import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import cli
 from deploybench.analyse import AnalysisError
 from deploybench.analyse.compare import compare
@@ -20,10 +18,7 @@ from deploybench.store import db, write_run
 from deploybench.store.models import Comparison as ComparisonRow
 from deploybench.store.query import EmptySelection, RunFilter, UnknownRuns
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import store_fixtures as fx  # noqa: E402
-
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
 # (key suffix, max_num_seqs, prompt tokens, median latency ms, capacity steps (offered, achieved, p99, ok))
 CONFIGS = {
@@ -35,21 +30,8 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _bounded():
-    def expire(signum, frame):
-        raise TimeoutError("compare test exceeded 120 s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
 @pytest.fixture(scope="module")
-def stored():
-    dsn, _ = fx.make_database()
+def stored(dsn):
     rng = np.random.default_rng(42)
     keys = {}
     for i, (name, (seqs, prompt, lat, cap)) in enumerate(CONFIGS.items()):
@@ -59,8 +41,7 @@ def stored():
         write_run(dsn, fx.run_record(key, cfg, fx.T0 + timedelta(hours=i)), [], fx.phase_from(frame, 20), frame,
                   facts=fx.facts(cfg, capacity=cap))
         keys[name] = key
-    yield dsn, keys
-    fx.drop_database(dsn)
+    return dsn, keys
 
 
 def test_table_best_and_pareto(stored):

@@ -1,16 +1,12 @@
 """Fan-out on a real netns lab: sshd, shaped links, the relay on every node, the simulated engine.
 
-One 6-node lab for the module, with its own name and DEPLOYBENCH_HOME. Each test starts from
-targets whose model roots are wiped, except where it builds on the previous copy on purpose.
-Every test bounds its own time (SIGALRM).
+One 6-node lab for the module (tests/conftest.py's netns_lab: own name and DEPLOYBENCH_HOME). Each test
+starts from targets whose model roots are wiped, except where it builds on the previous copy on purpose.
+Every test is bounded in time (time_limit).
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
-import signal
 import threading
 import time
 from pathlib import Path
@@ -24,45 +20,14 @@ from deploybench.lab import cluster
 from deploybench.lab.state import LabFiles
 from deploybench.transport import Cluster
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
-    pytest.mark.skipif(shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"), reason="no sshd"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(120)]
 MODEL = "sim-model"
 NODES = 6
 
 
-@pytest.fixture(autouse=True)
-def time_limit():
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 120 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DEPLOYBENCH_HOME", str(tmp_path_factory.mktemp("fanout-home")))
-        name = f"fo{secrets.token_hex(3)}"
-        inv = cluster.up(name, nodes=NODES, link_mbit=200, mode="netns", model_mb=16)
-        try:
-            yield name, inv, LabFiles(name)
-        finally:
-            cluster.down(name)
-
-
-def wipe(files: LabFiles, nodes: list[str]) -> None:
-    for n in nodes:
-        root = files.models(n)
-        for child in root.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+def lab(netns_lab):
+    return netns_lab("fo", nodes=NODES, link_mbit=200, model_mb=16)
 
 
 def copy_of(files: LabFiles, node: str) -> Path:
@@ -83,7 +48,7 @@ def shard(m: manifest.Manifest) -> str:
 
 def test_clean_chain_then_a_rerun_that_moves_no_bytes(lab):
     name, inv, files = lab
-    wipe(files, inv.names[1:])
+    lab.wipe(inv.names[1:])
     src = manifest.Manifest.read(copy_of(files, "n01"))
     with Cluster(inv) as c:
         res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
@@ -145,7 +110,7 @@ def test_an_engine_refuses_a_tampered_copy(lab):
 
 def test_a_node_killed_mid_chain_is_routed_around_and_the_rest_finish(lab):
     name, inv, files = lab
-    wipe(files, inv.names[1:])
+    lab.wipe(inv.names[1:])
     for n in inv.names:
         cluster.set_link(name, n, mbit=40)  # 16 MiB take ~3.5 s per hop: time to kill n03 half-way
     try:
@@ -178,7 +143,7 @@ def test_a_node_killed_mid_chain_is_routed_around_and_the_rest_finish(lab):
     for n in ("n04", "n05", "n06"):
         manifest.verify(copy_of(files, n))
     with Cluster(inv) as c, pytest.raises(StageFailed, match="n03"):
-        wipe(files, ["n03"])
+        lab.wipe(["n03"])
         cluster.kill_node(name, "n03")
         try:
             fanout.run(c, inv.names, "n01", MODEL, FanoutSpec(io_timeout_s=5))  # policy abort
@@ -191,7 +156,7 @@ def test_tree_and_star_verify_every_node(lab):
     src = manifest.Manifest.read(copy_of(files, "n01"))
     with Cluster(inv) as c:
         for strategy in ("tree", "star"):
-            wipe(files, inv.names[1:])
+            lab.wipe(inv.names[1:])
             res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec(strategy=strategy))
             assert sorted(res.verified_nodes) == inv.names, strategy
             assert all(manifest.verify(copy_of(files, n)).digest == src.digest for n in inv.names[1:])
@@ -203,7 +168,7 @@ def test_tree_and_star_verify_every_node(lab):
 
 def test_bad_input_is_refused_before_anything_is_copied(lab):
     name, inv, files = lab
-    wipe(files, inv.names[1:])
+    lab.wipe(inv.names[1:])
     with Cluster(inv) as c:
         with pytest.raises(StageFailed, match=r"no-such-model.*does not exist on source node n01"):
             fanout.run(c, inv.names, "n01", "no-such-model", FanoutSpec())

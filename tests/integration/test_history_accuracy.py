@@ -7,10 +7,6 @@ must not be flagged. bench/history_accuracy.py repeats both and prints the detec
 
 from __future__ import annotations
 
-import signal
-import sys
-from pathlib import Path
-
 import pytest
 from sqlalchemy import select
 
@@ -20,32 +16,9 @@ from deploybench.store import db
 from deploybench.store.models import ChangePoint, Verdict
 from deploybench.store.query import set_excluded
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import store_fixtures as fx  # noqa: E402
-
-pytestmark = pytest.mark.integration
-
+# 16 k6 runs of ~2.5 s plus engine starts; the bound is generous for a loaded 2-core machine
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(240)]
 RUNS, CHANGE_AT = 8, 4
-LIMIT_S = 240  # 16 k6 runs of ~2.5 s plus engine starts; generous for a loaded 2-core machine
-
-
-@pytest.fixture(autouse=True)
-def _bounded():
-    def expire(signum, frame):
-        raise TimeoutError(f"history accuracy test exceeded {LIMIT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(LIMIT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.fixture(scope="module")
-def dsn():
-    test_dsn, _ = fx.make_database()
-    yield test_dsn
-    fx.drop_database(test_dsn)
 
 
 def test_a_ten_percent_slowdown_is_flagged_where_it_starts_and_a_steady_series_is_not(dsn, tmp_path):

@@ -10,7 +10,7 @@
 - 6: a stalled SSH channel delivers all of its input or fails, never a truncated input with exit 0;
 - 8: publishing ``sim-model`` leaves a model named ``sim-model.old`` intact (chain and star).
 
-Every test bounds its own time (SIGALRM); the lab is brought down at the end.
+Every test is bounded in time (time_limit); the lab is brought down at the end (netns_lab).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -33,49 +32,17 @@ from deploybench import fanout, manifest
 from deploybench.config import FanoutSpec, FanoutStrategy, RunConfig
 from deploybench.errors import StageFailed, TransportError
 from deploybench.fanout.relays import Relays, relay_digest
-from deploybench.lab import cluster
-from deploybench.lab.state import LabFiles
 from deploybench.rollout.ssh import SSHDeployer
 from deploybench.transport import Cluster, UnsafeFolder, spawn_script, stop_script
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
-    pytest.mark.skipif(shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"), reason="no sshd"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(90)]
 MODEL = "sim-model"
 PORT = 7479
 
 
-@pytest.fixture(autouse=True)
-def time_limit():
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 90 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(90)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DEPLOYBENCH_HOME", str(tmp_path_factory.mktemp("hostile-home")))
-        name = f"lh{secrets.token_hex(3)}"
-        inv = cluster.up(name, nodes=3, link_mbit=400, mode="netns", model_mb=2)
-        try:
-            yield name, inv, LabFiles(name)
-        finally:
-            cluster.down(name)
-
-
-def wipe(files: LabFiles, nodes: list[str]) -> None:
-    for n in nodes:
-        for child in files.models(n).iterdir():
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+def lab(netns_lab):
+    return netns_lab("lh", nodes=3, link_mbit=400, model_mb=2)
 
 
 def sha(data: bytes) -> str:
@@ -129,7 +96,7 @@ def wait_status(c: Cluster, node: str, path: str, timeout: float = 30) -> dict:
 
 def test_a_relay_refuses_crafted_headers_and_writes_nothing_outside_staging(lab, tmp_path):
     name, inv, files = lab
-    wipe(files, ["n02"])
+    lab.wipe(["n02"])
     src = files.models("n01") / MODEL
     m = manifest.Manifest.read(src)
     doc = json.loads(m.to_json())
@@ -175,7 +142,7 @@ def test_a_relay_refuses_crafted_headers_and_writes_nothing_outside_staging(lab,
 
 def test_a_symlink_planted_in_staging_is_not_written_through(lab):
     name, inv, files = lab
-    wipe(files, ["n02"])
+    lab.wipe(["n02"])
     src = files.models("n01") / MODEL
     m = manifest.Manifest.read(src)
     victim = Path(f"/tmp/{name}-victim")
@@ -202,7 +169,7 @@ def test_a_symlink_planted_in_staging_is_not_written_through(lab):
 
 def test_a_symlink_in_the_model_folder_is_refused_before_anything_is_sent(lab, tmp_path):
     name, inv, files = lab
-    wipe(files, ["n02", "n03"])
+    lab.wipe(["n02", "n03"])
     key = tmp_path / "id_ed25519"
     key.write_text("-----BEGIN OPENSSH PRIVATE KEY----- not really\n")
     src = files.models("n01") / MODEL
@@ -228,7 +195,7 @@ def test_a_symlink_in_the_model_folder_is_refused_before_anything_is_sent(lab, t
 # -- 2: the run folder, the program, pid files -------------------------------------------------------
 def test_a_run_root_created_by_someone_else_is_refused_and_its_planted_program_never_runs(lab):
     name, inv, files = lab
-    wipe(files, ["n02", "n03"])
+    lab.wipe(["n02", "n03"])
     run2 = files.run("n02")  # what n02 sees as its run_root
     marker = Path(f"/tmp/{name}-planted-ran")
     saved = run2.stat()
@@ -311,7 +278,7 @@ def test_a_stalled_channel_delivers_all_its_input_or_fails(lab):
 @pytest.mark.parametrize("strategy", [FanoutStrategy.CHAIN, FanoutStrategy.STAR])
 def test_publishing_a_model_leaves_a_model_named_like_its_old_copy_alone(lab, strategy):
     name, inv, files = lab
-    wipe(files, ["n02", "n03"])
+    lab.wipe(["n02", "n03"])
     old = {n: manifest.seed_model(files.models(n) / f"{MODEL}.old", total_mb=0.25, shards=1, seed=7)
            for n in ("n02", "n03")}
     with Cluster(inv) as c:

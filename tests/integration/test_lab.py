@@ -1,17 +1,15 @@
 """The lab cluster for real: namespaces, sshd with checked host keys, private model roots, tc shaping.
 
-Each lab here has a unique name and its own DEPLOYBENCH_HOME, so these tests run beside
-the demo lab and other people's tests. Traffic only goes to addresses of namespaces the
-test created. Every test bounds its own time (SIGALRM), as pytest-timeout is not installed.
+Each lab here has a unique name (lab_name, netns_lab in tests/conftest.py) and its own DEPLOYBENCH_HOME,
+so these tests run beside the demo lab and other people's tests. Traffic only goes to addresses of
+namespaces the test created. Every test is bounded in time (time_limit).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,26 +25,8 @@ from deploybench.lab.state import LabFiles
 from deploybench.manifest import MANIFEST_NAME
 from deploybench.transport import Cluster, LocalTransport, SSHTransport, connect
 
-pytestmark = pytest.mark.integration
-netns_only = [
-    pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
-    pytest.mark.skipif(shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"), reason="no sshd"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90)]
 NOMINAL = 200.0
-
-
-@pytest.fixture(autouse=True)
-def time_limit():
-    """Fail a test that runs past 90 s instead of hanging the suite."""
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 90 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(90)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +36,9 @@ def home(tmp_path_factory):
         yield
 
 
-def unique_name(prefix: str) -> str:
-    return f"{prefix}{secrets.token_hex(3)}"
-
-
 @pytest.fixture(scope="module")
-def lab(home):
-    if os.geteuid() != 0:
-        pytest.skip("netns lab needs root")
-    name = unique_name("it")
-    inv = cluster.up(name, nodes=3, link_mbit=NOMINAL, mode="netns", model_mb=4)
-    try:
-        yield name, inv
-    finally:
-        cluster.down(name)
+def lab(netns_lab):
+    return netns_lab("it", nodes=3, link_mbit=NOMINAL, model_mb=4)
 
 
 def leftovers(name: str) -> list[str]:
@@ -87,17 +56,26 @@ def leftovers(name: str) -> list[str]:
 
 def iperf_mbit(c: Cluster, server: str, client: str, address: str, seconds: float = 2, reverse: bool = False) -> float:
     c[server].run(["iperf3", "-s", "-1", "-D", "-B", address], timeout=10).check()
-    time.sleep(0.2)
+    _wait_for_listener(c[server], address)
     argv = ["iperf3", "-c", address, "-t", str(seconds), "-J"] + (["-R"] if reverse else [])
     out = json.loads(c[client].run(argv, timeout=seconds + 15).check().stdout)
     return out["end"]["sum_received"]["bits_per_second"] / 1e6
 
 
+def _wait_for_listener(t, address: str, port: int = 5201, timeout_s: float = 10) -> None:
+    """iperf3 -D returns before its server listens: wait until the port is in the node's listen table."""
+    deadline = time.monotonic() + timeout_s
+    while f"{address}:{port} " not in t.run(["ss", "-Hltn"], timeout=10).stdout:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"iperf3 -s did not listen on {address}:{port} within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+@pytest.mark.netns
 class TestNetnsLab:
-    pytestmark = netns_only
 
     def test_inventory_and_ssh_with_checked_host_key(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         assert inv.transport is TransportKind.SSH and inv.names == ["n01", "n02", "n03"]
         assert inv.lab == {"name": name, "mode": "netns", "subnet": inv.lab["subnet"], "dir": str(paths.lab_dir(name))}
         for node in inv.nodes:
@@ -109,7 +87,7 @@ class TestNetnsLab:
                 assert env.stdout.split()[0] == node.name and len(env.stdout.split()) == 4
 
     def test_a_node_with_a_wrong_host_key_is_refused(self, lab, tmp_path):
-        name, inv = lab
+        name, inv, _ = lab
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
         other = (tmp_path / "other.pub").read_text().split()
         n02 = inv.node("n02")
@@ -124,7 +102,7 @@ class TestNetnsLab:
             assert t.run(["true"], timeout=10).ok
 
     def test_each_node_sees_its_own_model_root(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         files = LabFiles(name)
         root = inv.model_root
         with Cluster(inv) as c:
@@ -141,7 +119,7 @@ class TestNetnsLab:
         assert (files.models("n02") / "only-on-n02").read_text() == "n02\n"
 
     def test_links_are_shaped_both_ways(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         with Cluster(inv) as c:
             up = iperf_mbit(c, "n01", "n02", inv.node("n01").address)
             down = iperf_mbit(c, "n01", "n02", inv.node("n01").address, reverse=True)
@@ -149,7 +127,7 @@ class TestNetnsLab:
             assert 0.5 * NOMINAL <= mbit <= 1.15 * NOMINAL, f"{mbit:.0f} Mbit/s on a {NOMINAL:.0f} Mbit/s link"
 
     def test_set_link_degrades_and_restores(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         address = inv.node("n01").address
         cluster.set_link(name, "n03", mbit=40)
         try:
@@ -165,7 +143,7 @@ class TestNetnsLab:
             cluster.set_link(name, "n09", mbit=10)
 
     def test_delay_and_loss_need_netem(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         ns = NetnsNames.of(name).namespace("n03")
         if not netns.check_netem():
             with pytest.raises(LabError, match="CONFIG_NET_SCH_NETEM"):
@@ -179,13 +157,13 @@ class TestNetnsLab:
             cluster.set_link(name, "n03")
 
     def test_a_command_that_ignores_its_input_is_not_an_error(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         with Cluster(inv) as c:
             assert c["n02"].run("exit 3", stdin=b"x" * (4 << 20), timeout=20).rc == 3
             assert c["n02"].run("cat | wc -c", stdin=b"y" * 1000, timeout=20).stdout.strip() == "1000"
 
     def test_kill_and_restart_a_node(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         cluster.kill_node(name, "n03")
         st = cluster.status(name, timeout=2)
         assert [n.ok for n in st.nodes] == [True, True, False]
@@ -193,7 +171,7 @@ class TestNetnsLab:
         assert cluster.status(name, timeout=5).healthy
 
     def test_up_on_a_running_lab_changes_nothing(self, lab):
-        name, inv = lab
+        name, inv, _ = lab
         t0 = time.monotonic()
         again = cluster.up(name, nodes=3, link_mbit=NOMINAL, mode="netns", model_mb=4)
         assert again == inv
@@ -202,8 +180,8 @@ class TestNetnsLab:
 
 @pytest.mark.netns
 @pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root")
-def test_stale_lab_is_rebuilt_and_down_leaves_nothing(home):
-    name = unique_name("st")
+def test_stale_lab_is_rebuilt_and_down_leaves_nothing(home, lab_name):
+    name = lab_name("st")
     cluster.up(name, nodes=2, link_mbit=NOMINAL, mode="netns", model_mb=1)
     try:
         # a crash that lost the lab folder: namespaces, bridge and sshd remain
@@ -221,8 +199,8 @@ def test_stale_lab_is_rebuilt_and_down_leaves_nothing(home):
         cluster.status(name)
 
 
-def test_loopback_lab(home):
-    name = unique_name("lo")
+def test_loopback_lab(home, lab_name):
+    name = lab_name("lo")
     inv = cluster.up(name, nodes=3, link_mbit=100, mode="loopback", model_mb=1)
     try:
         assert inv.transport is TransportKind.LOCAL

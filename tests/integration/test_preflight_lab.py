@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +29,7 @@ from deploybench.transport import Cluster, alive_script, spawn_script, stop_scri
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
+    pytest.mark.time_limit(120),
     pytest.mark.skipif(shutil.which("iperf3") is None, reason="no iperf3"),
 ]
 NOMINAL = 200.0
@@ -39,29 +37,9 @@ VICTIM = "n03"
 SPEC = dict(link_mode=LinkMode.RING, iperf_seconds=1, link_threshold=0.55)
 
 
-@pytest.fixture(autouse=True)
-def time_limit():
-    """Fail a test that runs past 120 s instead of hanging the suite."""
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 120 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DEPLOYBENCH_HOME", str(tmp_path_factory.mktemp("pfhome")))
-        name = f"pf{os.getpid() % 100000}"
-        inv = cluster.up(name, nodes=6, link_mbit=NOMINAL, mode="netns", model_mb=2)
-        try:
-            yield name, inv
-        finally:
-            cluster.down(name)
+def lab(netns_lab):
+    return netns_lab("pf", nodes=6, link_mbit=NOMINAL, model_mb=2)
 
 
 def iperf3_left(name: str, inv) -> list[str]:
@@ -94,7 +72,7 @@ def as_dict(res):
 
 
 def test_a_healthy_lab_passes_a_mesh_in_rounds(lab):
-    name, inv = lab
+    name, inv, _ = lab
     res, err = run_preflight(inv, Policy.ABORT, names=inv.names[:4], link_mode=LinkMode.MESH)
     assert err is None, err
     d = res.to_dict()
@@ -139,7 +117,7 @@ def tampered_known_hosts(name, inv, node):
 def faults(lab):
     """Every fault of the issue on its own node: a link at 40 % of nominal, a node down, a changed host
     key, iperf3 missing. Restored afterwards."""
-    name, inv = lab
+    name, inv, _ = lab
     cluster.set_link(name, "n03", mbit=0.4 * NOMINAL)
     cluster.kill_node(name, "n04")
     cluster.hide_binary(name, "n06", "iperf3")
@@ -153,7 +131,7 @@ def faults(lab):
 
 @pytest.mark.parametrize("policy", [Policy.ABORT, Policy.EXCLUDE])
 def test_every_fault_is_found_named_and_handled(lab, faults, policy):
-    name, inv = lab
+    name, inv, _ = lab
     res, err = run_preflight(faults, policy)
     d = as_dict(res)
     assert list(d["excluded"]) == list(FAULTS), d["excluded"]
@@ -177,7 +155,7 @@ def test_every_fault_is_found_named_and_handled(lab, faults, policy):
 
 
 def test_exclude_stops_when_the_source_fails(lab):
-    name, inv = lab
+    name, inv, _ = lab
     cluster.hide_binary(name, "n01", "iperf3")
     try:
         res, err = run_preflight(inv, Policy.EXCLUDE)
@@ -187,15 +165,16 @@ def test_exclude_stops_when_the_source_fails(lab):
     assert iperf3_left(name, inv) == []
 
 
-def test_a_port_in_use_is_skipped_and_the_other_program_left_alone(lab):
-    name, inv = lab
+def test_a_port_in_use_is_skipped_and_the_other_program_left_alone(lab, wait_for):
+    name, inv, _ = lab
     n02 = inv.node("n02")
     pid = f"{inv.run_root}/foreign.pid"
     with Cluster(inv) as c:
         c["n02"].run(spawn_script(["iperf3", "-s", "-B", n02.address, "-p", str(links.IPERF_PORT)],
                                   f"{inv.run_root}/foreign.log", pid), timeout=10).check()
         try:
-            time.sleep(0.3)
+            wait_for(lambda: f"{n02.address}:{links.IPERF_PORT} " in c["n02"].run(["ss", "-Hltn"], timeout=10).stdout,
+                     10, f"the foreign iperf3 listening on {n02.address}:{links.IPERF_PORT}")
             res, err = run_preflight(inv, Policy.ABORT, names=inv.names[:3])
             assert err is None, err
             into_n02 = [lt for lt in res.links if lt.dst == "n02"]
@@ -207,7 +186,7 @@ def test_a_port_in_use_is_skipped_and_the_other_program_left_alone(lab):
 
 
 def test_the_server_is_stopped_when_the_client_fails(lab):
-    name, inv = lab
+    name, inv, _ = lab
     src = inv.node("n01").model_copy(update={"backend_address": "192.0.2.1"})  # not an address of n01
     with Cluster(inv) as c:
         lt = links.test_link(c, src, inv.node("n02"), 0, 1, 0.55)
@@ -215,10 +194,10 @@ def test_the_server_is_stopped_when_the_client_fails(lab):
     assert iperf3_left(name, inv) == []
 
 
-def test_servers_left_by_a_killed_preflight_are_swept_by_the_next(lab, tmp_path):
+def test_servers_left_by_a_killed_preflight_are_swept_by_the_next(lab, tmp_path, wait_for):
     """A task killed with SIGKILL runs no finally: its servers end at their timeout, and the next
     preflight stops them at once from their pid files."""
-    name, inv = lab
+    name, inv, _ = lab
     script = (
         "import sys; from deploybench import preflight; from deploybench.config import PreflightSpec; "
         "from deploybench.inventory import Inventory; from deploybench.transport import Cluster; "
@@ -228,12 +207,9 @@ def test_servers_left_by_a_killed_preflight_are_swept_by_the_next(lab, tmp_path)
     with open(tmp_path / "err", "w") as err:  # the child holds its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), stderr=err)
     try:
-        deadline = time.monotonic() + 40
-        while not iperf3_left(name, inv) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(0.5)
-        left = iperf3_left(name, inv)
-        assert any("iperf3 -s" in p for p in left), (left, (tmp_path / "err").read_text()[-800:])
+        wait_for(lambda: any("iperf3 -s" in p for p in iperf3_left(name, inv)) or proc.poll() is not None, 40,
+                 "an iperf3 server of the preflight")
+        assert proc.poll() is None, (tmp_path / "err").read_text()[-800:]  # it ended before starting a server
     finally:
         proc.kill()
         proc.wait()
@@ -244,13 +220,13 @@ def test_servers_left_by_a_killed_preflight_are_swept_by_the_next(lab, tmp_path)
 
 
 def test_require_gpu_fails_every_gpu_less_lab_node(lab):
-    name, inv = lab
+    name, inv, _ = lab
     res, err = run_preflight(inv, Policy.ABORT, names=inv.names[:3], require_gpu=True)
     assert err is not None and "no GPU" in err and set(res["excluded"]) == set(inv.names[:3])
 
 
 def test_pipeline_excludes_a_degraded_node_and_fanout_uses_only_the_healthy_set(lab):
-    name, inv = lab
+    name, inv, _ = lab
     key = f"pf-pipeline-{os.getpid()}"
     pipeline.validate(key, {"inventory": str(paths.lab_dir(name) / "inventory.json"), "nodes": 4, "iperf_seconds": 1,
                             "link_threshold": 0.55, "preflight_policy": "exclude", "min_nodes": 3,

@@ -5,31 +5,26 @@ failing verdict carries the message."""
 from __future__ import annotations
 
 import json
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
 from sqlalchemy import select
 
+import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import regression
 from deploybench.store import write_run
 from deploybench.store.models import Verdict
 
 pytestmark = pytest.mark.integration
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import store_fixtures as fx  # noqa: E402
-
 DAY0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
-@pytest.fixture()
-def dsn():
-    test_dsn, _ = fx.make_database()
-    yield test_dsn
-    fx.drop_database(test_dsn)
+@pytest.fixture
+def dsn(fresh_dsn):
+    """Each test judges its own history: a database of its own."""
+    return fresh_dsn
 
 
 @pytest.fixture()

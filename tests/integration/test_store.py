@@ -1,14 +1,12 @@
 """The results store against a real PostgreSQL.
 
 The server is DEPLOYBENCH_DSN's if set, else the embedded one (started if needed).
-Each test session works in a throwaway database created here and dropped at the end,
+The tests work in a throwaway database (tests/conftest.py's ``dsn``) dropped at the end,
 so the user's results are never touched.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -17,7 +15,6 @@ import pandas as pd
 import psycopg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from deploybench import cli
 from deploybench.store import (
@@ -27,7 +24,6 @@ from deploybench.store import (
     StoreError,
     count_samples,
     db,
-    embedded,
     latest_runs,
     load_run,
     load_samples,
@@ -37,38 +33,11 @@ from deploybench.store import (
 )
 from deploybench.store.models import VERSION_TABLE, Base
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90)]  # a lock never released, a server that never answers
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-TEST_TIMEOUT_S = 90
 
 
-@pytest.fixture(autouse=True)
-def _bounded():
-    """Fail a test that hangs (a lock never released, a server that never answers)."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"store integration test exceeded {TEST_TIMEOUT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_TIMEOUT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.fixture(scope="session")
-def dsn():
-    server = os.environ.get(db.ENV_DSN) or embedded.ensure_running()
-    name = f"deploybench_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    url = make_url(db.normalize_dsn(server))
-    embedded.create_database(url.render_as_string(hide_password=False), name)
-    test_dsn = url.set(database=name).render_as_string(hide_password=False)
-    yield test_dsn
-    db.dispose_engines()
-    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def make_run(key: str, **kw) -> RunRecord:

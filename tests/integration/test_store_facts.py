@@ -3,7 +3,6 @@ server metrics by COPY, the exclusion flag, and a store killed half-way then ret
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, func, select, text
 
+import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench.store import StoreError, db, load_run, write_run
 from deploybench.store.models import (
     CapacityStep,
@@ -31,29 +31,7 @@ from deploybench.store.models import (
 )
 from deploybench.store.query import UnknownRuns, set_excluded
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import store_fixtures as fx  # noqa: E402
-
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _bounded():
-    def expire(signum, frame):
-        raise TimeoutError("store facts test exceeded 120 s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.fixture(scope="module")
-def dsn():
-    test_dsn, _ = fx.make_database()
-    yield test_dsn
-    fx.drop_database(test_dsn)
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
 
 def _count(dsn: str, model, key: str) -> int:

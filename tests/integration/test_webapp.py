@@ -1,7 +1,7 @@
 """The results pages against a real PostgreSQL, and the plugin inside Airflow.
 
 Runs are written with the real store into a throwaway database (on DEPLOYBENCH_DSN's server if
-set, else the embedded one), the same way tests/integration/test_store.py does, and the app is
+set, else the embedded one), tests/conftest.py's ``dsn``, and the app is
 driven in-process with Starlette's TestClient, mounted under /deploybench as Airflow mounts it.
 The Airflow tests run in subprocesses (Airflow caches its plugins and auth manager per process);
 everything talks to loopback or a Unix socket only.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -21,50 +20,21 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
-import psycopg
 import pytest
 from fastapi import FastAPI
-from sqlalchemy.engine import make_url
 from starlette.testclient import TestClient
 
 from deploybench import paths, webapp
-from deploybench.store import PhaseRecord, RunRecord, StageRecord, db, embedded, load_run, write_run
+from deploybench.store import PhaseRecord, RunRecord, StageRecord, load_run, write_run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90)]  # a lock never released, a server that never answers
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-TEST_TIMEOUT_S = 90
 SUBPROCESS_TIMEOUT_S = 80
 EVIL = "<script>alert(1)</script>"
 
 
-@pytest.fixture(autouse=True)
-def _bounded():
-    """Fail a test that hangs (a server that never answers, a lock never released)."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"webapp integration test exceeded {TEST_TIMEOUT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_TIMEOUT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.fixture(scope="module")
-def dsn():
-    """A throwaway database, dropped at the end (the approach of test_store.py's fixture)."""
-    server = os.environ.get(db.ENV_DSN) or embedded.ensure_running()
-    name = f"deploybench_test_web_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    url = make_url(db.normalize_dsn(server))
-    embedded.create_database(url.render_as_string(hide_password=False), name)
-    yield url.set(database=name).render_as_string(hide_password=False)
-    db.dispose_engines()
-    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def phases(rps: float, p99: float | None) -> list[PhaseRecord]:

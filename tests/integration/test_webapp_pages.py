@@ -12,10 +12,7 @@ from __future__ import annotations
 import html
 import os
 import re
-import signal
-import sys
 from datetime import timedelta
-from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
@@ -23,15 +20,12 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.testclient import TestClient
 
+import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import webapp
 from deploybench.store import load_run, set_excluded, write_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import store_fixtures as fx  # noqa: E402
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
-pytestmark = pytest.mark.integration
-
-TEST_TIMEOUT_S = 120
 # name -> (max_num_seqs, median latency ms, capacity steps (offered, achieved, p99, slo ok))
 CONFIGS = {
     "seq8": (8, 400.0, [(4, 4, 500, True), (8, 8, 800, True), (16, 12, 2600, False)]),
@@ -44,18 +38,6 @@ EXCLUDED_AT = 2
 SECRET_DAG = "secret_dag"
 
 
-@pytest.fixture(autouse=True)
-def _bounded():
-    def expire(signum, frame):
-        raise TimeoutError(f"webapp pages test exceeded {TEST_TIMEOUT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_TIMEOUT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
 def _store(dsn: str, key: str, cfg: dict, latency: float, when, rng, capacity=(), **update) -> None:
     """One run with samples around ``latency``; ``update`` changes fields of fx.run_record's record."""
     frame = fx.samples(300, latency, rng, start=when)
@@ -64,10 +46,9 @@ def _store(dsn: str, key: str, cfg: dict, latency: float, when, rng, capacity=()
 
 
 @pytest.fixture(scope="module")
-def stored():
+def stored(dsn):
     """Three configurations to compare, a series of eight runs with a slowdown from run 4 (run 2
     excluded), a run of a DAG some users may not read, and a run started from the CLI."""
-    dsn, _ = fx.make_database()
     rng = np.random.default_rng(7)
     keys: dict[str, str] = {}
     for i, (name, (seqs, lat, cap)) in enumerate(CONFIGS.items()):
@@ -89,8 +70,7 @@ def stored():
            airflow_run_id=None, trigger="cli")
     series = load_run(dsn, history[0]).series_fingerprint
     assert series and load_run(dsn, keys["secret"]).series_fingerprint == series  # the secret run is in it
-    yield dsn, keys, history, series
-    fx.drop_database(dsn)
+    return dsn, keys, history, series
 
 
 class Access:

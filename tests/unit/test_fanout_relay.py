@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from deploybench import manifest, relay
@@ -43,7 +42,7 @@ def test_manifest_matches_python_and_the_cache_avoids_rehashing(tmp_path):
     assert again["hashed_bytes"] == len(data) and again["manifest"]["digest"] != m.digest
 
 
-def test_a_two_hop_stream_is_written_verified_and_published(tmp_path):
+def test_a_two_hop_stream_is_written_verified_and_published(tmp_path, wait_for):
     src = tmp_path / "src"
     m = manifest.seed_model(src, total_mb=2, shards=2)
     nodes = {"127.0.0.2": tmp_path / "a", "127.0.0.3": tmp_path / "b"}
@@ -60,7 +59,8 @@ def test_a_two_hop_stream_is_written_verified_and_published(tmp_path):
         procs[-1].stdin.write(b"t0k\n")
         procs[-1].stdin.close()
     # an intruder from another address is turned away, and the transfer still goes through
-    time.sleep(0.5)
+    wait_for(lambda: f"127.0.0.2:{port} " in subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout,
+             10, f"the relay listening on 127.0.0.2:{port}")
     with socket.create_connection(("127.0.0.2", port), timeout=5, source_address=("127.0.0.9", 0)) as s:
         s.settimeout(5)
         try:

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -133,7 +132,7 @@ def test_target_url_must_be_the_runs_own_endpoint_or_allowed(monkeypatch):
 
 
 # -- 2: pid files ----------------------------------------------------------------------------------
-def test_stop_leaves_pid_1_and_someone_elses_process_alone(tmp_path):
+def test_stop_leaves_pid_1_and_someone_elses_process_alone(tmp_path, wait_for):
     """The attack: write 1 (kill -TERM -1 would signal every process) or another process's pid into the pid
     file of what a run started. Both are left alone, with a warning line; the real one is stopped."""
     argv = ["sleep", "301"]
@@ -152,8 +151,8 @@ def test_stop_leaves_pid_1_and_someone_elses_process_alone(tmp_path):
         res = subprocess.run(["sh", "-c", stop_script(str(tmp_path / "ours.pid"), 1, argv)], capture_output=True,
                              text=True, timeout=20)
         assert res.stderr == "" and not (tmp_path / "ours.pid").exists()
-        time.sleep(0.2)
-        assert not Path(f"/proc/{ours}").exists() or "Z" in Path(f"/proc/{ours}/stat").read_text().split()[2]
+        wait_for(lambda: not Path(f"/proc/{ours}").exists() or "Z" in Path(f"/proc/{ours}/stat").read_text().split()[2],
+                 5, f"our process {ours} stopped")
     finally:
         os.kill(other.pid, signal.SIGKILL)
         other.wait()

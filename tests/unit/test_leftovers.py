@@ -95,14 +95,16 @@ def test_run_tag_is_file_safe_and_tells_keys_apart():
     assert run_tag("k1") != run_tag("k2") and run_tag("k1") == run_tag("k1")
 
 
-def test_the_cleaner_stops_only_the_dead_runs_processes(inv, spawned):
+def test_the_cleaner_stops_only_the_dead_runs_processes(inv, spawned, wait_for):
     dead, dead_file = _spawn(inv, "dead-run", "engine-dead", spawned)
     child_argv = ["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(300)' & wait"]
     dead_group, _ = _spawn(inv, "dead-run", "relay-dead", spawned, argv=child_argv)
     alive_run, alive_file = _spawn(inv, "live-run", "engine-live", spawned)
-    time.sleep(0.3)
-    kids = subprocess.run(["pgrep", "-g", str(dead_group)], capture_output=True, text=True).stdout.split()
-    assert len(kids) >= 2  # sh and its python child
+    def both_started() -> list[str]:
+        kids = subprocess.run(["pgrep", "-g", str(dead_group)], capture_output=True, text=True).stdout.split()
+        return kids if len(kids) >= 2 else []
+
+    kids = wait_for(both_started, 5, f"sh and its python child in group {dead_group}")
     with Cluster(inv) as c:
         found = leftovers.clean_nodes(c, "dead-run", grace_s=1)["n01"]
     assert sorted(f["action"] for f in found) == ["killed", "killed"]

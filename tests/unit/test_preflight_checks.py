@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -141,7 +140,7 @@ def test_parse_facts_lists_gpus_and_binaries():
 
 
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="no iperf3")
-def test_the_sweep_stops_a_left_iperf3_server_and_nothing_else(tmp_path):
+def test_the_sweep_stops_a_left_iperf3_server_and_nothing_else(tmp_path, wait_for):
     """Pid files of a killed run: the iperf3 server is stopped, a reused pid (here: sleep) is not."""
     server = subprocess.Popen(["timeout", "30", "iperf3", "-s", "-B", "127.0.0.1", "-p", "5299"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -149,7 +148,8 @@ def test_the_sweep_stops_a_left_iperf3_server_and_nothing_else(tmp_path):
     try:
         (tmp_path / "iperf3-a-b.pid").write_text(f"{server.pid}\n")
         (tmp_path / "iperf3-c-d.pid").write_text(f"{other.pid}\n")
-        time.sleep(0.2)
+        wait_for(lambda: subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True).returncode == 0, 5,
+                 "iperf3 started under timeout")
         out = subprocess.run(["sh", "-c", sweep_script(str(tmp_path))], capture_output=True, text=True, timeout=10)
         assert out.stdout.strip() == f"swept={server.pid}"
         assert server.wait(timeout=5) != 0 and other.poll() is None

@@ -1,7 +1,7 @@
 """spawn_script/stop_script through the local transport: real processes, started detached and stopped."""
 
 import os
-import time
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,34 +26,31 @@ def t():
     return LocalTransport(Node(name="n01", address="127.0.0.1", link_mbit=1000))
 
 
-def test_spawn_then_stop_kills_the_process_group(t, tmp_path):
+def test_spawn_then_stop_kills_the_process_group(t, tmp_path, wait_for):
     pid_file, log_file = str(tmp_path / "x.pid"), str(tmp_path / "logs" / "x.log")
     # a parent that starts a child: stopping must take both
     res = t.run(spawn_script(["sh", "-c", "sleep 300 & echo child $!; wait"], log_file, pid_file), timeout=10).check()
     pid = int(res.stdout.split()[-1])
-    for _ in range(50):
-        if os.path.exists(log_file) and "child" in Path(log_file).read_text():
-            break
-        time.sleep(0.05)
+    wait_for(lambda: os.path.exists(log_file) and "child" in Path(log_file).read_text(), 5, "the child's pid logged")
     child = int(Path(log_file).read_text().split()[-1])
     assert _alive(pid) and _alive(child)
     t.run(stop_script(pid_file, grace_s=2), timeout=10).check()
-    time.sleep(0.2)
-    assert not _alive(pid) and not _alive(child)
+    wait_for(lambda: not _alive(pid) and not _alive(child), 5, f"parent {pid} and child {child} gone")
     assert not os.path.exists(pid_file)
     # idempotent: a second stop finds nothing and succeeds
     assert t.run(stop_script(pid_file), timeout=10).ok
 
 
-def test_stop_escalates_to_kill_after_grace(t, tmp_path):
+def test_stop_escalates_to_kill_after_grace(t, tmp_path, wait_for):
     pid_file = str(tmp_path / "stubborn.pid")
     res = t.run(spawn_script(["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"], str(tmp_path / "s.log"),
                              pid_file), timeout=10).check()
     pid = int(res.stdout.split()[-1])
-    time.sleep(0.2)
+    # its loop has started (a `sleep` child), so the trap is set: TERM alone cannot stop it
+    wait_for(lambda: subprocess.run(["pgrep", "-P", str(pid)], capture_output=True).returncode == 0, 5,
+             f"the loop of {pid} running")
     t.run(stop_script(pid_file, grace_s=0.5), timeout=10).check()
-    time.sleep(0.2)
-    assert not _alive(pid)
+    wait_for(lambda: not _alive(pid), 5, f"{pid} killed after the grace period")
 
 
 def test_arguments_are_quoted_not_interpreted(t, tmp_path):
@@ -69,7 +66,7 @@ def test_timeout_and_missing_binary(t):
     assert t.run(["definitely-not-a-binary-xyz"], timeout=5).rc == 127
 
 
-def test_a_zombie_counts_as_gone(t, tmp_path):
+def test_a_zombie_counts_as_gone(t, tmp_path, wait_for):
     """Nodes whose init reaps late leave zombies; stop and alive must not wait on them."""
     import subprocess
 
@@ -79,9 +76,8 @@ def test_a_zombie_counts_as_gone(t, tmp_path):
     parent = subprocess.Popen(["sh", "-c", "sleep 0.1 & echo $!; exec sleep 30"], stdout=subprocess.PIPE, text=True)
     try:
         zombie = int(parent.stdout.readline())
-        time.sleep(0.4)
-        with open(f"/proc/{zombie}/stat") as f:
-            assert f.read().split(")")[-1].split()[0] == "Z"
+        wait_for(lambda: Path(f"/proc/{zombie}/stat").read_text().split(")")[-1].split()[0] == "Z", 5,
+                 f"{zombie} a zombie")
         pid_file = tmp_path / "z.pid"
         pid_file.write_text(str(zombie))
         assert not t.run(alive_script(str(pid_file)), timeout=5).ok
