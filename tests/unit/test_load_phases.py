@@ -117,7 +117,7 @@ def test_estimate_led_search_reaches_5_percent_in_at_most_8_steps(capacity):
     assert got.converged and low <= capacity < high and (high - low) / high <= 0.05, (got.reason, calls)
     assert abs(got.capacity_rps / capacity - 1) <= 0.05 and len(got.steps) <= 8, calls
     ramps = [s for s in got.steps if s.kind == "ramp"]
-    assert ramps and calls[0] == ("ramp", 1, 8) and not any(s.passed for s in ramps)  # a ramp claims nothing
+    assert ramps and calls[0] == ("ramp", 1, probe.RAMP_FACTOR) and not any(s.passed for s in ramps)  # a ramp claims nothing
     assert all(s.kind == "constant" for s in got.steps[len(ramps):]) and ramps[-1].estimate_rps is not None
     assert got.capacity_rps == max(s.rate for s in got.steps if s.passed)
     # the doubling search on the same server takes more steps for the same bracket (or runs out of them)

@@ -41,7 +41,8 @@ from deploybench.load.records import LoadResult
 
 LOG = logging.getLogger(__name__)
 MIN_RATE_FACTOR = 1 / 64  # a first step that fails is halved down to start x this
-RAMP_FACTOR = 8.0  # a scout ramp ends at this multiple of where it starts
+RAMP_FACTOR = 16.0  # a scout ramp ends at this multiple of where it starts (8 left a capacity near a ramp's top
+# undetected, costing one more ramp; the ramp's overload is brief and an overloaded server answers at capacity)
 RAMP_WINDOWS = 8  # windows a ramp step is judged in (at least MIN_RAMP_WINDOW_S each)
 MIN_RAMP_WINDOW_S = 0.5
 MARGIN = 0.4  # the first constant step sits this fraction of the tolerance under the estimate
@@ -175,10 +176,11 @@ def _next_after_estimate(low: float | None, high: float | None, est: float | Non
             return guess
         near = guess is not None and guess <= step_up * (1 + tol)  # the estimate says: just above the pass
         return step_up if step_up < high and near else (low + high) / 2
-    if low is not None:  # passes only: walk up with doubling gaps
+    if low is not None:  # passes only: walk up, with doubling gaps unless the estimate says it is right here
         if low >= spec.probe_max_rps:
             return None
-        up = low / (1 - CLOSE * tol) ** (2 ** streak)
+        near = est is not None and est <= low * (1 + tol)
+        up = low / (1 - CLOSE * tol) ** (1 if near else 2 ** streak)
         return min(spec.probe_max_rps, max(up, guess or 0.0))
     if high is None:  # nothing tried yet: start under the estimate (or at the first rate)
         return guess or spec.probe_start_rps
