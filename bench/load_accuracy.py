@@ -66,6 +66,9 @@ def main() -> int:
                 ok = "yes" if abs(cap / lam - 1) <= 0.05 else "NO"
                 print(f"{name:<16} {search:<9} {lam:7.1f} {cap:7.1f} {cap / lam:11.3f} {ok:>5} "
                       f"{f'[{lo or 0:.1f}, {hi or 0:.1f}]':>16} {len(an['steps']):5d} {secs:7.1f} {lag:11.1f} ms")
+                trail = " ".join(f"ramp {st['rate_from']:g}->{st['rate']:g}" if st["kind"] == "ramp"
+                                 else f"{st['rate']:.1f}{'+' if st['passed'] else '-'}" for st in an["steps"])
+                print(f"{'':<16} steps: {trail}")
 
     engine = EngineSpec(max_num_seqs=8, sim=SimKnobs(decode_base_ms=100.0, decode_per_seq_ms=0.0,
                                                      prefill_per_token_ms=0.25, queue_limit=8))

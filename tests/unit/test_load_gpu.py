@@ -242,3 +242,22 @@ def test_run_page_shows_utilisation_beside_achieved_rate():
     assert PHASE_COLUMNS[col - 1] == "achieved req/s"
     assert [r[col] for r in rows] == ["83.5", "83.5", "absent"]
     assert [r[col] for r in _phase_rows([PhaseRecord(node="*", **common)], {})] == ["absent"]  # an older run
+
+
+def test_with_scraping_off_every_node_is_absent_with_the_reason(tmp_path):
+    import importlib.util
+
+    from deploybench.config import LoadSpec
+    from deploybench.load import phases
+    from deploybench.load.records import NodeFigures
+
+    spec = importlib.util.spec_from_file_location("lp", Path(__file__).with_name("test_load_phases.py"))
+    lp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lp)
+    res = lp._result(10, 10).model_copy(update={"nodes": [NodeFigures(node="n1", **lp._result(5, 5).model_dump(
+        include=set(NodeFigures.model_fields) - {"node"}))]})
+    got = phases.with_gpu(lambda: res, [Endpoint("n1", "http://127.0.0.1:1", "m")], LoadSpec(scrape_interval_s=0),
+                          tmp_path, "sustained")
+    assert got.gpu["n1"].source is None and "scrape_interval_s=0" in got.gpu["n1"].reason
+    assert got.gpu_util_pct is None and got.nodes[0].gpu_util_pct is None and got.sources["gpu"].startswith("absent")
+    assert gpu.gpu_verdict(got.gpu, SLO(min_gpu_util_pct=50))[0].startswith("node n1: GPU utilisation not measured")
