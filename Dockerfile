@@ -12,9 +12,10 @@
 # pins that differ from the base's constraint-pinned versions move; `pip check` then proves the result is
 # consistent. AIRFLOW_CONSTRAINTS (a URL) adds Airflow's constraints file for 3.3.2
 # (https://raw.githubusercontent.com/apache/airflow/constraints-3.3.2/constraints-3.11.txt) where it applies:
-# for every package requirements.txt does not pin (deploy/image_constraints.py drops the others and prints
+# for every package requirements.txt does not pin (deploy/image_requirements.py drops the others and prints
 # where the two sets differ). Empty (the default; GitHub is not reachable from every builder): those
-# packages stay as the base image has them. The test-only pins (pytest, aiosmtpd, selenium) stay out.
+# packages stay as the base image has them. The test and lint tools of requirements.txt stay out
+# (deploy/image_requirements.py: TEST_ONLY).
 ARG AIRFLOW_IMAGE=apache/airflow:3.3.2-python3.11
 FROM ${AIRFLOW_IMAGE}
 
@@ -24,16 +25,22 @@ ARG AIRFLOW_CONSTRAINTS=""
 USER root
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends openssh-client rsync iperf3 >/dev/null \
- && apt-get clean && rm -rf /var/lib/apt/lists/*
+ && apt-get clean && rm -rf /var/lib/apt/lists/* \
+ && install -d -o airflow -g 0 -m 0750 /var/lib/deploybench
+# deploybench's state folder is /var/lib/deploybench, not under AIRFLOW_HOME: the official image makes
+# /opt/airflow group-writable (OpenShift's arbitrary uid, group 0), and deploybench refuses a run folder
+# below a folder others can write (a loopback lab's run_root lives in this state folder)
 
 USER airflow
 COPY --chown=airflow:0 requirements.txt /opt/deploybench/requirements.txt
-COPY --chown=airflow:0 deploy/image_constraints.py /opt/deploybench/deploy/image_constraints.py
-RUN grep -vE '^(pytest|aiosmtpd|selenium)==' /opt/deploybench/requirements.txt > /tmp/requirements-image.txt \
- && if [ -n "${AIRFLOW_CONSTRAINTS}" ]; then \
-      python /opt/deploybench/deploy/image_constraints.py /tmp/requirements-image.txt "${AIRFLOW_CONSTRAINTS}" \
-        /tmp/constraints.txt; \
-    else echo "# no AIRFLOW_CONSTRAINTS" > /tmp/constraints.txt; fi \
+COPY --chown=airflow:0 deploy/image_requirements.py /opt/deploybench/deploy/image_requirements.py
+RUN if [ -n "${AIRFLOW_CONSTRAINTS}" ]; then \
+      python /opt/deploybench/deploy/image_requirements.py /opt/deploybench/requirements.txt \
+        /tmp/requirements-image.txt "${AIRFLOW_CONSTRAINTS}" /tmp/constraints.txt; \
+    else \
+      python /opt/deploybench/deploy/image_requirements.py /opt/deploybench/requirements.txt \
+        /tmp/requirements-image.txt && echo "# no AIRFLOW_CONSTRAINTS" > /tmp/constraints.txt; \
+    fi \
  && pip install --no-cache-dir -q "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/requirements-image.txt \
       --constraint /tmp/constraints.txt \
  && pip check \
@@ -51,8 +58,8 @@ COPY --chown=airflow:0 deploy/airflow-init.sh /opt/deploybench/deploy/airflow-in
 ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/deploybench/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/deploybench/plugins \
     AIRFLOW__CORE__LOAD_EXAMPLES=False \
-    DEPLOYBENCH_HOME=/opt/airflow/deploybench \
+    DEPLOYBENCH_HOME=/var/lib/deploybench \
     DEPLOYBENCH_INVENTORIES=/opt/deploybench/inventories \
     K6_NO_USAGE_REPORT=true
-RUN mkdir -p /opt/airflow/deploybench /opt/deploybench/inventories /opt/deploybench/secrets \
+RUN mkdir -p /opt/deploybench/inventories /opt/deploybench/secrets \
  && python -c "import deploybench.paths as p; assert str(p.PROJECT_ROOT) == '/opt/deploybench', p.PROJECT_ROOT"

@@ -11,9 +11,10 @@ set -euo pipefail
 
 if [ "$(id -u)" = 0 ]; then
   uid=${AIRFLOW_UID:-50000}
-  mkdir -p /opt/airflow/logs /opt/airflow/auth /opt/airflow/deploybench
-  chown -R "${uid}:0" /opt/airflow/logs /opt/airflow/auth /opt/airflow/deploybench
-  chmod 0770 /opt/airflow/auth
+  mkdir -p /opt/airflow/logs /opt/airflow/auth /var/lib/deploybench
+  chown -R "${uid}:0" /opt/airflow/logs /opt/airflow/auth /var/lib/deploybench
+  # only AIRFLOW_UID writes the state folder: deploybench refuses run folders below folders others can write
+  chmod 0770 /opt/airflow/auth && chmod 0750 /var/lib/deploybench
   if ! getent passwd "${uid}" >/dev/null && [ -w /etc/passwd ]; then
     echo "default:x:${uid}:0:default user:/home/airflow:/sbin/nologin" >> /etc/passwd
   fi

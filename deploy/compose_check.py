@@ -266,7 +266,7 @@ class Stack:
             "DEPLOYBENCH_INVENTORIES_DIR": str(inventories),
             "DEPLOYBENCH_SECRETS_DIR": str(secrets_dir),
             # the check's loopback lab writes its inventory into the state volume
-            "DEPLOYBENCH_INVENTORIES": "/opt/deploybench/inventories:/opt/airflow/deploybench/lab",
+            "DEPLOYBENCH_INVENTORIES": "/opt/deploybench/inventories:/var/lib/deploybench/lab",
             "AIRFLOW_PARALLELISM": "4",
             "AIRFLOW_DAG_REFRESH_S": "30",
         }
@@ -341,6 +341,27 @@ def wait_for(what: str, probe, timeout_s: float, every_s: float = 2.0, on_timeou
     raise CheckFailed(f"{what}: not within {timeout_s:.0f} s (last: {last!r})\n{on_timeout()}")
 
 
+def _log_line(entry) -> str:
+    if not isinstance(entry, dict):
+        return str(entry)
+    rest = {k: v for k, v in entry.items() if k not in ("timestamp", "event", "level", "logger", "loc")}
+    return " ".join(str(x) for x in (entry.get("level", ""), entry.get("event", ""), json.dumps(rest) if rest else "")
+                    if x)
+
+
+def task_log(stack: Stack, run_path: str, ti: dict, lines: int = 40) -> str:
+    """The last lines of a task instance's log, through the REST API (as the UI shows it)."""
+    try:
+        got = stack.request("GET", f"{run_path}/taskInstances/{quote(ti['task_id'], safe='')}/logs/"
+                                   f"{max(ti.get('try_number') or 1, 1)}?full_content=true")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"(no log: {exc!r})"
+    content = got.get("content", got) if isinstance(got, dict) else got
+    if isinstance(content, list):
+        content = "\n".join(_log_line(e) for e in content)
+    return "\n".join(str(content).splitlines()[-lines:])
+
+
 def check_stack(stack: Stack, steps: Steps) -> str:
     """Steps 3-9 on a built daemon; returns the run id of the successful run."""
     with steps("docker-compose config"):
@@ -380,8 +401,10 @@ def check_stack(stack: Stack, steps: Steps) -> str:
                          and s, LIMITS_S["run"], 3, lambda: stack.logs())
         if state != "success":
             tis = stack.request("GET", f"{path}/taskInstances?limit=100")["task_instances"]
+            failed = [t for t in tis if t["state"] == "failed" and t["task_id"] != "finish"]
             raise CheckFailed(f"run {run_id} ended {state}: " + ", ".join(
-                f"{t['task_id']}={t['state']}" for t in tis if t["state"] != "success"))
+                f"{t['task_id']}={t['state']}" for t in tis if t["state"] != "success")
+                + "".join(f"\n--- log of {t['task_id']}:\n{task_log(stack, path, t)}" for t in failed[:2]))
         log(f"run {run_id}: success")
     with steps("results pages answer with the run"):
         run_key = f"{DAG_ID}__{run_id}"
@@ -414,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", default=bool(os.environ.get("CI")),
                     help="a new daemon data-root, deleted afterwards: a cold run (default when $CI is set)")
     ap.add_argument("--install", action="store_true", help="apt-get install docker.io docker-compose debootstrap")
-    ap.add_argument("--keep-up", action="store_true", help="leave the stack and daemon running (for a person)")
+    ap.add_argument("--keep-up", action="store_true",
+                    help="leave the stack and daemon running afterwards, passed or failed (for a person to look)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         log("needs root (a private dockerd, debootstrap); run it as root, e.g. sudo make compose-check")
@@ -450,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckFailed as exc:
         log(f"FAILED: {exc}")
     finally:
-        if args.keep_up and ok:
+        if args.keep_up:
             log(f"left running: {stack.url if stack else ''} (DOCKER_HOST={d.env['DOCKER_HOST']}; "
                 f"env file {stack.env_file if stack else ''}); stop with `docker-compose ... down -v` and SIGTERM to "
                 f"dockerd pid {d.proc.pid if d.proc else ''}")

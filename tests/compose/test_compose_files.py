@@ -46,9 +46,9 @@ def test_compose_has_the_official_shape_and_every_component_waits_for_init_and_i
         mounts = {t: [mode] if mode else [] for t, mode in
                   (re.match(r"^.*:(/[^:]+)(?::(ro|rw))?$", m).groups() for m in svc["volumes"])}
         # what the components share: task logs, the run folders, the login; nodes' inventories/secrets read-only
-        assert {"/opt/airflow/logs", "/opt/airflow/deploybench", "/opt/airflow/auth"} <= set(mounts), name
+        assert {"/opt/airflow/logs", "/var/lib/deploybench", "/opt/airflow/auth"} <= set(mounts), name
         assert mounts["/opt/deploybench/inventories"] == ["ro"] and mounts["/opt/deploybench/secrets"] == ["ro"], name
-        assert svc["environment"]["DEPLOYBENCH_HOME"] == "/opt/airflow/deploybench", name
+        assert svc["environment"]["DEPLOYBENCH_HOME"] == "/var/lib/deploybench", name
     assert services["postgres"]["healthcheck"]["test"]
     assert services["airflow-init"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["airflow-apiserver"]["command"] == "api-server"
@@ -112,7 +112,7 @@ def test_the_build_context_holds_what_the_dockerfile_copies():
 def test_constraints_where_they_apply_requirements_pins_win_and_differences_are_named():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("image_constraints", sys_path_deploy / "image_constraints.py")
+    spec = importlib.util.spec_from_file_location("image_requirements", sys_path_deploy / "image_requirements.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     constraints = "# header\nSQLAlchemy==2.0.41\npandas==2.3.1\nrich==14.0.0\nzope.event==5.0\n"
@@ -123,13 +123,28 @@ def test_constraints_where_they_apply_requirements_pins_win_and_differences_are_
     assert dropped == [("sqlalchemy", "2.0.41", "2.1.9"), ("pandas", "2.3.1", "2.3.1")]
 
 
+def test_the_image_leaves_out_test_tools_and_keeps_everything_else_of_requirements():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_requirements", sys_path_deploy / "image_requirements.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (ROOT / "requirements.txt").read_text()
+    kept, left_out = mod.image_requirements(text)
+    kept_names = set(mod.pins(kept))
+    assert {"apache-airflow", "apache-airflow-providers-ssh", "apache-airflow-providers-cncf-kubernetes",
+            "apache-airflow-providers-postgres", "k6", "psycopg", "paramiko", "pydantic"} <= kept_names
+    assert "pytest" in left_out and not any(n.startswith("types-") or n == "pytest" for n in kept_names)
+    assert kept_names | set(left_out) == set(mod.pins(text))  # nothing lost that is not a test tool
+
+
 def test_helm_values_use_this_image_and_mount_inventories_and_secrets_read_only():
     values = yaml.safe_load((ROOT / "deploy" / "helm" / "values.yaml").read_text())
     assert values["executor"] == "LocalExecutor" and values["airflowVersion"] == _airflow_pin()
     assert values["images"]["airflow"]["repository"] == values["defaultAirflowRepository"]
     mounts = {m["mountPath"]: m for m in values["volumeMounts"]}
     assert mounts["/opt/deploybench/inventories"]["readOnly"] and mounts["/opt/deploybench/secrets"]["readOnly"]
-    assert not mounts["/opt/airflow/deploybench"].get("readOnly")
+    assert not mounts["/var/lib/deploybench"].get("readOnly")
     volumes = {v["name"] for v in values["volumes"]}
     assert {m["name"] for m in values["volumeMounts"]} <= volumes
     envs = {s["envName"] for s in values["secret"]}
