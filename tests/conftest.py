@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # tests/integration/store_fixtures.py (stored runs built for the store, compare, history and page tests)
 # is importable as `store_fixtures` from every test folder
-sys.path.insert(0, str(Path(__file__).resolve().parent / "integration"))
+sys.path.append(str(Path(__file__).resolve().parent / "integration"))  # last: it shadows no installed package
 
 # Every test session gets its own deploybench home (lab state, runs, embedded PostgreSQL,
 # Airflow's metadata DB), so tests never touch the user's demo state. This must happen
