@@ -268,8 +268,8 @@ def token_sources(summary: dict, sampled: list[dict]) -> dict[str, int]:
 def _token_note(counts: dict[str, int]) -> str:
     words = {"usage": "the server's usage", "stream": "counted from the stream (no usage sent)",
              "text": "words of the answer (no usage sent)"}
-    return "client: output tokens from " + (", ".join(f"{words[k]} in {n} answers" for k, n in counts.items())
-                                            or "no successful answer")
+    return "client: output tokens: " + ("; ".join(f"{words[k]} in {n} answers" for k, n in counts.items())
+                                        or "no successful answer")
 
 
 def _sampler_frame(rows: list[dict], phase: str) -> pd.DataFrame:
