@@ -196,3 +196,19 @@ def test_hostile_or_stale_records_are_not_adopted(inventory, dsn):
     assert not got["adopted"] and "past deployment.max_reuse_s=0" in got["why"]
     assert not any(_answering(eps2))
     LeaseStore(dsn).release(pipeline.Run.open(giver2).inventory.name, taker2)
+
+
+def test_the_matrix_cleanup_stops_engines_nobody_took_over(inventory, dsn):
+    giver, taker = "deploybench_run__matrix__lm3c__c01", "deploybench_run__matrix__lm3c__c02"
+    eps = _kept(inventory, dsn, giver, taker)
+    cluster = pipeline.Run.open(giver).inventory.name
+    # the taker failed before adopting and let the lease go: the kept engines are nobody's now
+    assert LeaseStore(dsn).release(cluster, taker)
+    assert all(_answering(eps)) and LeaseStore(dsn).status(cluster).free
+    done = deployment.cleanup([giver, taker], dsn)
+    assert [(d["owner"], d["released"]) for d in done] == [(giver, True)]
+    assert set(done[0]["stopped"].values()) == {"stopped"}
+    assert not any(_answering(eps))
+    info = LeaseStore(dsn).status(cluster)
+    assert info.free and info.pending_cleanup == []
+    assert deployment.cleanup([giver, taker], dsn) == []  # idempotent

@@ -317,9 +317,21 @@ def cleanup(run_keys: list[str], dsn: str | None, ssh_for: Any = None) -> list[d
         if not isinstance(taker, str) or not _finished(taker):
             continue  # the taker is still at work: adopting or deploying is its business
         store = LeaseStore(dsn)
-        info = store.status(str(rec.get("cluster")))
+        cluster = str(rec.get("cluster"))
+        info = store.status(cluster)
         entry: dict[str, Any] = {"kept_by": key, "kept_for": taker, "owner": owner_key, "stopped": {}, "released": False}
-        if info is not None and info.holder == taker:
+        holder = taker if info is not None and info.holder == taker else None
+        if info is None or info.free:  # the taker let the lease go without stopping them: take it to stop them
+            from deploybench.config import LeaseSpec
+            from deploybench.lease import Holder, LeaseBusy
+
+            try:
+                store.acquire(cluster, Holder(f"{key}:cleanup", "deploybench_matrix"), LeaseSpec(on_busy="fail"))
+                holder = f"{key}:cleanup"
+            except LeaseBusy:
+                holder = None
+            info = store.status(cluster)
+        if holder is not None and info is not None:
             try:
                 owner = Run.open(owner_key)
                 nodes = [n for n in rec.get("nodes") or [] if n in owner.nodes]
@@ -327,7 +339,7 @@ def cleanup(run_keys: list[str], dsn: str | None, ssh_for: Any = None) -> list[d
             except Exception as exc:  # noqa: BLE001 - left for the lease's leftover cleanup
                 entry["stopped"] = {"*": f"error: {type(exc).__name__}: {exc}"}
             dirty = any(str(v).startswith("error") for v in entry["stopped"].values())
-            entry["released"] = store.release(info.cluster, taker, leftovers=dirty,
+            entry["released"] = store.release(info.cluster, holder, leftovers=dirty,
                                               detail={"by": "matrix cleanup", "kept_by": key})
         else:
             entry["why"] = ("the lease is no longer the taker's: "
