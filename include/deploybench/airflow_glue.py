@@ -9,6 +9,10 @@ store's own DSN resolution (DEPLOYBENCH_DSN, else the embedded PostgreSQL) apply
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deploybench.rollout.kubernetes import KubeClients
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +29,7 @@ def _connection_exists(conn_id: str) -> bool:
         return False
 
 
-def ssh_overrides(conn_id: str | None) -> dict | None:
+def ssh_overrides(conn_id: str | None) -> dict[str, Any] | None:
     """SSH settings from an Airflow SSH connection, in the form deploybench.transport.ssh_params takes."""
     if not conn_id:
         return None
@@ -70,7 +74,7 @@ def socket_dsn(login: str | None, password: str | None, folder: str, port: int |
                       database=database or None, query=query).render_as_string(hide_password=False)
 
 
-def kube_clients(conn_id: str | None):
+def kube_clients(conn_id: str | None) -> KubeClients | None:
     """Kubernetes API clients (apps/v1, core/v1) from the cncf.kubernetes provider's KubernetesHook."""
     if not conn_id:
         return None

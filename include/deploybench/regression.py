@@ -34,13 +34,16 @@ import os
 from dataclasses import asdict
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from deploybench import paths
 from deploybench.errors import ConfigError, DeploybenchError
+
+if TYPE_CHECKING:
+    from deploybench.analyse.judge import JudgeParams
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +141,7 @@ class Benchmark(_Strict):
         path = (self.path.parent if self.path else benchmarks_dir()) / self.versions
         return Versions.model_validate(_read_json(path))
 
-    def judge_params(self):
+    def judge_params(self) -> JudgeParams:
         from deploybench.analyse.judge import JudgeParams
 
         known = set(JudgeParams.__dataclass_fields__) - {"change"}

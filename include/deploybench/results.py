@@ -130,7 +130,7 @@ def samples_source(load: dict[str, Any]) -> Any:
     return pd.concat([read_samples(p) for p in paths], ignore_index=True)
 
 
-def run_facts(run: Run, recs: dict[str, dict]) -> Any:
+def run_facts(run: Run, recs: dict[str, dict[str, Any]]) -> Any:
     """Identities and the facts of every stage, from the stage records."""
     from deploybench.store.facts import (
         FanoutNodeRow,
@@ -144,7 +144,7 @@ def run_facts(run: Run, recs: dict[str, dict]) -> Any:
     def result(stage: str) -> dict[str, Any]:
         return (recs.get(stage) or {}).get("result") or {}
 
-    def unique(rows: list[dict] | None, *key: str) -> list[dict]:
+    def unique(rows: list[dict[str, Any]] | None, *key: str) -> list[dict[str, Any]]:
         """The last row per key: a stage that retried an item lists it twice; the store keeps one."""
         return list({tuple(r.get(k) for k in key): r for r in rows or [] if isinstance(r, dict)}.values())
 

@@ -30,7 +30,7 @@ def _base_url() -> str:
     return conf.get("api", "base_url", fallback="") or ""
 
 
-def publish(name: str, asset: Any) -> dict:
+def publish(name: str, asset: Any) -> dict[str, Any]:
     """The asset event of a stored run: its key, status, logical date, software and report link."""
     from deploybench.pipeline import Run
 
@@ -50,7 +50,7 @@ def publish(name: str, asset: Any) -> dict:
     return extra
 
 
-def judge(name: str) -> dict:
+def judge(name: str) -> dict[str, Any]:
     """Judge the run; on a failing verdict send the benchmark's notifications, then fail the task."""
     from deploybench.airflow import notify
 

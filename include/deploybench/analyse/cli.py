@@ -26,7 +26,7 @@ def parse_tag(text: str) -> tuple[str, str]:
     return k, v
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("compare", help="compare stored runs: figures, best config, changes, Pareto front")
     p.add_argument("runs", nargs="*", metavar="RUN_KEY", help="run keys to compare (default: select by filter)")
     p.add_argument("--dsn", help="results database URL (default: $DEPLOYBENCH_DSN, else the embedded server)")
@@ -114,7 +114,7 @@ def _history(args: argparse.Namespace) -> int:
     return 0
 
 
-def _f(v, pct: bool = False) -> str:
+def _f(v: float | None, pct: bool = False) -> str:
     if v is None or v != v:
         return "-"
     return f"{v:.2%}" if pct else f"{v:,.2f}"

@@ -154,7 +154,8 @@ def analyse_figures(series_id: int, fingerprint: str, figs: pd.DataFrame, params
     return hist
 
 
-def _verdict(hist: History, metric: str, values: np.ndarray, figs: pd.DataFrame, baseline: str | None) -> dict:
+def _verdict(hist: History, metric: str, values: np.ndarray, figs: pd.DataFrame,
+             baseline: str | None) -> dict[str, Any]:
     newest = values[-1]
     if baseline is not None:
         b = float(figs.loc[figs["run_key"] == baseline, metric].iloc[0])

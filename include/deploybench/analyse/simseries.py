@@ -17,8 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deploybench.lab.local import LocalEngines
+
+if TYPE_CHECKING:
+    from deploybench.load import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +31,7 @@ ENGINE_START_S = 30.0
 
 
 @contextmanager
-def engines(n: int, model_dir: Path, log_dir: Path, slowdown: float = 1.0) -> Iterator[list]:
+def engines(n: int, model_dir: Path, log_dir: Path, slowdown: float = 1.0) -> Iterator[list[Endpoint]]:
     """``n`` simulated engines on 127.0.0.1 (one per "node"), stopped on exit whatever happens."""
     with LocalEngines(model_dir, log_dir, model=MODEL, start_timeout_s=ENGINE_START_S) as local:
         yield local.start(n, "--slowdown", repr(slowdown))

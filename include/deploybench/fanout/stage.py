@@ -20,6 +20,7 @@ import logging
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from deploybench.config import FanoutSpec, FanoutStrategy, Policy
 from deploybench.errors import DeploybenchError, StageFailed
@@ -46,7 +47,7 @@ def diff_manifests(declared: Manifest, actual: Manifest, limit: int = 5) -> list
     return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])
 
 
-def _manifest(doc: dict) -> Manifest:
+def _manifest(doc: dict[str, Any]) -> Manifest:
     """A manifest from a node's answer; ManifestMismatch for a path that could leave the model folder."""
     return Manifest(tuple(FileEntry(f["path"], f["size"], f["sha256"]) for f in doc["files"]))
 
@@ -147,7 +148,7 @@ class _Fanout:
         repair_only = {n for n in pending if self.states[n].bad}
         return chain_paths(self.order, self.verified, pending, repair_only)
 
-    def account(self, node: str, st: dict, manifest: Manifest) -> None:
+    def account(self, node: str, st: dict[str, Any], manifest: Manifest) -> None:
         c = self.copies[node]
         c.attempts += 1
         c.upstream.append(st.get("upstream_node", ""))

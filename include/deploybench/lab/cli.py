@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from deploybench.lab.cluster import DEFAULT_LINK_MBIT, DEFAULT_MODEL_MB
 
     lab = subparsers.add_parser("lab", help="the embedded lab cluster (network namespaces or loopback)")

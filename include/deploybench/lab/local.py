@@ -31,7 +31,7 @@ START_TIMEOUT_S = 20.0
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class LocalEngines:
@@ -41,7 +41,7 @@ class LocalEngines:
                  start_timeout_s: float = START_TIMEOUT_S):
         self.model_dir, self.log_dir, self.model = Path(model_dir), Path(log_dir), model
         self.start_timeout_s = start_timeout_s
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, n: int, *extra: str, engine: EngineSpec | None = None) -> list[Endpoint]:
         """``n`` more engines (nodes n1..n<n>, seeds 1..n), healthy before this returns; ``extra``: more
@@ -63,7 +63,7 @@ class LocalEngines:
             eps.append(Endpoint(node=f"n{i + 1}", url=url, model=self.model))
         return eps
 
-    def _wait_healthy(self, url: str, proc: subprocess.Popen, log: Path) -> None:
+    def _wait_healthy(self, url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:

@@ -114,9 +114,9 @@ def run(
     return result
 
 
-def _sweep(cluster: Cluster, nodes: list) -> None:
+def _sweep(cluster: Cluster, nodes: list[Node]) -> None:
     """Belt and braces after the rounds: no iperf3 server of this stage survives it."""
-    def one(node) -> None:
+    def one(node: Node) -> None:
         try:
             res = cluster[node].run(sweep_script(preflight_dir(cluster.inventory, node.name)), timeout=20)
             if "swept=" in res.stdout:
