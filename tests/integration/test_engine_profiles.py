@@ -17,7 +17,7 @@ from deploybench import engines
 from deploybench.load.records import Endpoint
 from deploybench.load.ttft import stream_once
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(60)]
 
 HEADERS_FIRST_S = 0.4  # the quirky server sends its headers, then waits this long before the first token
 TOKENS = 5

@@ -24,7 +24,7 @@ from deploybench.config import EngineSpec
 from deploybench.errors import ConfigError
 from deploybench.lab.state import LabFiles
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420),
               pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH")]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
