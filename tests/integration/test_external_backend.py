@@ -146,3 +146,21 @@ def test_external_engines_measured_through_the_dag(started, airflow_db, monkeypa
             "SELECT sw.engine, sw.version FROM runs r JOIN series se ON se.id = r.series_id "
             "JOIN software sw ON sw.id = se.software_id WHERE r.run_key = :k"), {"k": key}).one()
     assert engine == "sim" and version == "external (not deployed by deploybench)"
+
+
+def test_preflight_runs_when_the_nodes_are_reachable_and_leaves_the_engines_port_alone(started, monkeypatch):
+    """external_preflight on (the default): the nodes are checked as usual, but the port the external
+    engines hold is not one deploybench must find free (it would for engines it starts itself)."""
+    from deploybench import pipeline
+
+    inv, urls, procs = started
+    monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", " ".join(urls.values()))
+    key = "lx-ext-preflight"
+    pipeline.validate(key, _conf(inv, urls, external_preflight=True, iperf_seconds=1, link_threshold=0.3,
+                                 port=PORT))
+    healthy = pipeline.preflight(key)["healthy"]
+    rec = json.loads((paths.run_dir(key) / "stages" / "preflight.json").read_text())
+    assert rec["status"] == "success" and "skipped" not in rec["result"]
+    assert sorted(healthy) == sorted(urls) and [n["node"] for n in rec["result"]["nodes"]] != []
+    assert pipeline.fanout(key, healthy)["nodes"] == healthy  # skipped: the engines hold their model
+    assert all(p.poll() is None for p in procs)
