@@ -118,7 +118,10 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
             "gate_rate_per_node": 2, "gate_duration_s": 3, "gate_min_requests": 4,
             "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUT_TOKENS, "output_spread": 0, "stream": True,
             "load_phases": ["probe", "sustained"], "probe_start_rps": 2, "probe_step_s": 4, "probe_tolerance": 0.15,
-            "warmup_s": 1, "load_duration_s": 6, "window_s": 2, "slo_p99_latency_ms": 5000, "probe_max_rps": 100,
+            "warmup_s": 1, "load_duration_s": 6, "window_s": 2, "slo_p99_latency_ms": 5000,
+            # a server that works one request at a time and does not drop abandoned ones: a short timeout and
+            # a ramp capped near 2x its expected capacity keep the probe's overload from leaving a backlog
+            "probe_max_rps": 16, "request_timeout_s": 10,
             "ttft_sample_rps": 0.5, "scrape_interval_s": 1}
     names = pipeline.validate(key, conf)["nodes"]
     try:
