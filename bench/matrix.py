@@ -121,6 +121,14 @@ def _unpause(af) -> bool:
         raise
 
 
+def _deploy_s(af, run_id: str) -> float:
+    """Seconds from the start of a run's preflight task to the end of its rollout task (what sharing removes)."""
+    tis = af.request("GET", f"/api/v2/dags/{RUN}/dagRuns/{quote(run_id, safe='')}/taskInstances?limit=100")
+    by = {t["task_id"]: t for t in tis["task_instances"]}
+    first, last = by["preflight.nodes_and_links"], by["rollout.canary_then_scale"]
+    return _t(last["end_date"]) - _t(first["start_date"])
+
+
 def _report(af, mrun: str, matrix_s: float, base: float, what: str) -> list[float]:
     """Print one matrix run's cells against the run alone; returns each cell's overhead (s)."""
     tis = af.request("GET", f"/api/v2/dags/{MATRIX}/dagRuns/{quote(mrun, safe='')}/taskInstances?limit=100")
@@ -134,26 +142,32 @@ def _report(af, mrun: str, matrix_s: float, base: float, what: str) -> list[floa
     share = (matrix_s - sum(cell_s)) / len(cells)  # plan, compare, finish and the scheduling between tasks
     print(f"\nmatrix of {len(cells)} identical cells, {what}: {matrix_s:.1f} s; own tasks "
           + ", ".join(f"{k} {v:.1f} s" for k, v in own.items()) + f"; share per cell {share:.1f} s")
-    print(f"{'cell':<40} {'its run':>8} {'cell task':>9} {'+ share':>8} {'matrix part':>11} {'alone':>7} "
-          f"{'overhead':>9} {'ratio':>6}")
+    print(f"{'cell':<40} {'its run':>8} {'deploy':>7} {'cell task':>9} {'+ share':>8} {'matrix part':>11} "
+          f"{'alone':>7} {'overhead':>9} {'ratio':>6}")
     planned = af.request("GET", f"/api/v2/dags/{MATRIX}/dagRuns/{quote(mrun, safe='')}/taskInstances/plan/xcomEntries"
                                 f"/plan?deserialize=true")["value"]
-    overheads, deployed, reused = [], [], []
+    overheads, deployed, reused, own_deploy, reused_deploy = [], [], [], [], []
     for c, s, cell in zip(cells, cell_s, planned["cells"]):
         run_id = cell["trigger_run_id"]
         run = af.request("GET", f"/api/v2/dags/{RUN}/dagRuns/{quote(run_id, safe='')}")
         own_run = _t(run["end_date"]) - _t(run["start_date"])
+        deploy = _deploy_s(af, run_id)
+        (reused_deploy if cell.get("rollout_of") else own_deploy).append(deploy)
         total = s + share
         overheads.append(total - base)
         (reused if cell.get("rollout_of") else deployed).append(total - base)
         print(
-            f"{c['rendered_map_index']:<40} {own_run:7.1f}s {s:8.1f}s {total:7.1f}s {total - own_run:10.1f}s "
+            f"{c['rendered_map_index']:<40} {own_run:7.1f}s {deploy:6.1f}s {s:8.1f}s {total:7.1f}s "
+            f"{total - own_run:10.1f}s "
             f"{base:6.1f}s "
             f"{total - base:+8.1f}s {total / base:6.2f}"
         )
     print(f"mean overhead per cell {statistics.mean(overheads):+.1f} s (aim of issue 14: under 10 s); the cell task "
           f"waits for its run by polling every few seconds, so up to that interval is part of each cell's overhead")
     if reused:
+        print(f"preflight + fanout + rollout tasks (start of the first to end of the last): "
+              f"{statistics.mean(own_deploy):.1f} s in cells that deployed, {statistics.mean(reused_deploy):.1f} s in "
+              f"cells on a shared rollout ({statistics.mean(own_deploy) - statistics.mean(reused_deploy):.1f} s less)")
         print(f"cells that deployed: {statistics.mean(deployed):+.1f} s over the run alone; cells on a shared rollout: "
               f"{statistics.mean(reused):+.1f} s, i.e. {-statistics.mean(reused):.1f} s saved per sharing cell "
               f"({statistics.mean(reused) / base + 1:.2f} x the run alone)")
