@@ -218,7 +218,8 @@ def make_debian(d: Dockerd, work: Path) -> None:
         subprocess.run([DOCKER, "import", "-", DEBIAN_IMAGE], stdin=tar.stdout, env=d.env, check=True,
                        timeout=120, capture_output=True)
     finally:
-        tar.stdout.close()
+        if tar.stdout is not None:
+            tar.stdout.close()
         tar.wait(timeout=60)
     shutil.rmtree(rootfs, ignore_errors=True)
 
