@@ -254,7 +254,6 @@ class Stack:
         secrets_dir.mkdir(exist_ok=True)
         self.env_file = work / "compose.env"
         results_password = secrets.token_urlsafe(16)
-        self.results_dsn = f"postgresql://deploybench:{results_password}@postgres:5432/deploybench"
         values = {
             "AIRFLOW_UID": "50000",
             "_AIRFLOW_WWW_USER_USERNAME": "admin",
@@ -388,14 +387,6 @@ def check_stack(stack: Stack, steps: Steps) -> str:
         stack.compose("exec", "-T", "airflow-scheduler", "deploybench", "lab", "up", "--name", LAB, "--nodes", "2",
                       "--mode", "loopback", "--model-mb", "4", "--link-mbit", "200", timeout=LIMITS_S["lab"],
                       quiet=True)
-    with steps("warm-up: the same run by `deploybench run` in the scheduler container"):
-        # WORKAROUND, to be removed: deploybench.transport's local transport runs commands without a stdin of
-        # their own, so under Airflow 3 they inherit the task process's stdin, the Task SDK supervisor's
-        # socket. The fan-out relay's not-installed guard (`cat > /dev/null`) then blocks on it and the
-        # Airflow run hangs in fanout.copy_and_verify until its timeout. A CLI run (stdin /dev/null) installs
-        # the relay on the lab's nodes first; the Airflow run after it finds it installed.
-        stack.compose("exec", "-T", "-e", f"DEPLOYBENCH_DSN={stack.results_dsn}", "airflow-scheduler", "deploybench",
-                      "run", "--conf", json.dumps(RUN_CONF), timeout=LIMITS_S["run"], quiet=True)
     with steps(f"{DAG_ID} parsed and unpaused"):
         def parsed():
             errors = stack.request("GET", "/api/v2/importErrors")

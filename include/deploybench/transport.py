@@ -88,7 +88,10 @@ class LocalTransport(Transport):
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False)
+            # No input = an empty stdin, never this process's own: under Airflow's task runner fd 0
+            # is the supervisor's socket, and a command that reads stdin would wait on it for good.
+            feed: dict[str, Any] = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, **feed)
         except subprocess.TimeoutExpired as exc:
             raise TransportError(
                 f"node {self.node.name}: `{_as_command(cmd)}` timed out after {timeout:.0f} s"

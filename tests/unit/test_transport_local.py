@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,27 @@ def test_a_zombie_counts_as_gone(t, tmp_path, wait_for):
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_command_without_input_reads_an_empty_stdin_not_ours(tmp_path):
+    """Under Airflow's task runner fd 0 is the supervisor's socket: a command that reads stdin
+    (the relay's `cat > /dev/null` guard) must see end-of-file, not wait on whatever fd 0 is.
+    Here fd 0 of the calling process is a pipe nobody writes to or closes."""
+    script = (
+        "from deploybench.inventory import Node\n"
+        "from deploybench.transport import LocalTransport\n"
+        "t = LocalTransport(Node(name='n01', address='127.0.0.1', link_mbit=1000))\n"
+        "r = t.run('cat; echo read-to-end', timeout=10)\n"
+        "print(r.rc, r.stdout.strip())\n"
+    )
+    r_fd, w_fd = os.pipe()  # the write end stays open in this process: a reader of r_fd would block
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], stdin=r_fd, capture_output=True, text=True,
+                              timeout=30, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  [str(Path(__file__).resolve().parents[2] / "include"),
+                                   os.environ.get("PYTHONPATH", "")])})
+    finally:
+        os.close(r_fd)
+        os.close(w_fd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["0", "read-to-end"], proc.stdout
