@@ -259,10 +259,12 @@ def load_phase(run_key: str, endpoints: list[dict] | None, phase: str) -> dict:
     if phase == wanted[0]:
         for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
             old.unlink()  # the first phase of a (re-)run starts clean
-    with stage(run.dir, "load") as rec:
+    with stage(run.dir, "load") as rec, run.cluster() as cluster:
         eps = [stage_mod.Endpoint(e["node"], e["url"], e["model"]) for e in endpoints]
-        try:
-            phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run_key})
+        try:  # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no
+            # connection is made unless a node needs it)
+            phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run_key},
+                             transports={n: cluster[n] for n in {e.node for e in eps}})
         finally:
             data = phases.assemble(out_dir, run.cfg.load)
             rec["result"] = data

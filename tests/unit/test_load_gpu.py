@@ -197,6 +197,20 @@ def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypat
     assert figs["b"].util_mean_pct is None and "nvidia-smi" in figs["b"].reason and "columns" in figs["b"].reason
 
 
+def test_a_node_without_nvidia_smi_is_absent_from_the_start_and_not_polled(tmp_path, monkeypatch):
+    """The run's transports reach every node; one without a GPU (or nvidia-smi) is chosen absent once,
+    with the reason, instead of being asked again every interval."""
+    empty = tmp_path / "nobin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", f"{empty}:/usr/bin:/bin")
+    ep = Endpoint("b", f"http://127.0.0.1:{_closed_port()}", "m")
+    sampler = gpu.GpuSampler([ep], 0.2, "p", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1",
+                                                                                   link_mbit=1000))},
+                             dcgm_port=None).start()
+    assert sampler.plan == {"b": "absent"} and sampler._thread is None
+    assert sampler.stop() == [] and "nvidia-smi exited 127" in sampler.why["b"]
+
+
 # -- shown beside the throughput: the run report and the results pages ------------------------------------------
 def _load_stage() -> dict:
     nodes = [{"node": "n1", "requests": 100, "achieved_rps": 10.0, "gpu_util_pct": 83.5, "gpu_mem_used_mib": 900.0},

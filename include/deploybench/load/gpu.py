@@ -159,7 +159,14 @@ class GpuSampler:
         if self.dcgm_port and _has_util(_get(self._exporter(ep), self.timeout_s)):
             return "dcgm-exporter"
         if ep.node in self.transports:
-            return "nvidia-smi"
+            try:  # once, to choose: a node without nvidia-smi is absent with the reason, not polled in vain
+                res = self.transports[ep.node].run(SMI_COMMAND, timeout=max(2.0, self.timeout_s))
+                if res.rc == 0 and smi_points(res.stdout, {"node": ep.node}):
+                    return "nvidia-smi"
+                self.why[ep.node] = f"nvidia-smi exited {res.rc}: {(res.stderr or res.stdout).strip()[:200]}"
+            except Exception as exc:  # noqa: BLE001 - an unreachable node is absent, not the phase's failure
+                self.why[ep.node] = f"nvidia-smi: {exc}"
+            return "absent"
         self.why[ep.node] = (f"no {UTIL} in its /metrics" + (f" nor at {self._exporter(ep)}" if self.dcgm_port else "")
                              + ", and no transport to run nvidia-smi over")
         return "absent"
