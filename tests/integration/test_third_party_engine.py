@@ -9,12 +9,15 @@ The server has the quirks of issue 17: no /health, no /metrics, no usage in its 
 at a time.
 
 Checked against the server's own timings, measured independently here: requests sent one at a time
-with a plain HTTP client give its service time S (and its own usage counts), and its log gives its own
-model time per request. The model serves one request at a time, so the capacity cannot pass what the
-model time allows, and must not fall far below 1/S (measured 0.61 x 1/S on a busy shared 2-core
-machine: k6, the TTFT sampler and the server share the cores); sustained must keep up with its offered
-rate, every streamed answer must have max_tokens tokens counted from the stream, and no answer may be
-faster than the server's fastest.
+with a plain HTTP client give its idle service time S (and its own usage counts), and its log gives its
+own model time per request. The server keeps working on requests whose clients gave up, so the probe
+runs without a cap near the capacity (probe_max_rps=100, ~9x 1/S) and must judge "keeps up" (not only
+"answers") and drain the backlog between steps. The reference capacity is computed here: the P99 <= SLO
+rate of a one-at-a-time FIFO server with the service times measured under load (the sustained phase's
+requests that found the server idle; k6 shares the 2 cores), D/G/1 (k6's constant arrival rate); the
+capacity found must be within [0.8, 1.1] x it, and not above what the model time allows. Sustained must
+keep up with its offered rate, every streamed answer must have max_tokens tokens counted from the
+stream, and no answer may be faster than the server's fastest.
 """
 
 from __future__ import annotations
@@ -108,6 +111,43 @@ def server_compute_ms(inv, node: str) -> list[float]:
     return [float(a) + float(b) for a, b in zip(prompt, decode)]
 
 
+def alone_service_ms(samples) -> list[float]:
+    """Service times under load: the latencies of the successful requests that found the server idle (no
+    request sent before them still unanswered), from a phase's raw samples. The server works one request at
+    a time, so such a request's latency is its service time, with the load generator sharing the machine."""
+    df = samples.sort_values("ts", kind="stable")
+    start = (df["ts"] - df["ts"].min()).dt.total_seconds() * 1000  # ms
+    end = start + df["latency_ms"]
+    busy_until = end.cummax().shift(1).fillna(float("-inf"))
+    alone = (start >= busy_until) & df["error_kind"].isna()
+    return [float(x) for x in df.loc[alone, "latency_ms"]]
+
+
+def queue_capacity(service_s: list[float], slo_s: float, poisson: bool, n: int = 20000, seed: int = 17) -> float:
+    """The highest arrival rate at which a FIFO one-at-a-time server with these service times (drawn at
+    random from them) keeps its steady-state P99 latency (wait + service) within ``slo_s``: Lindley's
+    recursion over ``n`` arrivals, evenly spaced (D/G/1: k6's constant-arrival-rate) or Poisson (M/G/1)."""
+    import random
+
+    rng = random.Random(seed)
+    draws = [rng.choice(service_s) for _ in range(n)]
+    gaps = [rng.expovariate(1.0) for _ in range(n)] if poisson else [1.0] * n
+
+    def p99(rate: float) -> float:
+        w, lat = 0.0, []
+        for i in range(n):
+            lat.append(w + draws[i])
+            w = max(0.0, w + draws[i] - gaps[i] / rate)
+        tail = sorted(lat[n // 5:])  # after a warm-up
+        return tail[int(0.99 * len(tail))]
+
+    lo, hi = 0.2 / statistics.fmean(service_s), 1.0 / statistics.fmean(service_s)
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p99(mid) <= slo_s else (lo, mid)
+    return lo
+
+
 def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch):
     inv, folder = lab
     monkeypatch.setenv("DEPLOYBENCH_ENGINE_PROFILES", str(folder))
@@ -119,9 +159,12 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
             "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUT_TOKENS, "output_spread": 0, "stream": True,
             "load_phases": ["probe", "sustained"], "probe_start_rps": 2, "probe_step_s": 4, "probe_tolerance": 0.15,
             "warmup_s": 1, "load_duration_s": 6, "window_s": 2, "slo_p99_latency_ms": 5000,
-            # a server that works one request at a time and does not drop abandoned ones: a short timeout and
-            # a ramp capped near 2x its expected capacity keep the probe's overload from leaving a backlog
-            "probe_max_rps": 16, "request_timeout_s": 10,
+            # probe_max_rps: what the config check asks of any user (k6's VUs are sized rate x SLO latency: 1000
+            # req/s x 5 s is past one load generator), ~9x 1/S here, so no cap near the capacity hides a backlog
+            # (the scout ramps 2 -> 32 -> 100 req/s as far as it must; the search drains the backlog after it);
+            # a client gives up after 2 x the SLO's P99 (an answer later than that is of no use to it), which
+            # also bounds each drain to 20 s
+            "probe_max_rps": 100, "request_timeout_s": 10,
             "ttft_sample_rps": 0.5, "scrape_interval_s": 1}
     names = pipeline.validate(key, conf)["nodes"]
     try:
@@ -142,6 +185,11 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
         pipeline.teardown(key)
 
     res = json.loads((paths.run_dir(key) / "stages" / "load.json").read_text())["result"]
+    for st in res["capacity"]["steps"]:
+        print(f"  step {st['step']} {st['kind']} {st.get('rate_from') or ''}->{st['rate']} passed={st['passed']} "
+              f"achieved {st['achieved_rps']:.2f} in flight {st.get('in_flight_start')}->{st.get('in_flight_end')} "
+              f"kept {st.get('kept_up')} p99 {st['latency_p99_ms']} drain {st.get('drain_s')} ({st.get('drained')}) "
+              f"{'; '.join(st['reasons'])[:300]}")
     cap = res["capacity"]["capacity_rps"]
     s = statistics.median(alone + after)  # the service time S, measured here one request at a time
     s_min = min(alone + after)
@@ -154,10 +202,30 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
           f"req/s); probe capacity {cap:.2f} req/s "
           f"({cap * s:.2f} x 1/S) in {len(res['capacity']['steps'])} steps; sustained {res['achieved_rps']:.2f} "
           f"of {res['offered_rps']:.2f} req/s, P50 {res['latency_p50_ms']} ms, TTFT P50 {res['ttft_p50_ms']} ms")
-    # the model works on one request at a time: no capacity above what the server's own model time allows,
-    # none far below 1/S (the 2 cores are shared with k6, the TTFT sampler and whatever else the machine
-    # runs: seen 0.61 x 1/S on a busy machine; a search stuck at its first rate, 2 req/s, would be ~0.2)
-    assert 0.3 / s <= cap <= 1.3 * 1000 / statistics.median(own), (cap, s, statistics.median(own))
+    # The reference: what a P99 <= SLO server of this service time can sustain. Idle, S is measured above;
+    # under load the load generator shares the 2 cores and the service time is longer: measured from the
+    # sustained phase's raw samples (the requests that found the server idle). k6 offers a constant arrival
+    # rate (the TTFT sampler's 0.5 req/s is ~5 % of it), so arrivals are nearly deterministic: D/G/1, the
+    # model asserted on; M/G/1 (Poisson arrivals, a stricter queue) is printed beside it. With an SLO of 5 s
+    # against ~0.1 s of service, both are within a few % of 1/E[S]: the capacity is where the queue stops
+    # being stable, and a search that leaves a backlog from one step to the next lands well below it.
+    from deploybench.load import load_samples
+
+    under = alone_service_ms(load_samples(res["samples_path"]))
+    assert len(under) >= 10, f"only {len(under)} requests of the sustained phase found the server idle"
+    slo_s = conf["slo_p99_latency_ms"] / 1000
+    ref = queue_capacity([x / 1000 for x in under], slo_s, poisson=False)
+    ref_m = queue_capacity([x / 1000 for x in under], slo_s, poisson=True)
+    print(f"service time under load (sustained, {len(under)} requests that found the server idle): median "
+          f"{statistics.median(under):.1f} ms, mean {statistics.fmean(under):.1f} ms -> P99 <= {slo_s:g} s "
+          f"capacity D/G/1 {ref:.2f} req/s, M/G/1 {ref_m:.2f} req/s; found {cap:.2f} = {cap / ref:.2f} x D/G/1 "
+          f"({cap * s:.2f} x the idle 1/S)")
+    # the search closes on the bracket's low end within probe_tolerance (15 %): found / reference in
+    # [0.8, 1.1]; the earlier search (no keep-up judgement, no drain) found 0.44-0.48 x 1/S idle with this
+    # ramp, i.e. ~0.65-0.75 x this reference
+    assert 0.8 * ref <= cap <= 1.1 * ref, (cap, ref, statistics.median(under))
+    # and the model works on one request at a time: no capacity above what its own model time allows
+    assert cap <= 1.3 * 1000 / statistics.median(own), (cap, s, statistics.median(own))
     assert res["phase"] == "sustained" and res["error_rate"] == 0
     assert res["achieved_rps"] >= 0.85 * res["offered_rps"]
     assert res["latency_p50_ms"] >= 0.9 * 1000 * s_min  # no answer faster than the server ever computed one

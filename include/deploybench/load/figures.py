@@ -3,6 +3,14 @@
 Percentiles use linear interpolation over successful requests (failed ones count in the error rate).
 A window is ``[start, start + duration)``: requests *started* in it give the counts and latencies,
 requests *answered* in it (``ts + latency``) give ``achieved_rps`` and ``goodput_rps``.
+
+Those answered counts alone see only the requests that came back (survivorship: a server falling behind
+still answers at its capacity, and its queue is invisible in them). So a window also says whether the
+server kept up: ``in_flight_start``/``in_flight_end`` (requests sent and not yet answered at the
+window's edges; k6 lets every request end - answer or timeout - before it stops, so every sent request
+is in the samples), ``kept_up`` (requests started in the window answered by its end + ``grace_s``) and
+``latency_open_p99_ms`` (P99 over every request started in it, failed ones at the time the client gave
+up: a lower bound of their latency).
 """
 
 from __future__ import annotations
@@ -35,12 +43,19 @@ def within_slo(samples: pd.DataFrame, slo: SLO | None) -> pd.Series:
     return ok
 
 
+def in_flight(samples: pd.DataFrame, at: pd.Timestamp) -> int:
+    """Requests sent before ``at`` and not answered (nor given up on by the client) by then."""
+    answered_at = samples["ts"] + pd.to_timedelta(samples["latency_ms"], unit="ms")
+    return int(((samples["ts"] < at) & (answered_at > at)).sum())
+
+
 def figures(samples: pd.DataFrame, duration_s: float, *, start: pd.Timestamp | None = None,
-            slo: SLO | None = None) -> Figures:
+            slo: SLO | None = None, grace_s: float | None = None) -> Figures:
     """Figures of the window ``[start, start + duration_s)`` (default start: the first measured request).
 
     Rows flagged ``warmup`` never count as started in the window, but their answers count as answered
-    in it (they are the server's work in that time)."""
+    in it (they are the server's work in that time). ``grace_s`` (default: the window's length) is how
+    long after the window's end a request started in it may be answered and still count in ``kept_up``."""
     measured = samples[~samples["warmup"]] if "warmup" in samples else samples
     if start is None:
         start = measured["ts"].min() if len(measured) else pd.Timestamp(0, tz="UTC")
@@ -52,6 +67,8 @@ def figures(samples: pd.DataFrame, duration_s: float, *, start: pd.Timestamp | N
     answered_at = samples["ts"] + pd.to_timedelta(samples["latency_ms"], unit="ms")
     answered = samples[(answered_at >= start) & (answered_at < end)]
     good = int(within_slo(answered, slo).sum())
+    grace = pd.Timedelta(seconds=duration_s if grace_s is None else grace_s)
+    kept = int((~failed & (m["ts"] + pd.to_timedelta(m["latency_ms"], unit="ms") < end + grace)).sum())
     itl = ok["itl_ms"].dropna().explode().dropna().astype(float) if "itl_ms" in ok else pd.Series(dtype=float)
     lag = m["lag_ms"].dropna() if "lag_ms" in m else pd.Series(dtype=float)
     return Figures(
@@ -71,6 +88,10 @@ def figures(samples: pd.DataFrame, duration_s: float, *, start: pd.Timestamp | N
         lag_p50_ms=_pct(lag, 0.5),
         lag_p99_ms=_pct(lag, 0.99),
         lag_max_ms=round(float(lag.max()), 3) if len(lag) else None,
+        in_flight_start=in_flight(samples, start),
+        in_flight_end=in_flight(samples, end),
+        kept_up=kept,
+        latency_open_p99_ms=_pct(m["latency_ms"], 0.99),
     )
 
 

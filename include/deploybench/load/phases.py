@@ -136,6 +136,91 @@ def with_gpu(run: Callable[[], LoadResult], nodes: list[Endpoint], spec: LoadSpe
     return gpu.attach(res, figs, str(path) if path else None)
 
 
+DRAIN_FACTOR = 2.0  # idle again: a lone request within this factor of the idle baseline
+DRAIN_POLL_S = 0.2
+
+
+class Drainer:
+    """Waits, between probe steps, for the server to be idle again (``probe`` module doc): the engines'
+    running + waiting gauges (``scrape.GAUGES``) at 0 when every scraped node exports them, else a lone
+    streamed request per endpoint answering within ``DRAIN_FACTOR`` x its idle baseline (``baseline()``,
+    measured before the search). At most ``2 x request_timeout_s`` per call."""
+
+    def __init__(self, load_eps: list[Endpoint], scrape_eps: list[Endpoint], spec: LoadSpec, api: str) -> None:
+        import random
+
+        self.load_eps, self.scrape_eps, self.spec, self.api = load_eps, scrape_eps, spec, api
+        self.rng = random.Random(17)
+        self.idle_ms: dict[str, float] = {}
+        self.gauges = self._gauges() is not None
+
+    def _gauges(self) -> float | None:
+        """running + waiting over the scraped nodes; None if a node does not export both (or cannot be read)."""
+        import urllib.request
+
+        from deploybench.load.scrape import GAUGES, parse_metrics
+
+        total = 0.0
+        for ep in self.scrape_eps:
+            try:
+                with urllib.request.urlopen(f"{ep.url.rstrip('/')}/metrics", timeout=2) as resp:
+                    text = resp.read(4 << 20).decode("utf-8", "replace")
+            except (OSError, ValueError):
+                return None
+            got = {n: v for n, _, v in parse_metrics(text, tuple(GAUGES.values()))}
+            if set(got) != set(GAUGES.values()):
+                return None
+            total += sum(v for v in got.values() if v == v and v >= 0)  # NaN or negative: hostile, ignored
+        return total
+
+    def _lone_ms(self, ep: Endpoint, timeout_s: float) -> float | None:
+        """One streamed request alone: its latency in ms, None if it failed."""
+        import asyncio
+
+        from deploybench.load.ttft import make_prompt, stream_once
+
+        text, p, o = make_prompt(self.rng, self.spec)
+        row = asyncio.run(stream_once(ep, self.api, text, p, o, max(0.5, timeout_s)))
+        return None if row["error_kind"] else float(row["latency_ms"])
+
+    def baseline(self, n: int = 3) -> dict[str, float]:
+        """Each endpoint's idle latency: the median of ``n`` lone requests (skipped when gauges tell idleness)."""
+        if self.gauges:
+            return {}
+        for ep in self.load_eps:
+            got = sorted(x for x in (self._lone_ms(ep, self.spec.request_timeout_s) for _ in range(n)) if x is not None)
+            if got:
+                self.idle_ms[ep.node] = got[len(got) // 2]
+        return dict(self.idle_ms)
+
+    def __call__(self) -> tuple[float, str]:
+        import time
+
+        t0 = time.monotonic()
+        bound = 2 * self.spec.request_timeout_s
+        left = lambda: bound - (time.monotonic() - t0)  # noqa: E731
+        if self.gauges:
+            while left() > 0:
+                busy = self._gauges()
+                if busy is None:
+                    break
+                if busy == 0:
+                    return time.monotonic() - t0, "idle: running and waiting gauges at 0"
+                time.sleep(DRAIN_POLL_S)
+        if not self.idle_ms:
+            return time.monotonic() - t0, "no idle baseline and no gauges: not waited for"
+        pending = [ep for ep in self.load_eps if ep.node in self.idle_ms]
+        while pending and left() > 0:
+            ep = pending[0]
+            ms = self._lone_ms(ep, left())
+            if ms is not None and ms <= DRAIN_FACTOR * self.idle_ms[ep.node]:
+                pending.pop(0)
+        secs = time.monotonic() - t0
+        if pending:
+            return secs, f"NOT idle after {bound:.0f} s (2 x request_timeout_s): {', '.join(e.node for e in pending)}"
+        return secs, f"idle: a lone request within {DRAIN_FACTOR:g} x the idle latency"
+
+
 def _judge_gpu(res: LoadResult, slo: SLO) -> LoadResult:
     """The sustained phase's verdict with the utilisation objective (when the SLO sets one)."""
     extra = gpu.gpu_verdict(res.gpu, slo)
@@ -173,8 +258,13 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
                 steps[n] = res
                 return res
 
+            drain = None
+            if search != "doubling":  # the earlier search, kept as it was for the side-by-side bench
+                drain = Drainer(load_eps, scrape_eps, spec, api or spec.api.value)
+                drain.baseline()
             found = probe.search(measure, spec, slo, run_ramp=(
-                None if search == "doubling" else lambda n, frm, to: measure(n, frm, [(to, spec.probe_step_s)])))
+                None if search == "doubling" else lambda n, frm, to: measure(n, frm, [(to, spec.probe_step_s)])),
+                drain=drain)
             outcome["analysis"] = found.model_dump(mode="json")
             best = max((s for s in found.steps if s.passed), key=lambda s: s.rate, default=found.steps[-1])
             outcome["result"] = steps[best.step].model_dump(mode="json")

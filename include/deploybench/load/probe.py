@@ -25,6 +25,20 @@ The capacity is the highest constant rate that passed. Two ways to get there:
 
 Either stops when the bracket is narrower than ``probe_tolerance`` of its top. A ramp step is stored
 with the others (``kind="ramp"``, never ``passed``: it is not a capacity claim).
+
+**Keeping up**, not only answering: counting answers alone is blind to a queue (an overloaded server
+answers at its capacity; requests it has not answered are not counted anywhere). A constant step and a
+ramp window hold only if the server keeps up: the requests started in it are answered by its end + a
+grace (one window; ``kept_up``) to within ``probe_tolerance`` of those offered, the requests in flight
+do not grow over it (beyond ``probe_tolerance`` of the offered count, at least 2, plus on a ramp what
+Little's law adds for the rising rate), and the P99 latency counts every request started in it,
+failed ones at the time the client gave up (``latency_open_p99_ms``).
+
+**Draining**: a server may keep working on requests whose clients gave up (llama.cpp's server does), so
+after a ramp or a failed step the search waits, through ``drain()`` (``phases.run_phase`` gives one:
+the engine's running/waiting gauges at 0, else a lone request's latency back near the idle baseline
+measured before the search; at most 2 x the request timeout) before the next step. The wait is
+recorded on the step (``drain_s``, ``drained``) and is not a step.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from pydantic import BaseModel
 
 from deploybench.config import SLO, LoadSpec
 from deploybench.load.figures import slo_verdict
-from deploybench.load.records import LoadResult
+from deploybench.load.records import Figures, LoadResult
 
 LOG = logging.getLogger(__name__)
 MIN_RATE_FACTOR = 1 / 64  # a first step that fails is halved down to start x this
@@ -45,6 +59,7 @@ RAMP_FACTOR = 16.0  # a scout ramp ends at this multiple of where it starts (8 l
 # undetected, costing one more ramp; the ramp's overload is brief and an overloaded server answers at capacity)
 RAMP_WINDOWS = 8  # windows a ramp step is judged in (at least MIN_RAMP_WINDOW_S each)
 MIN_RAMP_WINDOW_S = 0.5
+BEHIND = {"achieved_ratio", "kept_up", "in_flight"}  # ways a window says "behind", not "over the SLO"
 MARGIN = 0.4  # the first constant step sits this fraction of the tolerance under the estimate
 CLOSE = 0.9  # the step that closes a bracket sits this fraction of the tolerance above a pass
 
@@ -73,6 +88,11 @@ class ProbeStep(BaseModel):
     estimate_rps: float | None = None  # the capacity this step's throughput suggests (ramps, failed steps)
     gpu_util_pct: float | None = None  # mean GPU utilisation over the nodes that report one (None: absent)
     gpu_util_by_node: dict[str, float | None] = {}
+    in_flight_start: int | None = None  # requests in flight at the measured window's start / end
+    in_flight_end: int | None = None
+    kept_up: int | None = None  # requests started in the window answered by its end + a grace
+    drain_s: float | None = None  # the wait after this step for the server to be idle again (None: no wait)
+    drained: str | None = None  # how the drain ended (idle by gauges / by a lone request, or the bound)
 
 
 class CapacityResult(BaseModel):
@@ -95,7 +115,36 @@ def judge(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[bool, list[str], f
                        f"{spec.min_achieved_ratio:.0%} needed): the server fell behind")
     if res.dropped_iterations:
         reasons.append(f"{res.dropped_iterations} iterations dropped: every VU was waiting on the server")
+    reasons += [why for _, why in falls_behind(res, spec, slo)]
     return not reasons, reasons, ratio
+
+
+def falls_behind(w: Figures, spec: LoadSpec, slo: SLO, slope: float = 0.0,
+                 offered_rps: float | None = None, duration_s: float | None = None) -> list[tuple[str, str]]:
+    """[(kind, why)] of the ways window (or step) ``w`` shows a server not keeping up (module doc).
+
+    ``slope`` (req/s per s, a ramp) allows the growth of the requests in flight a rising rate brings by
+    itself (Little's law: the rate's rise over the window x the median latency)."""
+    rate = getattr(w, "offered_rps", 0.0) if offered_rps is None else offered_rps
+    secs = getattr(w, "duration_s", 0.0) if duration_s is None else duration_s
+    if w.sent_rps:  # the client's own shortfall is not held against the server (dropped iterations are)
+        rate = min(rate, w.sent_rps)
+    offered = rate * secs
+    out = []
+    tol = spec.probe_tolerance
+    if offered and w.kept_up is not None and w.kept_up < (1 - tol) * offered - 1:
+        out.append(("kept_up", f"{w.kept_up} of {offered:.0f} offered requests answered by the end of the window "
+                               f"+ a grace ({w.kept_up / offered:.0%}; {1 - tol:.0%} needed): the server fell behind"))
+    allowed = max(2.0, tol * offered) + slope * secs * (w.latency_p50_ms or 0.0) / 1000.0
+    grew = (w.in_flight_end - w.in_flight_start) if w.in_flight_end is not None and w.in_flight_start is not None else 0
+    if grew > allowed:
+        out.append(("in_flight", f"requests in flight grew from {w.in_flight_start} to {w.in_flight_end} "
+                                 f"(more than {allowed:.1f}): a queue is building"))
+    lat = w.latency_open_p99_ms
+    if w.requests and lat is not None and lat >= slo.p99_latency_ms and (w.latency_p99_ms or 0) < slo.p99_latency_ms:
+        out.append(("latency_open", f"P99 latency counting the requests that never answered {lat:.0f} ms is over "
+                                    f"the SLO's {slo.p99_latency_ms:.0f} ms"))
+    return out
 
 
 def next_rate(rate: float, passed: bool, low: float | None, high: float | None, spec: LoadSpec) -> float | None:
@@ -121,7 +170,8 @@ def _step(n: int, rate: float, passed: bool, reasons: list[str], ratio: float, r
         ttft_p99_ms=res.ttft_p99_ms, error_rate=res.error_rate, errors_by_kind=res.errors_by_kind,
         dropped_iterations=res.dropped_iterations, started_at=res.started_at.isoformat(),
         duration_s=res.duration_s, samples_path=res.samples_path, metrics_path=res.metrics_path,
-        gpu_util_pct=res.gpu_util_pct, gpu_util_by_node=gpu, **extra)
+        gpu_util_pct=res.gpu_util_pct, gpu_util_by_node=gpu, in_flight_start=res.in_flight_start,
+        in_flight_end=res.in_flight_end, kept_up=res.kept_up, **extra)
 
 
 def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | None, str]:
@@ -138,20 +188,21 @@ def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | No
     slope = max(slope, 0.0)
     # on a rising ramp an overloaded server stays overloaded: the break is where every window from there
     # on is broken (a lone noisy window - k6 late on a busy machine - is not the server's limit)
-    held = [not broken(w, slo, spec, slope) for w in wins]
+    marks = [{**broken(w, slo, spec, slope), **dict(falls_behind(w, spec, slo, slope))} for w in wins]
+    held = [not m for m in marks]
     first = next((i for i in range(len(wins)) if not any(held[i:])), None)
     if first is None:
         return None, f"every window held up to {wins[-1].offered_rps:.2f} req/s"
     w = wins[first]
     over = sorted(x.goodput_rps for x in wins[first:])
     through = over[len(over) // 2]
-    kinds = set(broken(w, slo, spec, slope))
+    kinds = set(marks[first])
     broke = ", ".join(sorted(kinds))
     if through <= 0:
         return None, f"broke ({broke}) at {w.offered_rps:.2f} req/s and answered nothing within the SLO after"
     # falling behind on a ramp shows late (answers lag the offered rate), so then the throughput alone
     # says it; a latency or error break is where the SLO ends, and the estimate is at most that rate
-    est = through if kinds == {"achieved_ratio"} else min(through, w.offered_rps)
+    est = through if kinds <= BEHIND else min(through, w.offered_rps)
     return est, (f"broke ({broke}) at {w.offered_rps:.2f} req/s offered; throughput from there "
                  f"{through:.2f} req/s (median of {len(over)} windows)")
 
@@ -190,11 +241,20 @@ def _next_after_estimate(low: float | None, high: float | None, est: float | Non
 
 
 def search(run_step: Callable[[int, float], LoadResult], spec: LoadSpec, slo: SLO,
-           run_ramp: Callable[[int, float, float], LoadResult] | None = None) -> CapacityResult:
+           run_ramp: Callable[[int, float, float], LoadResult] | None = None,
+           drain: Callable[[], tuple[float, str]] | None = None) -> CapacityResult:
     """Search with ``run_step(step number, rate) -> LoadResult`` (k6 in production, a model in tests) and,
     when given, ``run_ramp(step number, from rate, to rate) -> LoadResult`` with windows of
-    ``ramp_window_s`` (the scout); without it, the doubling search (module doc)."""
+    ``ramp_window_s`` (the scout); without it, the doubling search (module doc). ``drain() -> (seconds,
+    how)`` waits for the server to be idle; it runs after every ramp and failed step that another follows."""
     t0 = time.monotonic()
+
+    def settle(step: ProbeStep, more: bool) -> None:
+        if drain is not None and more:
+            secs, how = drain()
+            step.drain_s, step.drained = round(secs, 3), how
+            LOG.info("probe step %d: drained in %.2f s (%s)", step.step, secs, how)
+
     low = high = est = None
     steps: list[ProbeStep] = []
     rate: float | None = spec.probe_start_rps
@@ -208,6 +268,7 @@ def search(run_step: Callable[[int, float], LoadResult], spec: LoadSpec, slo: SL
                                res.achieved_rps / res.offered_rps if res.offered_rps else 0.0, res,
                                kind="ramp", rate_from=round(frm, 4), estimate_rps=est))
             LOG.info("probe step %d: ramp %.2f -> %.2f req/s: %s", len(steps), frm, to, why)
+            settle(steps[-1], len(steps) < spec.probe_max_steps)
             if to >= spec.probe_max_rps:
                 break
             frm = to
@@ -233,6 +294,8 @@ def search(run_step: Callable[[int, float], LoadResult], spec: LoadSpec, slo: SL
             rate = next_rate(rate, passed, low, high, spec)
         else:
             rate = _next_after_estimate(low, high, est, streak, spec)
+        if not passed:
+            settle(steps[-1], rate is not None and len(steps) < spec.probe_max_steps)
     converged = rate is None and low is not None and high is not None
     if converged:
         reason = f"bracket [{low:.2f}, {high:.2f}] req/s is within {spec.probe_tolerance:.0%}"

@@ -65,6 +65,11 @@ class Figures(BaseModel):
     lag_p50_ms: float | None = None  # schedule lag of k6's requests: start - when it was due
     lag_p99_ms: float | None = None
     lag_max_ms: float | None = None
+    # added with the keep-up judgement (issue 17): what answered counts alone cannot see (figures.py)
+    in_flight_start: int | None = None  # requests sent and not yet answered at the window's start (None: not
+    in_flight_end: int | None = None  # ... at its end                        measured, an older record)
+    kept_up: int | None = None  # requests started in the window answered (successfully) by its end + a grace
+    latency_open_p99_ms: float | None = None  # P99 over every request started, failed ones at their give-up time
 
 
 class GpuFigures(BaseModel):
