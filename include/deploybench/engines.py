@@ -80,6 +80,7 @@ class EngineProfile:
     metrics: dict[str, str] = field(default_factory=dict)  # role -> the engine's Prometheus metric name
     readiness: Readiness = Readiness()
     source: str = ""  # the profile file it was read from
+    program: str = ""  # the command's first item as written ("{python}", "vllm"): what preflight looks for
 
     def container_args(self, ctx: LaunchContext) -> list[str]:
         argv = self.command(ctx)
@@ -259,7 +260,8 @@ class ProfileFile(BaseModel):
         return EngineProfile(self.name, r.path, self.api, command, deterministic=self.deterministic,
                              image=self.image, entrypoint=tuple(self.entrypoint),
                              files=FILE_GENERATORS.get(self.files, lambda ctx: {}), metrics=dict(self.metrics),
-                             readiness=Readiness(r.kind, r.path, r.timeout_s), source=source)
+                             readiness=Readiness(r.kind, r.path, r.timeout_s), source=source,
+                             program=template[0])
 
 
 def load_profile_file(path: str | Path) -> EngineProfile:

@@ -153,6 +153,17 @@ def _skipped_external(run: "Run", name: str, why: str) -> dict:
     return rec
 
 
+def _engine_program(run: Run) -> str | None:
+    """The program an engine profile starts (its command's first item), for preflight to find on the nodes:
+    the inventory's python for ``{python}``; None when the item is another placeholder."""
+    from deploybench.engines import profile
+
+    program = profile(run.cfg.engine).program
+    if program == "{python}":
+        return run.inventory.python
+    return program if program and "{" not in program else None
+
+
 def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
     from deploybench import preflight as stage_mod
 
@@ -165,8 +176,7 @@ def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
     # Engines started over SSH need their port free and their binary on every node; pods do not.
     on_nodes = run.cfg.rollout.backend.value == "ssh"
     runtime = run.cfg.engine.runtime.value  # docker/podman: the engine runs in a container
-    binary = runtime if runtime != "process" else {
-        "sim": run.inventory.python, "vllm": "vllm", "triton": "tritonserver"}.get(run.cfg.engine.profile.value)
+    binary = runtime if runtime != "process" else _engine_program(run)
     with stage(run.dir, "preflight") as rec, run.cluster(ssh_overrides) as cluster:
         res = stage_mod.run(cluster, run.nodes, run.cfg.preflight, source=run.source, model_name=run.cfg.model.name,
                             engine_port=run.cfg.rollout.port if on_nodes else None,

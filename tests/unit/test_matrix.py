@@ -274,3 +274,15 @@ def test_a_person_cannot_set_the_hidden_deployment_section_through_the_matrix():
         form.to_config({**BASE, "deployment": {"adopt": "../../etc/passwd"}})
     with pytest.raises(ConfigError, match="deployment.max_reuse_s"):
         form.to_config({**BASE, "deployment": {"max_reuse_s": -1}})
+
+
+def test_the_software_of_a_profile_file_cell_is_the_file_s_name_as_the_store_records_it():
+    """engine.profile=file says nothing by itself: two profile files are two engines (the rollout records
+    the file's name, and the skip rule compares with that)."""
+    from deploybench import matrix
+    from deploybench.config import RunConfig
+
+    cfg = RunConfig.model_validate({"inventory": "demo", "engine": {"profile": "file", "profile_file": "llamacpp"}})
+    other = RunConfig.model_validate({"inventory": "demo", "engine": {"profile": "file", "profile_file": "sglang"}})
+    assert matrix.software_of(cfg) == {"engine": "llamacpp", "image": cfg.engine.image}
+    assert matrix.software_of(cfg) != matrix.software_of(other)

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploybench import params as form
 from deploybench.config import LinkMode, LoadPhase, RunConfig, canonical_hash
+from deploybench.engines import profile_name
 from deploybench.errors import ConfigError
 from deploybench.matrix.expr import Constraint, ConstraintError
 
@@ -206,7 +207,7 @@ def deployment_key(flat: dict[str, Any]) -> str:
 
 def software_of(cfg: RunConfig) -> dict[str, Any]:
     """The software a cell will run, as the store records it (identity.software): engine and image."""
-    return {"engine": cfg.engine.profile.value, "image": cfg.engine.image}
+    return {"engine": profile_name(cfg.engine), "image": cfg.engine.image}
 
 
 def measure_key(cfg: RunConfig) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from deploybench.config import RunConfig
+from deploybench.engines import profile_name
 from deploybench.matrix import measure_key
 
 
@@ -37,7 +38,7 @@ def measured(target: Any, cells: list[tuple[str, RunConfig]]) -> dict[str, list[
             cfg = RunConfig.model_validate(config)
         except ValueError:
             continue  # a run stored under an older schema: not comparable
-        if engine_name is not None and (engine_name, image) != (cfg.engine.profile.value, cfg.engine.image):
+        if engine_name is not None and (engine_name, image) != (profile_name(cfg.engine), cfg.engine.image):
             continue  # the store saw other software than the config asked for (a backend's actual image)
         mk = measure_key(cfg)
         if mk in wanted:

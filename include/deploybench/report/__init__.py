@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deploybench.engines import profile_name
+
 if TYPE_CHECKING:
     from deploybench.analyse.history import History
     from deploybench.pipeline import Run
@@ -33,7 +35,7 @@ def run_status(records: dict[str, dict]) -> str:
 def summary_text(run: "Run") -> str:
     recs = run.stage_records()
     lines = [f"deploybench run {run.key}: {run_status(recs).upper()}",
-             f"  config {run.cfg.fingerprint()[:12]}  nodes {len(run.nodes)}  engine {run.cfg.engine.profile.value}",
+             f"  config {run.cfg.fingerprint()[:12]}  nodes {len(run.nodes)}  engine {profile_name(run.cfg.engine)}",
              "", f"  {'stage':<10} {'status':<8} {'seconds':>8}  what happened"]
     for s in ORDER:
         r = recs.get(s)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from deploybench.engines import profile_name
 from deploybench.report import ORDER, run_status
 from deploybench.report import plots
 from deploybench.report.html import document, esc, figure, fmt_util, table
@@ -125,7 +126,7 @@ def render(run: "Run", history: "History | None" = None) -> str:
     status = run_status(recs)
     parts = [f"<h1>deploybench run <code>{esc(run.key)}</code></h1>",
              f"<p class='{status}'>Status: <b>{status}</b> &middot; {len(run.nodes)} nodes &middot; engine "
-             f"{esc(run.cfg.engine.profile.value)} &middot; config {run.cfg.fingerprint()[:12]}</p>",
+             f"{esc(profile_name(run.cfg.engine))} &middot; config {run.cfg.fingerprint()[:12]}</p>",
              "<h2>Stages</h2>",
              table(["stage", "status", "seconds", "what happened"],
                    [[s, recs[s]["status"], recs[s].get("seconds"), recs[s].get("summary")] for s in ORDER if s in recs])]
