@@ -162,6 +162,98 @@ def test_judge_names_every_broken_criterion():
     assert probe.judge(_result(10, 9.8), slo, spec)[0] and not probe.judge(_result(10, 9.7), slo, spec)[0]
 
 
+def _fifo_samples(rate: float, secs: float, service_s: float, backlog: int = 0):
+    """Samples of a one-at-a-time FIFO server (service ``service_s``) offered ``rate`` req/s evenly for
+    ``secs`` s, with ``backlog`` requests already queued at 0: (frame, start)."""
+    import pandas as pd
+
+    start = pd.Timestamp(T0)
+    rows, free = [], backlog * service_s
+    for i in range(int(rate * secs)):
+        t = i / rate
+        free = max(free, t) + service_s
+        rows.append({"ts": start + pd.Timedelta(seconds=t), "phase": "p", "node": "n1", "status": 200,
+                     "error_kind": None, "latency_ms": (free - t) * 1000, "ttft_ms": float("nan"), "prompt_tokens": 1,
+                     "output_tokens": 1, "warmup": False, "lag_ms": 0.0, "itl_ms": None})
+    return pd.DataFrame(rows), start
+
+
+def test_windows_see_a_queue_that_answered_counts_do_not():
+    from deploybench.load.figures import window_figures
+
+    spec, slo = LoadSpec(probe_tolerance=0.05), SLO(p99_latency_ms=5000)
+    # 10 req/s offered, a server of 8 req/s: it answers at its capacity, its queue grows 2 req/s, latency
+    # stays far under the SLO for these 4 s
+    df, start = _fifo_samples(10, 4, 0.125)
+    wins = window_figures(df, start, 4, 0.5, lambda t: 10.0, slo=slo)
+    late = wins[-1]
+    assert late.latency_p99_ms < 1200 and late.achieved_rps == pytest.approx(8, abs=2.01)
+    assert late.in_flight_end > late.in_flight_start  # +2 req/s over 0.5 s
+    assert all(w.in_flight_end >= w.in_flight_start for w in wins) and wins[-1].in_flight_end >= 7
+    kinds = [dict(probe.falls_behind(w, spec, slo)) for w in wins]
+    assert any(kinds) and all("latency_p99" not in k for k in kinds)
+    # over the whole 4 s as one step: 8 more in flight at the end than at the start
+    from deploybench.load.figures import figures
+
+    fig = figures(df, 4, start=start, slo=slo)
+    why = dict(probe.falls_behind(fig, spec, slo, offered_rps=10, duration_s=4))
+    assert set(why) == {"in_flight"} and "grew from 0 to 8" in why["in_flight"], why  # answered within 4 s grace
+    assert "kept_up" in kinds[-1] and wins[-1].kept_up < 5  # per window, a grace of 0.5 s
+    # the same server offered 7 req/s keeps up: nothing in flight grows, everything answered in time
+    df, start = _fifo_samples(7, 4, 0.125)
+    fig = figures(df, 4, start=start, slo=slo)
+    assert probe.falls_behind(fig, spec, slo, offered_rps=7, duration_s=4) == [] and fig.kept_up == 28
+    # a backlog left by an earlier step (a server still working on abandoned requests, invisible to this step's
+    # client) holds this step's requests back: they pile up in flight, the step fails though it would pass alone
+    df, start = _fifo_samples(7, 4, 0.125, backlog=30)
+    fig = figures(df, 4, start=start, slo=slo)
+    assert fig.in_flight_end >= 20 and "in_flight" in dict(probe.falls_behind(fig, spec, slo, offered_rps=7,
+                                                                                 duration_s=4))
+
+
+def test_ramp_over_a_server_falling_behind_breaks_on_its_queue():
+    """The survivorship case: windows answering near what was offered (within the ramp's allowance), P99
+    under the SLO, but the requests in flight grow window after window: the ramp breaks there, and its
+    estimate is the server's throughput."""
+    slo, spec = SLO(p99_latency_ms=5000), LoadSpec(probe_tolerance=0.15)
+    _, ramp, _ = _throughput_server(1000.0)  # answers what it is offered: the answered counts see nothing
+    res = ramp(1, 2, 32)
+    wins = [w.model_copy(update={"in_flight_start": 0 if w.offered_rps < 10 else 3 * i,
+                                 "in_flight_end": 0 if w.offered_rps < 10 else 3 * (i + 1),
+                                 "kept_up": round(w.offered_rps * 0.5) if w.offered_rps < 10 else 5,
+                                 "achieved_rps": min(w.offered_rps, 10.0), "goodput_rps": min(w.offered_rps, 10.0)})
+            for i, w in enumerate(res.windows)]
+    plain = [w.model_copy(update={"in_flight_start": None, "in_flight_end": None, "kept_up": None}) for w in wins]
+    old_est, old_why = probe.ramp_estimate(res.model_copy(update={"windows": plain}), slo, spec)
+    est, why = probe.ramp_estimate(res.model_copy(update={"windows": wins}), slo, spec)
+    assert est == pytest.approx(10.0) and "in_flight" in why, why
+    import re
+
+    def at(text: str) -> float:
+        return float(re.search(r"at ([0-9.]+) req/s offered", text).group(1))
+
+    # the answered counts alone see it late (a ramp's answers lag its offered rate) or not at all
+    assert old_est is None or at(old_why) > at(why) + 2, (old_why, why)
+
+
+def test_search_drains_after_ramps_and_failed_steps_and_does_not_count_it():
+    spec = LoadSpec(probe_start_rps=1, probe_max_rps=5000, probe_tolerance=0.05)
+    step, ramp, calls = _throughput_server(60.1)
+    drains: list[int] = []
+
+    def drain() -> tuple[float, str]:
+        drains.append(len(calls))
+        return 1.5, "idle: test"
+
+    got = probe.search(step, spec, SLO(p99_latency_ms=1000), run_ramp=ramp, drain=drain)
+    assert got.converged and len(got.steps) == len(calls) <= 8  # a drain is not a step
+    waited = [s for s in got.steps if s.drain_s is not None]
+    last = got.steps[-1]
+    assert {s.step for s in waited} == {s.step for s in got.steps[:-1] if not s.passed}, got.steps
+    assert all(s.drain_s == 1.5 and s.drained == "idle: test" for s in waited) and last.drain_s is None
+    assert drains == [s.step for s in waited]  # right after its step, before the next one
+
+
 # -- sustained: drift --------------------------------------------------------------------------------
 def _window(start: float, achieved: float, p99: float | None, offered: float = 10.0, sent: float | None = None,
             errors: dict | None = None, p50: float | None = None) -> WindowFigures:

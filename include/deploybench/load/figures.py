@@ -8,7 +8,9 @@ Those answered counts alone see only the requests that came back (survivorship: 
 still answers at its capacity, and its queue is invisible in them). So a window also says whether the
 server kept up: ``in_flight_start``/``in_flight_end`` (requests sent and not yet answered at the
 window's edges; k6 lets every request end - answer or timeout - before it stops, so every sent request
-is in the samples), ``kept_up`` (requests started in the window answered by its end + ``grace_s``) and
+is in the samples), ``kept_up`` (requests started in the window answered by its end + ``grace_s``: per
+window, the window or twice the run's fastest latencies, whichever is longer; for a whole step, its
+length) and
 ``latency_open_p99_ms`` (P99 over every request started in it, failed ones at the time the client gave
 up: a lower bound of their latency).
 """
@@ -113,6 +115,10 @@ def window_figures(samples: pd.DataFrame, start: pd.Timestamp, duration_s: float
     """Figures per window of ``window_s`` over ``[start, start + duration_s)``; ``offered(t)`` is the
     offered rate at ``t`` seconds after ``start`` (the mean over a window is taken at its middle)."""
     out, t = [], 0.0
+    # a request started at a window's end is answered one service time later even by an idle server: the grace
+    # is the window, at least twice the fastest requests' latency (5th percentile of the run's successes)
+    done = samples.loc[samples["error_kind"].isna(), "latency_ms"]
+    grace = max(window_s, 2 * float(done.quantile(0.05)) / 1000 if len(done) else 0.0)
     while t < duration_s - 1e-9:
         w = min(window_s, duration_s - t)
         if w < window_s / 2 and out:  # a short tail: not a window of its own
@@ -120,7 +126,7 @@ def window_figures(samples: pd.DataFrame, start: pd.Timestamp, duration_s: float
         ws = start + pd.Timedelta(seconds=t)
         we = ws + pd.Timedelta(seconds=w)
         drops = sum(1 for d in dropped or [] if ws <= d < we)
-        fig = figures(samples, w, start=ws, slo=slo)
+        fig = figures(samples, w, start=ws, slo=slo, grace_s=grace)
         out.append(WindowFigures(start_s=round(t, 3), duration_s=w, offered_rps=round(offered(t + w / 2), 4),
                                  dropped_iterations=drops, **fig.model_dump()))
         t += w
