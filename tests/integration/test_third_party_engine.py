@@ -13,10 +13,11 @@ with a plain HTTP client give its idle service time S (and its own usage counts)
 own model time per request. The server keeps working on requests whose clients gave up, so the probe
 runs without a cap near the capacity (probe_max_rps=100, ~9x 1/S) and must judge "keeps up" (not only
 "answers") and drain the backlog between steps. The reference capacity is computed here: the P99 <= SLO
-rate of a one-at-a-time FIFO server with the service times measured under load (the sustained phase's
-requests that found the server idle; k6 shares the 2 cores), D/G/1 (k6's constant arrival rate); the
-capacity found must be within [0.8, 1.1] x it, and not above what the model time allows. Sustained must
-keep up with its offered rate, every streamed answer must have max_tokens tokens counted from the
+rate of a one-at-a-time FIFO server with the service times measured under load (the requests that found
+the server idle in the probe's constant steps and sustained; k6 shares the 2 cores), D/G/1 (k6's
+constant arrival rate); the capacity found must be within [0.8, 1.15] x it, and not above what the
+model time allows; the first scout ramp must break near it. Sustained must keep up with its offered
+rate, every streamed answer must have max_tokens tokens counted from the
 stream, and no answer may be faster than the server's fastest.
 """
 
@@ -211,19 +212,33 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
     # being stable, and a search that leaves a backlog from one step to the next lands well below it.
     from deploybench.load import load_samples
 
-    under = alone_service_ms(load_samples(res["samples_path"]))
-    assert len(under) >= 10, f"only {len(under)} requests of the sustained phase found the server idle"
+    # pooled over the probe's constant steps and sustained: the machine's other load changes from minute to
+    # minute (seen 94-102 ms in sustained alone, one run apart), the probe's own minutes are the ones that count
+    runs = [st["samples_path"] for st in res["capacity"]["steps"] if st["kind"] == "constant"] + [res["samples_path"]]
+    under = [x for path in runs for x in alone_service_ms(load_samples(path))]
+    assert len(under) >= 30, f"only {len(under)} requests of the probe's steps and sustained found the server idle"
     slo_s = conf["slo_p99_latency_ms"] / 1000
     ref = queue_capacity([x / 1000 for x in under], slo_s, poisson=False)
     ref_m = queue_capacity([x / 1000 for x in under], slo_s, poisson=True)
-    print(f"service time under load (sustained, {len(under)} requests that found the server idle): median "
+    print(f"service time under load (probe steps + sustained, {len(under)} requests that found the server idle): "
+          f"median "
           f"{statistics.median(under):.1f} ms, mean {statistics.fmean(under):.1f} ms -> P99 <= {slo_s:g} s "
           f"capacity D/G/1 {ref:.2f} req/s, M/G/1 {ref_m:.2f} req/s; found {cap:.2f} = {cap / ref:.2f} x D/G/1 "
           f"({cap * s:.2f} x the idle 1/S)")
-    # the search closes on the bracket's low end within probe_tolerance (15 %): found / reference in
-    # [0.8, 1.1]; the earlier search (no keep-up judgement, no drain) found 0.44-0.48 x 1/S idle with this
-    # ramp, i.e. ~0.65-0.75 x this reference
-    assert 0.8 * ref <= cap <= 1.1 * ref, (cap, ref, statistics.median(under))
+    # the search closes on the bracket's low end within probe_tolerance (15 %), and a 4 s step ~5 % over the
+    # capacity builds a queue of ~2 requests, under what a step can tell from noise: found / reference in
+    # [0.8, 1.15]. The earlier search (no keep-up judgement, no drain) found 0.40-0.48 x 1/S idle with this
+    # ramp when its requests timed out and left a backlog, i.e. ~0.6-0.7 x this reference
+    assert 0.8 * ref <= cap <= 1.15 * ref, (cap, ref, statistics.median(under))
+    # the scout sees the server fall behind where it does (its queue grows), not only once latency breaks: the
+    # first ramp (2 -> 32 req/s, ~3x the capacity) breaks and its estimate is near the reference (the earlier
+    # judgement, on answered counts alone, reported "every window held up to 30 req/s" on this ramp)
+    scout = res["capacity"]["steps"][0]
+    assert scout["kind"] == "ramp" and scout["estimate_rps"] is not None, scout["reasons"]
+    assert 0.7 * ref <= scout["estimate_rps"] <= 1.3 * ref, (scout["estimate_rps"], ref, scout["reasons"])
+    # every wait between steps ended with the server idle again, and none counts as a step
+    waits = [st for st in res["capacity"]["steps"] if st.get("drain_s") is not None]
+    assert waits and all(st["drained"].startswith("idle") for st in waits), waits
     # and the model works on one request at a time: no capacity above what its own model time allows
     assert cap <= 1.3 * 1000 / statistics.median(own), (cap, s, statistics.median(own))
     assert res["phase"] == "sustained" and res["error_rate"] == 0
