@@ -68,7 +68,7 @@ class LeaseError(DeploybenchError):
 class LeaseBusy(LeaseError):
     """Another run holds the cluster (fail-fast mode, or the wait ran out)."""
 
-    def __init__(self, message: str, info: "LeaseInfo"):
+    def __init__(self, message: str, info: LeaseInfo):
         super().__init__(message)
         self.info = info
 
@@ -111,7 +111,7 @@ class LeaseInfo:
     now: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> "LeaseInfo":
+    def from_row(cls, row: Any) -> LeaseInfo:
         m = row._mapping
         return cls(m["cluster"], m["holder"], m["dag_id"], m["host"], m["pid"], m["acquired_at"], m["heartbeat_at"],
                    m["expires_at"], m["ttl_s"], list(m["pending_cleanup"] or []), m["db_now"])
@@ -424,7 +424,7 @@ def _jsonable(obj: Any) -> Any:
 
 
 # -- the heartbeat -----------------------------------------------------------------------------------------
-_current: "Heartbeat | None" = None  # the heartbeat of the run working in this process, for raise_if_lost()
+_current: Heartbeat | None = None  # the heartbeat of the run working in this process, for raise_if_lost()
 
 
 def raise_if_lost() -> None:
@@ -461,7 +461,7 @@ class Heartbeat:
         self._old_handler: Any = None
         self._armed = False
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         global _current
         if self.interrupt and threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(INTERRUPT_SIGNAL) in (signal.SIG_DFL, None):

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ LEASED_STAGES = ("preflight", "fanout", "rollout", "load")  # they touch nodes: 
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -54,7 +54,7 @@ class Run:
     meta: dict[str, Any]
 
     @classmethod
-    def open(cls, run_key: str) -> "Run":
+    def open(cls, run_key: str) -> Run:
         d = paths.run_dir(run_key)
         try:
             data = json.loads((d / "run.json").read_text())
@@ -64,7 +64,7 @@ class Run:
         return cls(run_key, d, cfg, Inventory.load(cfg.inventory), data["nodes"], data["meta"])
 
     @classmethod
-    def open_if_validated(cls, run_key: str) -> "Run | None":
+    def open_if_validated(cls, run_key: str) -> Run | None:
         """The run, or None when validate never wrote it (a failed validate leaves nothing to do)."""
         return cls.open(run_key) if (paths.run_dir(run_key) / "run.json").is_file() else None
 
@@ -145,7 +145,7 @@ def _engine_name(cfg: RunConfig) -> str:
     return profile_name(cfg.engine)
 
 
-def _skipped_external(run: "Run", name: str, why: str) -> dict:
+def _skipped_external(run: Run, name: str, why: str) -> dict:
     """The record of a stage the external backend does not do: kept as a success that says it was skipped."""
     with stage(run.dir, name) as rec:
         rec["result"] = {"skipped": "external", "deployed_by": "not deployed by deploybench", "nodes": []}
@@ -409,7 +409,7 @@ def acquire_lease(run_key: str, wait_s: float | None = None, on_busy: str | None
     return {"cluster": cluster, "waited_s": grant.waited_s, "taken_over": grant.taken_over, "cleaned": cleaned}
 
 
-def _lease_spec(run: "Run"):
+def _lease_spec(run: Run):
     """The lease settings acquire_lease used (its record), else the run's config."""
     from deploybench.config import LeaseSpec
 
@@ -518,7 +518,7 @@ def _hand_over(run: Run, rec: dict, kept: dict, dsn: str | None) -> dict:
     return out
 
 
-def _open_or_none(run_key: str) -> "Run | None":
+def _open_or_none(run_key: str) -> Run | None:
     run = Run.open_if_validated(run_key)
     if run is None:
         log.warning("run %s was never validated; nothing to do", run_key)

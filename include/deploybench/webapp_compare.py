@@ -56,7 +56,7 @@ class CompareQuery:
     @classmethod
     def parse(cls, runs: list[str], baseline: str | None, model: str | None, series: str | None,
               inventory: str | None, tags: list[str], since: str | None, until: str | None,
-              include_excluded: bool, alpha: float) -> "CompareQuery":
+              include_excluded: bool, alpha: float) -> CompareQuery:
         """From the query string (empty form fields are absent); HTTPException 400 naming a bad value."""
         from deploybench.analyse.cli import parse_tag, parse_when
 
@@ -81,7 +81,7 @@ class CompareQuery:
     def has_filter(self) -> bool:
         return any((self.model, self.series, self.inventory, self.tags, self.since, self.until))
 
-    def run_filter(self) -> "RunFilter":
+    def run_filter(self) -> RunFilter:
         from deploybench.store.query import RunFilter
 
         return RunFilter(model=self.model, inventory=self.inventory, since=self.since, until=self.until,
@@ -90,7 +90,7 @@ class CompareQuery:
 
 @dataclass
 class ComparisonView:
-    cmp: "Comparison"
+    cmp: Comparison
     curves: dict[str, list[tuple[float, float]]]
     note: str = ""
 
@@ -155,7 +155,7 @@ def _value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
 
 
-def configurations(cmp: "Comparison", root: str) -> str:
+def configurations(cmp: Comparison, root: str) -> str:
     """The runs' configurations side by side: the keys whose values differ in a table, highlighted
     (class diff); the keys equal in every run below them, folded (<details>, no script needed)."""
     from deploybench.analyse.compare import config_diff

@@ -39,8 +39,8 @@ MAX_RUNS = 500  # the newest runs of a long series (every run costs a goodput qu
 @dataclass
 class HistoryView:
     fingerprint: str
-    runs: "pd.DataFrame"  # every readable run of the series with its figures, oldest first
-    history: "History | None"  # None: no run is left to analyse (all excluded or failed)
+    runs: pd.DataFrame  # every readable run of the series with its figures, oldest first
+    history: History | None  # None: no run is left to analyse (all excluded or failed)
     hidden: int = 0  # runs of DAGs the user may not read
     note: str = ""
 
@@ -160,7 +160,7 @@ def _identity(view: HistoryView) -> str:
             f"(greyed).{esc(hidden)}{esc(note)}</p>")
 
 
-def _verdict_line(hist: "History", root: str) -> str:
+def _verdict_line(hist: History, root: str) -> str:
     parts = [f"<span class='{esc(v['verdict'])}'>{esc(m)}: <b>{esc(v['verdict'])}</b> "
              f"({v['magnitude']:+.1%})</span>" for m, v in hist.verdicts.items()]
     newest = link(run_href(root, hist.newest), hist.newest, code=True)

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from deploybench.lab.service_model import ServiceParams, capacity, chat_prompt, count_tokens, expected_completion
+from deploybench.lab.service_model import (
+    ServiceParams,
+    capacity,
+    chat_prompt,
+    count_tokens,
+    expected_completion,
+)
 from deploybench.manifest import seed_model
 
 pytestmark = pytest.mark.integration
@@ -36,7 +42,7 @@ class Engine:
     def stderr(self) -> str:
         return self.log.read_text()
 
-    def wait_ready(self, timeout: float = 15) -> "Engine":
+    def wait_ready(self, timeout: float = 15) -> Engine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = READY_RE.search(self.stderr())

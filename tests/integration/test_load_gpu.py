@@ -12,7 +12,6 @@ test_load_accuracy.)
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 

@@ -16,13 +16,23 @@ import pandas as pd
 import pytest
 
 from deploybench import load
-from deploybench.load import samples as samples_mod
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
 from deploybench.load import (
-    Endpoint, Figures, build_env, figures, k6_command, load_samples, node_figures, read_k6_json,
-    save_samples, size_vus, slo_verdict, thresholds_crossed,
+    Endpoint,
+    Figures,
+    build_env,
+    figures,
+    k6_command,
+    load_samples,
+    node_figures,
+    read_k6_json,
+    save_samples,
+    size_vus,
+    slo_verdict,
+    thresholds_crossed,
 )
+from deploybench.load import samples as samples_mod
 
 FIXTURES = Path(__file__).parent / "fixtures" / "load"
 EPS = [Endpoint("n1", "http://127.0.0.1:8001", "m"), Endpoint("n2", "http://127.0.0.1:8002", "m")]

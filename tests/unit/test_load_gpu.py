@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import http.server
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from deploybench.load import Endpoint, gpu
 from deploybench.load.records import GpuFigures
 from deploybench.transport import LocalTransport
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 # -- nvidia-smi, read strictly ------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
     eps = [Endpoint("a", dead, "m"), Endpoint("b", dead, "m"), Endpoint("c", dead, "m")]
     sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
                              dcgm_port=exporter)
-    t0 = datetime.now(timezone.utc)
+    t0 = datetime.now(UTC)
     sampler.start()
     assert sampler.plan == {"a": "dcgm-exporter", "b": "dcgm-exporter", "c": "dcgm-exporter"}  # one exporter for all
     sampler.stop()
@@ -175,7 +175,7 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
     time.sleep(0.5)
     pts = sampler.stop()
     assert sampler.plan == {"a": "absent", "b": "nvidia-smi", "c": "absent"}
-    figs = gpu.gpu_figures(pts, ["a", "b", "c"], t0, datetime.now(timezone.utc), sampler.why)
+    figs = gpu.gpu_figures(pts, ["a", "b", "c"], t0, datetime.now(UTC), sampler.why)
     assert figs["b"].source == "nvidia-smi" and figs["b"].gpus == 2 and figs["b"].util_mean_pct == 50.0
     assert figs["b"].mem_used_mib_mean == 4000.0 and figs["b"].mem_total_mib == 8000.0 and figs["b"].samples >= 2
     assert figs["a"].source is None and "no transport to run nvidia-smi" in figs["a"].reason
@@ -188,11 +188,11 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
 def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypatch):
     _fake_smi(tmp_path, monkeypatch, "echo '<html>pwned</html>'\n")
     ep = Endpoint("b", f"http://127.0.0.1:{_closed_port()}", "m")
-    t0 = datetime.now(timezone.utc)
+    t0 = datetime.now(UTC)
     sampler = gpu.GpuSampler([ep], 0.2, "p", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
                              dcgm_port=None).start()
     pts = sampler.stop()
-    figs = gpu.gpu_figures(pts, ["b"], t0, datetime.now(timezone.utc), sampler.why)
+    figs = gpu.gpu_figures(pts, ["b"], t0, datetime.now(UTC), sampler.why)
     assert pts == [] and figs["b"].source is None
     assert figs["b"].util_mean_pct is None and "nvidia-smi" in figs["b"].reason and "columns" in figs["b"].reason
 
@@ -241,7 +241,7 @@ def test_report_shows_utilisation_per_node_and_phase_and_absent_as_absent():
 
 
 def test_run_page_shows_utilisation_beside_achieved_rate():
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from deploybench.store.records import PhaseRecord, StageRecord
     from deploybench.webapp_html import PHASE_COLUMNS, _phase_rows, gpu_utilisation
@@ -250,7 +250,7 @@ def test_run_page_shows_utilisation_beside_achieved_rate():
     got = gpu_utilisation(stages)
     assert got == {("sustained", "*"): 83.5, ("sustained", "n1"): 83.5, ("sustained", "n2"): None}
     common = dict(phase="sustained", offered_rps=10.0, achieved_rps=9.5, output_tps=1.0, requests=10, errors=0,
-                  error_rate=0.0, duration_s=5.0, started_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+                  error_rate=0.0, duration_s=5.0, started_at=datetime(2026, 1, 1, tzinfo=UTC))
     rows = _phase_rows([PhaseRecord(node=n, **common) for n in ("*", "n1", "n2")], got)
     col = PHASE_COLUMNS.index("GPU util %")
     assert PHASE_COLUMNS[col - 1] == "achieved req/s"

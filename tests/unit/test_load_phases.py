@@ -3,21 +3,20 @@ the load, the /metrics parser and the SSE reader — no k6, no server."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from deploybench import params as form
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
-from deploybench.load import overload, probe, sustained
+from deploybench.load import Endpoint, overload, probe, sustained
 from deploybench.load.records import LoadResult, SloVerdict, WindowFigures
 from deploybench.load.runner import build_env, offered_at, sampler_share
 from deploybench.load.scrape import _quantile, engine_figures, parse_metrics
 from deploybench.load.ttft import _Stream, event_text, request_body
-from deploybench.load import Endpoint
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _result(rate: float, answered: float, p99: float = 100.0, errors: int = 0, dropped: int = 0,

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deploybench.load import runner
 from deploybench.config import SLO, LoadSpec
-from deploybench.load import Endpoint, EndpointNotReady, LoadError, run_load
+from deploybench.load import Endpoint, EndpointNotReady, LoadError, run_load, runner
 
 EPS = [Endpoint("n1", "http://127.0.0.1:9", "m")]
 SPEC = LoadSpec(rate=1, duration_s=1, warmup_s=0, ttft_sample_rps=0, scrape_interval_s=0)

@@ -122,8 +122,7 @@ def test_a_rate_whose_k6_sizing_would_exhaust_memory_is_refused_naming_the_field
 
 
 def test_extra_engine_args_reach_the_command_and_cannot_override_managed_flags():
-    from deploybench.engines import profile
-    from deploybench.engines import LaunchContext
+    from deploybench.engines import LaunchContext, profile
     from deploybench.inventory import Inventory
 
     cfg = params.to_config({"engine_profile": "vllm", "engine_extra_args": ["--gpu-memory-utilization", "0.9"]})

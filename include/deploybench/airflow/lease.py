@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from sqlalchemy.exc import SQLAlchemyError
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,9 @@ class AcquireLease(BaseOperator):
 
     def _take(self, context: Any, deadline: float | None) -> dict:
         from deploybench import pipeline
+        from deploybench.airflow.stages import kube, run_key, ssh
         from deploybench.config import OnBusy
         from deploybench.lease import LeaseBusy
-
-        from deploybench.airflow.stages import kube, run_key, ssh
 
         key = run_key(context)
         try:

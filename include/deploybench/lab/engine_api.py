@@ -19,7 +19,15 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from deploybench.lab.engine_http import LAST_CHUNK, HttpError, Request, chunk, error_body, response, stream_head
+from deploybench.lab.engine_http import (
+    LAST_CHUNK,
+    HttpError,
+    Request,
+    chunk,
+    error_body,
+    response,
+    stream_head,
+)
 from deploybench.lab.service_model import TokenStream, chat_prompt, count_tokens
 
 if TYPE_CHECKING:
@@ -45,7 +53,7 @@ class _Parsed:
 class OpenAIApi:
     """Answers /v1/completions and /v1/chat/completions for one ``EngineServer``."""
 
-    def __init__(self, server: "EngineServer") -> None:
+    def __init__(self, server: EngineServer) -> None:
         self.server = server
         self.name = server.opts.served_model_name
         self.seed = server.opts.seed

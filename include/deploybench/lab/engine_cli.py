@@ -70,10 +70,11 @@ def params_from_args(args: argparse.Namespace) -> ServiceParams:
 
 def options_from_args(args: argparse.Namespace):
     """EngineOptions from parsed flags; the knobs are validated by SimKnobs/EngineSpec (ConfigError)."""
+    from pydantic import ValidationError
+
     from deploybench.config import format_validation_error
     from deploybench.errors import ConfigError
     from deploybench.lab.engine import EngineOptions
-    from pydantic import ValidationError
 
     try:
         spec = EngineSpec(

@@ -35,8 +35,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from deploybench.errors import ConfigError
 
@@ -136,7 +136,7 @@ class ServiceParams:
             raise ConfigError(f"queue_limit={self.queue_limit} must be >= 0 and slowdown={self.slowdown} > 0")
 
     @classmethod
-    def from_config(cls, engine: "object") -> "ServiceParams":
+    def from_config(cls, engine: object) -> ServiceParams:
         """From a deploybench.config.EngineSpec (its ``max_num_seqs`` and ``sim`` knobs)."""
         sim = engine.sim  # type: ignore[attr-defined]
         return cls(

@@ -15,7 +15,14 @@
 
 from deploybench.load.figures import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 from deploybench.load.records import (
-    Endpoint, EndpointNotReady, Figures, LoadError, LoadResult, NodeFigures, SloVerdict, WindowFigures,
+    Endpoint,
+    EndpointNotReady,
+    Figures,
+    LoadError,
+    LoadResult,
+    NodeFigures,
+    SloVerdict,
+    WindowFigures,
 )
 from deploybench.load.runner import build_env, find_k6, k6_command, k6_timeout_s, run_load, size_vus
 from deploybench.load.samples import SAMPLE_COLUMNS, SAMPLE_METRIC, load_samples, read_k6_json, save_samples

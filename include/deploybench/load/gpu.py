@@ -24,9 +24,9 @@ import math
 import threading
 import urllib.request
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -174,7 +174,7 @@ class GpuSampler:
     def poll_once(self) -> None:
         for ep in self.endpoints:
             how = self.plan.get(ep.node)
-            base = {"ts": datetime.now(timezone.utc).isoformat(), "node": ep.node, "phase": self.phase,
+            base = {"ts": datetime.now(UTC).isoformat(), "node": ep.node, "phase": self.phase,
                     "step": self.step}
             if how == "dcgm-exporter":
                 page = _get(self._exporter(ep), self.timeout_s)

@@ -26,9 +26,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import pandas as pd
 
@@ -37,7 +38,13 @@ from deploybench.errors import ConfigError
 from deploybench.load.figures import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 from deploybench.load.records import Endpoint, EndpointNotReady, LoadError, LoadResult
 from deploybench.load.samples import (
-    EXTRA_COLUMNS, SAMPLE_COLUMNS, SAMPLE_METRIC, _typed, read_k6_json, remove_stale, save_samples,
+    EXTRA_COLUMNS,
+    SAMPLE_COLUMNS,
+    SAMPLE_METRIC,
+    _typed,
+    read_k6_json,
+    remove_stale,
+    save_samples,
 )
 from deploybench.load.scrape import Scraper, engine_figures, save_series
 from deploybench.load.ttft import TtftSampler

@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from deploybench.load.records import Endpoint
@@ -71,7 +71,7 @@ class Scraper:
 
     def scrape_once(self) -> None:
         for ep in self.endpoints:
-            ts = datetime.now(timezone.utc).isoformat()
+            ts = datetime.now(UTC).isoformat()
             base = {"ts": ts, "node": ep.node, "phase": self.phase, "step": self.step}
             try:
                 with urllib.request.urlopen(f"{ep.url.rstrip('/')}/metrics", timeout=self.timeout_s) as resp:

@@ -42,8 +42,9 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,7 +85,7 @@ class MatrixSpec(BaseModel):
     reuse_s: float = Field(900.0, ge=0, le=86400)  # cells of one deployment share it this long; 0: each deploys
 
     @classmethod
-    def from_params(cls, raw: dict[str, Any]) -> "MatrixSpec":
+    def from_params(cls, raw: dict[str, Any]) -> MatrixSpec:
         """From the matrix DAG's params (null fields mean empty); a bad shape raises MatrixError."""
         data = {k: v for k, v in raw.items() if k in cls.model_fields and v is not None}
         try:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +57,7 @@ _IDENTITY_KEYS = {"preflight": ("healthy",),
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _age_s(stamp: Any) -> float | None:
@@ -68,7 +68,7 @@ def _age_s(stamp: Any) -> float | None:
     return (_now() - t).total_seconds() if t.tzinfo else None
 
 
-def fingerprint(cfg: "RunConfig") -> str:
+def fingerprint(cfg: RunConfig) -> str:
     """What is deployed (the matrix's deployment key): every form parameter but load, SLO, lease and tags."""
     from deploybench import params as form
     from deploybench.matrix import deployment_key
@@ -95,17 +95,17 @@ def kept_record(run_key: str) -> dict | None:
     return _read_json(paths.run_dir(run_key) / KEPT)
 
 
-def adoption(run: "Run") -> dict | None:
+def adoption(run: Run) -> dict | None:
     """What this run adopted (``{"adopted": True, "owner", "giver", ...}``) or why not; None: it was not asked to."""
     return _read_json(run.dir / ADOPTED)
 
 
-def adopted_owner(run: "Run") -> str | None:
+def adopted_owner(run: Run) -> str | None:
     a = adoption(run)
     return a["owner"] if a and a.get("adopted") else None
 
 
-def _deployer(run_key: str, cfg: "RunConfig", inventory: Any, nodes: list[str], ssh_overrides: dict | None):
+def _deployer(run_key: str, cfg: RunConfig, inventory: Any, nodes: list[str], ssh_overrides: dict | None):
     """The ssh deployer of ``run_key``'s engines on ``nodes`` (pid files and command lines of that run)."""
     from deploybench.rollout.ssh import SSHDeployer
     from deploybench.transport import Cluster
@@ -142,7 +142,7 @@ def stop(owner_key: str, nodes: list[str], ssh_overrides: dict | None = None) ->
 
 
 # -- the giver ------------------------------------------------------------------------------------------------
-def keep(run: "Run", ssh_overrides: dict | None = None) -> dict:
+def keep(run: Run, ssh_overrides: dict | None = None) -> dict:
     """At teardown, for a run with ``deployment.keep_for``: leave the engines running for that run if they are
     worth reusing. Returns ``{"kept": bool, "why" | record...}``; writes ``deployment.json`` when kept."""
     taker = run.cfg.deployment.keep_for
@@ -187,12 +187,13 @@ class NotAdopted(Exception):
         self.sound, self.record = sound, record
 
 
-def _verify(run: "Run", ssh_overrides: dict | None) -> dict:
+def _verify(run: Run, ssh_overrides: dict | None) -> dict:
     """The checks of the module doc, in order; NotAdopted names the first that fails."""
+    import re
+
     from deploybench.config import RUN_KEY_PATTERN
     from deploybench.errors import DeploybenchError
     from deploybench.pipeline import Run
-    import re
 
     giver = run.cfg.deployment.adopt
     spec = run.cfg.deployment
@@ -241,7 +242,7 @@ def _verify(run: "Run", ssh_overrides: dict | None) -> dict:
             "records": {s: owner.stage_record(s) for s in REUSED_STAGES}}
 
 
-def adopt(run: "Run", ssh_overrides: dict | None = None) -> dict:
+def adopt(run: Run, ssh_overrides: dict | None = None) -> dict:
     """At preflight, for a run with ``deployment.adopt``: use the kept deployment, or say why not (and stop the
     kept engines when the record is sound, so that they neither block this run's port nor stay up).
     Writes ``adoption.json``; returns it."""

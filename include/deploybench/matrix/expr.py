@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from deploybench.errors import ConfigError
 

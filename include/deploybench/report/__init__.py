@@ -32,7 +32,7 @@ def run_status(records: dict[str, dict]) -> str:
     return "success"
 
 
-def summary_text(run: "Run") -> str:
+def summary_text(run: Run) -> str:
     recs = run.stage_records()
     lines = [f"deploybench run {run.key}: {run_status(recs).upper()}",
              f"  config {run.cfg.fingerprint()[:12]}  nodes {len(run.nodes)}  engine {profile_name(run.cfg.engine)}",
@@ -66,7 +66,7 @@ def summary_text(run: "Run") -> str:
     return "\n".join(lines)
 
 
-def sim_capacity(run: "Run") -> tuple[float, int] | None:
+def sim_capacity(run: Run) -> tuple[float, int] | None:
     """(saturation req/s per engine, engines) for the simulated engine, from its closed form."""
     if run.cfg.engine.profile.value != "sim":
         return None
@@ -81,7 +81,7 @@ def _ms(v) -> str:
     return "n/a" if v is None else f"{v:.0f} ms"
 
 
-def history_for(run: "Run", dsn: str | None = None) -> "History | None":
+def history_for(run: Run, dsn: str | None = None) -> History | None:
     """Change points of the run's series and the verdict on its newest run (written back to the store).
 
     None, with a warning, when the run is not in the store (its store stage failed): the
@@ -97,12 +97,12 @@ def history_for(run: "Run", dsn: str | None = None) -> "History | None":
         return None
 
 
-def verdict_line(history: "History") -> str:
+def verdict_line(history: History) -> str:
     parts = [f"{m} {v['verdict']} ({v['magnitude']:+.1%})" for m, v in history.verdicts.items()]
     return f"history of {len(history.runs)} runs: " + ", ".join(parts)
 
 
-def write_html(run: "Run", history: "History | None" = None) -> Path:
+def write_html(run: Run, history: History | None = None) -> Path:
     """The run's report, ``<run folder>/report.html``: one file, plots inline as SVG."""
     from deploybench.report.run_html import render
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -28,7 +29,7 @@ def config_label(row: Any) -> str:
     return f"{row.get('engine') or '?'} {knobs}".strip() + f" [{str(row['run_key'])[-18:]}]"
 
 
-def sections(cmp: "Comparison", curves: dict[str, list[tuple[float, float]]] | None = None,
+def sections(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | None = None,
              run_link: Callable[[str, str], Html] | None = None) -> list[str]:
     """The comparison's body below its heading: per workload group the best configuration, the figures,
     the throughput-latency curves and the Pareto front; then the changes against the baseline. Shared by
@@ -88,12 +89,12 @@ def _cell_html(value: Any) -> str:
     return value if isinstance(value, Html) else f"<code>{esc(value)}</code>"
 
 
-def render(cmp: "Comparison", curves: dict[str, list[tuple[float, float]]] | None = None) -> str:
+def render(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | None = None) -> str:
     heading = f"<h1>deploybench comparison{f' #{cmp.id}' if cmp.id else ''}</h1>"
     return document(f"deploybench comparison {cmp.id or ''}", [heading, *sections(cmp, curves)])
 
 
-def write_comparison_html(cmp: "Comparison", path: Path,
+def write_comparison_html(cmp: Comparison, path: Path,
                           curves: dict[str, list[tuple[float, float]]] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, Iterable
+from typing import Any
 
 STYLE = (
     "body{font-family:system-ui,sans-serif;margin:2em;max-width:1150px;color:#222}"

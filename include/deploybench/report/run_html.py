@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from deploybench.engines import profile_name
-from deploybench.report import ORDER, run_status
-from deploybench.report import plots
+from deploybench.report import ORDER, plots, run_status
 from deploybench.report.html import document, esc, figure, fmt_util, table
 
 if TYPE_CHECKING:
@@ -103,7 +102,7 @@ def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
     return parts
 
 
-def history_section(hist: "History", heading: str = "History of this series") -> list[str]:
+def history_section(hist: History, heading: str = "History of this series") -> list[str]:
     """The verdict on the newest run and the change points (the run report and the history page)."""
     parts = [f"<h2>{esc(heading)}</h2>",
              f"<p>Series <code>{esc(hist.fingerprint[:12])}</code>: {len(hist.runs)} runs (excluded and failed runs "
@@ -121,7 +120,7 @@ def history_section(hist: "History", heading: str = "History of this series") ->
     return parts
 
 
-def render(run: "Run", history: "History | None" = None) -> str:
+def render(run: Run, history: History | None = None) -> str:
     recs = run.stage_records()
     status = run_status(recs)
     parts = [f"<h1>deploybench run <code>{esc(run.key)}</code></h1>",

@@ -33,7 +33,7 @@ __all__ = ["Deployer", "NodeFailure", "RolloutResult", "StepResult", "SMOKE_PROM
            "deployer", "run", "teardown"]
 
 
-def deployer(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClients | None" = None) -> Deployer:
+def deployer(cluster: Cluster, names: list[str], cfg: RunConfig, kube: KubeClients | None = None) -> Deployer:
     """The backend the config names; refuses bad knobs (engine profile, Triton config) before anything starts."""
     engines.check(cfg.engine, cfg.model.name)
     if cfg.rollout.backend is RolloutBackend.EXTERNAL:
@@ -49,14 +49,14 @@ def deployer(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClie
 
 
 def run(cluster: Cluster, names: list[str], cfg: RunConfig, out_dir: Path | None = None,
-        kube: "KubeClients | None" = None, **checks: Any) -> RolloutResult:
+        kube: KubeClients | None = None, **checks: Any) -> RolloutResult:
     """Canary, then each scale step, each gated; StageFailed (with the result so far) on any failure."""
     from deploybench.rollout.plan import execute
 
     return execute(deployer(cluster, names, cfg, kube), names, cfg, out_dir, **checks)
 
 
-def teardown(cluster: Cluster, names: list[str], cfg: RunConfig, kube: "KubeClients | None" = None) -> dict[str, str]:
+def teardown(cluster: Cluster, names: list[str], cfg: RunConfig, kube: KubeClients | None = None) -> dict[str, str]:
     """Stop the engine on every node of ``names`` (ssh) or delete the run's objects (kubernetes). Idempotent.
     The external backend started nothing and stops nothing."""
     if cfg.rollout.backend is RolloutBackend.EXTERNAL:

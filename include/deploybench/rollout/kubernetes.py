@@ -37,7 +37,7 @@ class KubeClients:
     core: Any  # kubernetes.client.CoreV1Api
 
     @classmethod
-    def from_api_client(cls, api_client: Any) -> "KubeClients":
+    def from_api_client(cls, api_client: Any) -> KubeClients:
         from kubernetes import client
 
         return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client))

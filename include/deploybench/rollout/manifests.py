@@ -67,7 +67,7 @@ class Names:
     run_key: str | None = None
 
     @classmethod
-    def of(cls, model: str, run_key: str | None = None) -> "Names":
+    def of(cls, model: str, run_key: str | None = None) -> Names:
         n = resource_name(model, run_key)
         return cls(n, f"{n}-canary", n, f"{n}-pods", f"{n}-files", run_key)
 

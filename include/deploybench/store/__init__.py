@@ -52,12 +52,19 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from deploybench.store.db import migrate, open_store, resolve_dsn
     from deploybench.store.errors import StoreError
-    from deploybench.store.reader import count_samples, latest_runs, load_run, load_samples
-    from deploybench.store.records import CLUSTER, SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord, StoredRun
-    from deploybench.store.writer import WriteResult, write_run
     from deploybench.store.facts import RunFacts
     from deploybench.store.identity import RunIdentity, identity_of
     from deploybench.store.query import EmptySelection, RunFilter, UnknownRuns, select_runs, set_excluded
+    from deploybench.store.reader import count_samples, latest_runs, load_run, load_samples
+    from deploybench.store.records import (
+        CLUSTER,
+        SAMPLE_COLUMNS,
+        PhaseRecord,
+        RunRecord,
+        StageRecord,
+        StoredRun,
+    )
+    from deploybench.store.writer import WriteResult, write_run
 
 
 def __getattr__(name: str) -> Any:

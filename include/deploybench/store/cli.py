@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import timezone
+from datetime import UTC
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +60,7 @@ def _runs(args: argparse.Namespace) -> int:
     rows = [("RUN KEY", "STATUS", "STARTED (UTC)", "SECONDS", "NODES", "INVENTORY", "FINGERPRINT")]
     for run in latest_runs(args.dsn, args.limit):
         seconds = f"{(run.finished_at - run.started_at).total_seconds():.0f}" if run.finished_at else "-"
-        started = run.started_at.astimezone(timezone.utc)
+        started = run.started_at.astimezone(UTC)
         rows.append((
             run.run_key, run.status, started.strftime("%Y-%m-%d %H:%M:%S"), seconds,
             str(run.node_count), run.inventory, run.fingerprint[:12],

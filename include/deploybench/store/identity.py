@@ -64,7 +64,7 @@ class RunIdentity(BaseModel):
     def fingerprint(self) -> str:
         return canonical_hash({**{k: getattr(self, k).hash for k in KINDS}, "load": self.load})
 
-    def differences(self, other: "RunIdentity") -> list[str]:
+    def differences(self, other: RunIdentity) -> list[str]:
         """The kinds whose hash differs from ``other``'s, in KINDS order."""
         return [k for k in KINDS if getattr(self, k).hash != getattr(other, k).hash]
 

@@ -58,7 +58,7 @@ class RunRecord(_Record):
                                                "its series (a backfilled run at its date, not the day it ran)")
 
     @model_validator(mode="after")
-    def _times(self) -> "RunRecord":
+    def _times(self) -> RunRecord:
         if self.finished_at is not None and self.finished_at < self.started_at:
             raise ValueError(
                 f"run {self.run_key!r}: finished_at={self.finished_at.isoformat()} is before "
@@ -67,7 +67,7 @@ class RunRecord(_Record):
         return self
 
     @classmethod
-    def from_config(cls, run_key: str, config: Any, **fields: Any) -> "RunRecord":
+    def from_config(cls, run_key: str, config: Any, **fields: Any) -> RunRecord:
         """Build from a ``deploybench.config.RunConfig``: config, fingerprint, inventory and tags come from it."""
         fields.setdefault("node_count", config.nodes)
         return cls(
@@ -113,7 +113,7 @@ class PhaseRecord(_Record):
     started_at: AwareDatetime
 
     @model_validator(mode="after")
-    def _coherent(self) -> "PhaseRecord":
+    def _coherent(self) -> PhaseRecord:
         where = f"phase {self.phase!r} node {self.node!r}"
         if self.errors > self.requests:
             raise ValueError(f"{where}: errors={self.errors} is more than requests={self.requests}")

@@ -16,9 +16,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 import psycopg
@@ -28,8 +28,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from deploybench.store.db import open_store
 from deploybench.store.errors import StoreError
-from deploybench.store.models import LoadPhase, RequestSample, Run, StageResult
 from deploybench.store.facts import RunFacts
+from deploybench.store.models import LoadPhase, RequestSample, Run, StageResult
 from deploybench.store.records import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord
 from deploybench.store.writer_facts import prepare_metrics, write_facts
 
