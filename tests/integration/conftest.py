@@ -1,8 +1,13 @@
 """Fixtures of the integration tests that need more than tests/conftest.py gives every folder: simulated
-engines on 127.0.0.1 (deploybench.lab.local), for the load, history and accuracy tests."""
+engines on 127.0.0.1 (deploybench.lab.local), for the load, history and accuracy tests; simulated engines
+started outside deploybench on a loopback lab's nodes, for the tests of the external backend."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from deploybench.inventory import Inventory
     from deploybench.lab.local import LocalEngines
 
 
@@ -31,3 +37,45 @@ def local_engines(sim_model_dir: Path, tmp_path: Path) -> Iterator[LocalEngines]
 
     with LocalEngines(sim_model_dir, tmp_path) as engines:
         yield engines
+
+
+@pytest.fixture(scope="module")
+def external_engines(request: pytest.FixtureRequest) -> Iterator[tuple[Inventory, dict[str, str], list]]:
+    """(inventory, {node: url}, processes): a 2-node loopback lab named by the test module's ``LAB`` and one
+    simulated engine per node on the module's ``PORT``, started here as plain processes (not by deploybench),
+    healthy before the module's tests run; stopped and the lab taken down after its last test."""
+    from deploybench import engines, http
+    from deploybench.config import EngineSpec
+    from deploybench.lab import cluster
+    from deploybench.lab.state import LabFiles
+
+    lab, port = request.module.LAB, request.module.PORT
+    inv = cluster.up(lab, nodes=2, link_mbit=200, mode="loopback", model_mb=1)
+    files = LabFiles(lab)
+    spec = EngineSpec(max_num_seqs=4, sim={"decode_base_ms": 8, "decode_per_seq_ms": 1, "prefill_per_token_ms": 0.01})
+    procs: list[subprocess.Popen] = []
+    try:
+        for n in inv.nodes:
+            model = files.models(n.name) / "sim-model"
+            if not model.exists():
+                shutil.copytree(files.models(inv.nodes[0].name) / "sim-model", model)
+            ctx = engines.LaunchContext(inv, n, str(model), "sim-model", port, spec)
+            argv = [sys.executable if a == inv.python else a for a in engines.profile("sim").command(ctx)]
+            with open(files.root / f"external-{n.name}.log", "w") as log:  # the engine holds its own copy
+                procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        urls = {n.name: f"http://{n.address}:{port}" for n in inv.nodes}
+        deadline = time.monotonic() + 30
+        while not all(http.is_up(u + "/health") for u in urls.values()):
+            assert time.monotonic() < deadline, "the external engines did not start"
+            assert all(p.poll() is None for p in procs), "an external engine exited"
+            time.sleep(0.2)
+        yield inv, urls, procs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        cluster.down(lab)

@@ -12,64 +12,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from deploybench import engines, http, paths
-from deploybench.config import EngineSpec
+from deploybench import http, paths
 from deploybench.errors import ConfigError
-from deploybench.lab.state import LabFiles
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420),
               pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH")]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 LAB = "lxext"
-PORT = 8040
+PORT = 8040  # the external_engines fixture (conftest.py) starts the engines on LAB's nodes at PORT
 KNOBS = {"max_num_seqs": 4, "sim_decode_base_ms": 8, "sim_decode_per_seq_ms": 1, "sim_prefill_per_token_ms": 0.01}
-
-
-@pytest.fixture(scope="module")
-def started():
-    """A 2-node loopback lab and one simulated engine per node, started here as plain processes."""
-    from deploybench.lab import cluster
-
-    inv = cluster.up(LAB, nodes=2, link_mbit=200, mode="loopback", model_mb=1)
-    files = LabFiles(LAB)
-    spec = EngineSpec(max_num_seqs=4, sim={"decode_base_ms": 8, "decode_per_seq_ms": 1, "prefill_per_token_ms": 0.01})
-    procs, logs = [], []
-    try:
-        for n in inv.nodes:
-            model = files.models(n.name) / "sim-model"
-            if not model.exists():
-                shutil.copytree(files.models(inv.nodes[0].name) / "sim-model", model)
-            ctx = engines.LaunchContext(inv, n, str(model), "sim-model", PORT, spec)
-            argv = [sys.executable if a == inv.python else a for a in engines.profile("sim").command(ctx)]
-            log = open(files.root / f"external-{n.name}.log", "w")
-            logs.append(log)
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
-        urls = {n.name: f"http://{n.address}:{PORT}" for n in inv.nodes}
-        deadline = time.monotonic() + 30
-        while not all(http.is_up(u + "/health") for u in urls.values()):
-            assert time.monotonic() < deadline, "the external engines did not start"
-            assert all(p.poll() is None for p in procs), "an external engine exited"
-            time.sleep(0.2)
-        yield inv, urls, procs
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs:
-            f.close()
-        cluster.down(LAB)
 
 
 def _conf(inv, urls: dict[str, str], **extra) -> dict:
@@ -81,10 +37,10 @@ def _conf(inv, urls: dict[str, str], **extra) -> dict:
             "ttft_sample_rps": 1, "scrape_interval_s": 1, **extra}
 
 
-def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(started, monkeypatch):
+def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(external_engines, monkeypatch):
     from deploybench import pipeline
 
-    inv, urls, _ = started
+    inv, urls, _ = external_engines
     monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", " ".join(urls.values()))
     with pytest.raises(ConfigError, match=r"not in the allow-list \$DEPLOYBENCH_TARGET_URLS"):
         pipeline.validate("lx-ext-bad1", _conf(inv, {**urls, inv.nodes[0].name: "http://127.0.0.1:9"}))
@@ -97,7 +53,7 @@ def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(started
     assert not (paths.run_dir("lx-ext-bad1") / "run.json").exists()
 
 
-def test_external_engines_measured_through_the_dag(started, airflow_db, monkeypatch):
+def test_external_engines_measured_through_the_dag(external_engines, airflow_db, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
 
     from deploybench import params as form
@@ -107,7 +63,7 @@ def test_external_engines_measured_through_the_dag(started, airflow_db, monkeypa
     from deploybench.store import count_samples, load_run
     from deploybench.store.db import open_store
 
-    inv, urls, procs = started
+    inv, urls, procs = external_engines
     monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", ",".join(urls.values()))
     dag = DagBag(dag_folder=str(DAGS)).dags["deploybench_run"]
     conf = _conf(inv, urls)
@@ -148,12 +104,12 @@ def test_external_engines_measured_through_the_dag(started, airflow_db, monkeypa
     assert engine == "sim" and version == "external (not deployed by deploybench)"
 
 
-def test_preflight_runs_when_the_nodes_are_reachable_and_leaves_the_engines_port_alone(started, monkeypatch):
+def test_preflight_runs_when_the_nodes_are_reachable_and_leaves_the_engines_port_alone(external_engines, monkeypatch):
     """external_preflight on (the default): the nodes are checked as usual, but the port the external
     engines hold is not one deploybench must find free (it would for engines it starts itself)."""
     from deploybench import pipeline
 
-    inv, urls, procs = started
+    inv, urls, procs = external_engines
     monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", " ".join(urls.values()))
     key = "lx-ext-preflight"
     pipeline.validate(key, _conf(inv, urls, external_preflight=True, iperf_seconds=1, link_threshold=0.3,

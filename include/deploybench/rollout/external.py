@@ -38,8 +38,10 @@ def parse(cfg: RunConfig) -> list[dict]:
 
 
 def check(cfg: RunConfig, nodes: list[str]) -> list[dict]:
-    """The endpoints, each on a node of the run and inside the allow-list; ConfigError names the bad one."""
-    from deploybench.load.phases import TARGETS_ENV, allowed_targets, origin
+    """The endpoints, each on a node of the run and inside the allow-list, and ``load.target_url`` (the
+    load-balanced URL in front of them) one of them or allowed; ConfigError names the bad one."""
+    from deploybench.load.phases import TARGETS_ENV, allowed_targets, check_target, origin
+    from deploybench.load.records import Endpoint
 
     allowed = {origin(t) for t in allowed_targets()} - {None}
     eps = parse(cfg)
@@ -55,6 +57,8 @@ def check(cfg: RunConfig, nodes: list[str]) -> list[dict]:
             raise ConfigError(f"rollout.endpoints: {url!r} is not in the allow-list ${TARGETS_ENV} "
                               f"({', '.join(allowed_targets()) or 'empty'}); have the operator add its origin "
                               "(e.g. http://10.0.0.11:8000) to it")
+    if cfg.load.target_url:  # known now with this backend: refused before anything runs, not at the load stage
+        check_target(cfg.load.target_url, [Endpoint(e["node"], e["url"], e["model"]) for e in eps])
     return eps
 
 
