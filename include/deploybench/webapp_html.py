@@ -220,7 +220,8 @@ def gpu_utilisation(stages: list[StageRecord]) -> dict[tuple[str, str], float | 
         if not isinstance(res, dict):
             continue
         out[(name, CLUSTER)] = _pct(res.get("gpu_util_pct"))
-        for node, g in (res.get("gpu") if isinstance(res.get("gpu"), dict) else {}).items():
+        gpu = res.get("gpu")
+        for node, g in (gpu if isinstance(gpu, dict) else {}).items():
             out[(name, str(node))] = _pct(g.get("util_mean_pct")) if isinstance(g, dict) else None
     return out
 

@@ -100,7 +100,8 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts, total = [], 0
+    parts: list[bytes] = []
+    total = 0
     while True:
         line = await reader.readuntil(b"\r\n")
         try:

@@ -1,4 +1,5 @@
-"""The load stage: open-model load with k6, in three phases (see DESIGN.md "Measuring honestly").
+"""The load stage: open-model load with k6, in three phases. Open loop: requests start at the offered rate
+whatever the server does, so a slow server cannot slow the client down and hide its own latency.
 
 * ``runner.run_load`` — one k6 run (a phase, or one step of the search) with the TTFT sampler and the
   /metrics scraper beside it; the building block the others use, and what the rollout's canary gate calls.

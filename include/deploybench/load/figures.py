@@ -114,7 +114,8 @@ def window_figures(samples: pd.DataFrame, start: pd.Timestamp, duration_s: float
                    slo: SLO | None = None) -> list[WindowFigures]:
     """Figures per window of ``window_s`` over ``[start, start + duration_s)``; ``offered(t)`` is the
     offered rate at ``t`` seconds after ``start`` (the mean over a window is taken at its middle)."""
-    out, t = [], 0.0
+    out: list[WindowFigures] = []
+    t = 0.0
     # a request started at a window's end is answered one service time later even by an idle server: the grace
     # is the window, at least twice the fastest requests' latency (5th percentile of the run's successes)
     done = samples.loc[samples["error_kind"].isna(), "latency_ms"]

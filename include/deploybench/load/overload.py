@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from deploybench.config import SLO, LoadSpec
 from deploybench.load.records import Endpoint, LoadResult, WindowFigures
-from deploybench.load.runner import run_load
+from deploybench.load.runner import ApiFlavour, run_load
 
 DROP_S = 0.001  # the step down to the recovery rate (k6 stages need a duration)
 OBJECTIVES = ("latency_p99", "ttft_p99", "error_rate", "achieved_ratio")
@@ -111,7 +111,7 @@ def shape(capacity_rps: float, spec: LoadSpec) -> tuple[float, list[tuple[float,
 
 
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
-        tags: dict | None = None, api: str | None = None, seed: int = 0,
+        tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None) -> tuple[LoadResult, OverloadAnalysis]:
     start, stages = shape(capacity_rps, spec)
     # windows short enough to place the break on the ramp (ten over it), long enough to count (1 s)

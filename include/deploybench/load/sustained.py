@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from deploybench.config import SLO, LoadSpec
 from deploybench.load.records import Endpoint, LoadResult, WindowFigures
-from deploybench.load.runner import run_load
+from deploybench.load.runner import ApiFlavour, run_load
 
 
 class Drift(BaseModel):
@@ -53,7 +53,7 @@ def drift(windows: list[WindowFigures], threshold: float) -> Drift:
 
 
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
-        tags: dict | None = None, api: str | None = None, seed: int = 0,
+        tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None) -> tuple[LoadResult, Drift]:
     res = run_load(endpoints, spec, slo, out_dir, phase="sustained", tags=tags,
                    rate=spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,

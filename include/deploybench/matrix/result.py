@@ -102,7 +102,8 @@ def conclude(target: Any, plan: dict[str, Any], out_dir: Path | None = None) -> 
         return result
     cmp = compare(target, RunFilter(run_keys=tuple(keys)), save=False)
     first = next((k for k in cmp.best.values() if k), None)
-    if first and len(cmp.groups.get(_group_of(cmp, first), [])) > 1:
+    group = _group_of(cmp, first) if first else None
+    if first and group is not None and len(cmp.groups.get(group, [])) > 1:
         # every other cell against the best, with p-values from the per-request samples
         cmp = compare(target, RunFilter(run_keys=tuple(keys)), baseline=first, save=False)
     by_key = {r["run_key"]: r for r in rows}

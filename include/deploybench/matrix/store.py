@@ -65,5 +65,7 @@ def durations(target: Any, cfgs: list[RunConfig]) -> dict[str, float]:
         rows = conn.execute(query).all()
     seen: dict[str, list[float]] = {}
     for fp, started, finished in rows:
+        if finished is None:  # not reached: the query keeps finished runs only
+            continue
         seen.setdefault(fp, []).append((finished - started).total_seconds())
     return {fp: round(median(v), 1) for fp, v in seen.items() if v}

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploybench.errors import StageFailed
+
+if TYPE_CHECKING:
+    from deploybench.engines import EngineProfile
 
 
 class NodeFailure(StageFailed):
@@ -60,6 +63,7 @@ class Deployer(ABC):
 
     backend: str = ""
     exact_placement: bool = True  # False: the backend decides which allowed node a new engine lands on
+    profile: EngineProfile  # the engine's profile (engines.profile(cfg.engine)), set by each backend
 
     @abstractmethod
     def deploy(self, nodes: list[str]) -> None:

@@ -140,7 +140,7 @@ class KubernetesDeployer(Deployer):
 
     def _node_of(self, pod: dict[str, Any]) -> str:
         host = (pod.get("spec") or {}).get("nodeName")
-        return self._by_host.get(host, host or "(unscheduled)")
+        return self._by_host.get(host, host) if host else "(unscheduled)"
 
     def _failure(self, pod: dict[str, Any], reason: str | None = None) -> NodeFailure:
         name = pod["metadata"]["name"]

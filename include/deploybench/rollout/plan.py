@@ -105,7 +105,7 @@ def _smoke_new(dep: Deployer, new: list[str], smoke: SmokeFn) -> dict[str, str]:
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(new)))) as pool:
         futures = [pool.submit(one, n) for n in new]
-    errors = [f.exception() for f in futures if f.exception() is not None]
+    errors = [e for f in futures if (e := f.exception()) is not None]
     if errors:
         raise errors[0]
     return {n: f.result() for n, f in zip(new, futures)}

@@ -141,7 +141,7 @@ class SSHDeployer(Deployer):
             return []
         with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
             futures = [pool.submit(fn, n) for n in names]
-        errors = [f.exception() for f in futures if f.exception() is not None]
+        errors = [e for f in futures if (e := f.exception()) is not None]
         if errors:
             raise errors[0]
         return [f.result() for f in futures]

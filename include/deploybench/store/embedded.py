@@ -323,7 +323,7 @@ def ensure_running(database: str = DATABASE, timeout_s: float = START_TIMEOUT_S)
         info = _read_pidfile(pgdata)
         if info is None or info[1] is None:
             raise StoreError(f"the embedded PostgreSQL in {pgdata} started but wrote no socket directory")
-        _, sock, port = info
+        sock, port = info[1], info[2]
         if (pgdata / "pg_hba.conf").read_text() != HBA:
             _require_password(pgdata, version, sock, port)
         while not _answers(sock, port):

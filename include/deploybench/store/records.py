@@ -120,7 +120,7 @@ class PhaseRecord(_Record):
         pct = [self.latency_p50_ms, self.latency_p90_ms, self.latency_p99_ms, self.latency_p999_ms]
         if any(p is None for p in pct) and not all(p is None for p in pct):
             raise ValueError(f"{where}: latency percentiles must be all set or all None, got {pct}")
-        if all(p is not None for p in pct) and pct != sorted(pct):
+        if all(p is not None for p in pct) and pct != sorted(p for p in pct if p is not None):
             raise ValueError(f"{where}: latency percentiles must not decrease from p50 to p99.9, got {pct}")
         if self.ttft_p50_ms is not None and self.ttft_p99_ms is not None and self.ttft_p99_ms < self.ttft_p50_ms:
             raise ValueError(f"{where}: ttft_p99_ms={self.ttft_p99_ms} is below ttft_p50_ms={self.ttft_p50_ms}")
