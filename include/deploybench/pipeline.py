@@ -339,7 +339,8 @@ def finish(run_key: str) -> str:
 
     d = paths.run_dir(run_key)
     if not (d / "run.json").is_file():
-        rec = json.loads((d / "stages" / "validate.json").read_text()) if (d / "stages" / "validate.json").is_file() else {}
+        validate_json = d / "stages" / "validate.json"
+        rec = json.loads(validate_json.read_text()) if validate_json.is_file() else {}
         raise StageFailed(f"run {run_key}: invalid parameters: {rec.get('error', 'validate did not run')}")
     run = Run.open(run_key)
     recs = run.stage_records()

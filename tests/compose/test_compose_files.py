@@ -66,7 +66,8 @@ def test_compose_holds_no_credential_each_one_comes_from_the_env_file():
             assert "${" in line, f"a credential in docker-compose.yaml: {line.strip()}"
 
 
-@pytest.mark.skipif(not shutil.which("docker-compose"), reason="docker-compose not installed (.ci/bootstrap installs it)")
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="docker-compose not installed (.ci/bootstrap installs it)")
 def test_docker_compose_accepts_the_file_with_the_example_env(tmp_path):
     """`docker-compose config` validates offline (exit 1 on an unknown key or a missing required variable)."""
     def config(env_file: Path) -> subprocess.CompletedProcess:
@@ -80,8 +81,8 @@ def test_docker_compose_accepts_the_file_with_the_example_env(tmp_path):
         "postgresql://deploybench:change-me-three@postgres:5432/deploybench"
     # without a password the file refuses to start, naming the variable
     no_pw = tmp_path / "env"
-    no_pw.write_text("\n".join(l for l in ENV_EXAMPLE.read_text().splitlines()
-                               if not l.startswith("POSTGRES_PASSWORD=")) + "\n")
+    no_pw.write_text("\n".join(line for line in ENV_EXAMPLE.read_text().splitlines()
+                               if not line.startswith("POSTGRES_PASSWORD=")) + "\n")
     done = config(no_pw)
     assert done.returncode != 0 and "POSTGRES_PASSWORD" in done.stderr
 
@@ -97,7 +98,7 @@ def test_image_and_stand_in_install_the_airflow_version_requirements_pins():
 
 def test_the_build_context_holds_what_the_dockerfile_copies():
     """Every COPY source of ./Dockerfile is let through by .dockerignore (a missing one fails the build)."""
-    allowed = [l[1:].rstrip("/") for l in (ROOT / ".dockerignore").read_text().splitlines() if l.startswith("!")]
+    allowed = [ln[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.startswith("!")]
     sources = []
     for line in (ROOT / "Dockerfile").read_text().splitlines():
         if line.startswith("COPY"):
@@ -148,7 +149,8 @@ def test_helm_values_use_this_image_and_mount_inventories_and_secrets_read_only(
     volumes = {v["name"] for v in values["volumes"]}
     assert {m["name"] for m in values["volumeMounts"]} <= volumes
     envs = {s["envName"] for s in values["secret"]}
-    assert {"AIRFLOW_CONN_DEPLOYBENCH_RESULTS", "AIRFLOW_CONN_DEPLOYBENCH_SSH", "AIRFLOW_CONN_KUBERNETES_DEFAULT"} <= envs
+    assert {"AIRFLOW_CONN_DEPLOYBENCH_RESULTS", "AIRFLOW_CONN_DEPLOYBENCH_SSH",
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT"} <= envs
     assert values["config"]["core"]["dags_folder"] == "/opt/deploybench/dags"
 
 

@@ -32,11 +32,12 @@ class Engine:
 
     def __init__(self, model_dir: Path, log: Path, *flags: str) -> None:
         self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", "0",
-             "--model-dir", str(model_dir), "--served-model-name", "sim-test", *flags],
-            stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-        )
+        with open(log, "w") as err:  # the child writes to its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", "0",
+                 "--model-dir", str(model_dir), "--served-model-name", "sim-test", *flags],
+                stdout=subprocess.DEVNULL, stderr=err,
+            )
         self.port = 0
 
     def stderr(self) -> str:
@@ -173,7 +174,8 @@ def test_models_health_errors_and_keep_alive(start):
         assert e.request("GET", path)[0] == 200
     status, body = e.post("/v1/completions", {"model": "other", "prompt": "x"})
     assert status == 404 and body["error"]["code"] == 404 and "other" in body["message"]
-    for bad in ({"prompt": "x", "max_tokens": 0}, {"prompt": 3}, {"prompt": "x", "stream": "yes"}, ["not", "a", "dict"]):
+    for bad in ({"prompt": "x", "max_tokens": 0}, {"prompt": 3}, {"prompt": "x", "stream": "yes"},
+                ["not", "a", "dict"]):
         status, body = e.post("/v1/completions", bad)
         assert status == 400 and body["object"] == "error", bad
     status, _, raw = e.request("POST", "/v1/completions", None)

@@ -197,8 +197,8 @@ def left_on_nodes(inv) -> list[str]:
     for node in inv.names:
         for pid in netns.namespace_pids(names.namespace(node)):
             try:
-                argv = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
-                zombie = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                zombie = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
             except (OSError, IndexError):
                 continue
             line = " ".join(argv)
@@ -216,8 +216,8 @@ def k6_of(key: str) -> list[int]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                cmd = open(f"/proc/{entry.name}/cmdline", "rb").read()
-                stat = open(f"/proc/{entry.name}/stat").read().rsplit(")", 1)[1].split()[0]
+                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+                stat = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
             if b"k6" in cmd.split(b"\0")[0] and needle in cmd and stat != "Z":

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from deploybench import matrix, params
+from deploybench.errors import StageFailed
 from deploybench.matrix import result, store
 from deploybench.store import set_excluded, write_run
 
@@ -89,7 +90,7 @@ def test_conclude_compares_cells_stores_the_matrix_and_names_failures(dsn, tmp_p
     assert len(out["best"]) == 1 and out["best"][0]["cell_id"] in ("c01", "c02")
     assert out["comparison_id"] and Path(out["report"]).is_file()
     assert "Change against the baseline" in Path(out["report"]).read_text()  # the others against the best, p-values
-    assert "c03 (max_num_seqs=128): failed" in str(pytest.raises(Exception, result.verdict, out).value)
+    assert "c03 (max_num_seqs=128): failed" in str(pytest.raises(StageFailed, result.verdict, out).value)
     found = webapp_matrix.load(dsn, "deploybench_matrix__m2")
     assert found["id"] == out["comparison_id"]
     assert [c["deployment"] for c in found["params"]["matrix"]["cells"]] == ["d1", "d2", "d3"]

@@ -51,7 +51,8 @@ def test_a_config_triton_would_reject_is_refused(text, words):
 
 def test_triton_repository_files_hold_the_config_and_the_weights_path():
     files = engines.profile("triton").files(_ctx(EngineSpec(profile="triton")))
-    assert set(files) == {"/var/tmp/db/n1/triton-repo/llama/config.pbtxt", "/var/tmp/db/n1/triton-repo/llama/1/model.json"}
+    assert set(files) == {"/var/tmp/db/n1/triton-repo/llama/config.pbtxt",
+                          "/var/tmp/db/n1/triton-repo/llama/1/model.json"}
     assert '"/srv/m/llama"' in files["/var/tmp/db/n1/triton-repo/llama/1/model.json"]
     argv = engines.profile("triton").command(_ctx(EngineSpec(profile="triton")))
     assert "--model-repository=/var/tmp/db/n1/triton-repo" in argv

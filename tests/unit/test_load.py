@@ -121,7 +121,8 @@ def test_percentiles_and_rates_known_answers(synthetic):
     assert fig.error_rate == pytest.approx(10 / 110)
     assert fig.errors_by_kind == {"http_500": 8, "timeout": 2}
     # successful latencies are 1..100 ms; linear interpolation
-    assert (fig.latency_p50_ms, fig.latency_p90_ms, fig.latency_p99_ms, fig.latency_p999_ms) == (50.5, 90.1, 99.01, 99.901)
+    assert (fig.latency_p50_ms, fig.latency_p90_ms, fig.latency_p99_ms, fig.latency_p999_ms) == \
+        (50.5, 90.1, 99.01, 99.901)
     assert fig.sent_rps == pytest.approx(11.0)
     # answered within the 10 s window: 100 successes and 8 fast 500s; the 30 s timeouts answer after it
     assert fig.achieved_rps == pytest.approx(10.8)

@@ -161,14 +161,14 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
                                      "echo '41, 1000, 4000'\necho '59, 3000, 4000'\n")
     dead = f"http://127.0.0.1:{_closed_port()}"
     eps = [Endpoint("a", dead, "m"), Endpoint("b", dead, "m"), Endpoint("c", dead, "m")]
-    sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
-                             dcgm_port=exporter)
+    local_b = {"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))}
+    sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports=local_b, dcgm_port=exporter)
     t0 = datetime.now(UTC)
     sampler.start()
     assert sampler.plan == {"a": "dcgm-exporter", "b": "dcgm-exporter", "c": "dcgm-exporter"}  # one exporter for all
     sampler.stop()
-    sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
-                             dcgm_port=_closed_port())
+    local_b = {"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))}
+    sampler = gpu.GpuSampler(eps, 0.2, "sustained", transports=local_b, dcgm_port=_closed_port())
     sampler.start()
     import time
 
@@ -189,7 +189,8 @@ def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypat
     _fake_smi(tmp_path, monkeypatch, "echo '<html>pwned</html>'\n")
     ep = Endpoint("b", f"http://127.0.0.1:{_closed_port()}", "m")
     t0 = datetime.now(UTC)
-    sampler = gpu.GpuSampler([ep], 0.2, "p", transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
+    sampler = gpu.GpuSampler([ep], 0.2, "p",
+                             transports={"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))},
                              dcgm_port=None).start()
     pts = sampler.stop()
     figs = gpu.gpu_figures(pts, ["b"], t0, datetime.now(UTC), sampler.why)

@@ -23,10 +23,12 @@ def _result(rate: float, answered: float, p99: float = 100.0, errors: int = 0, d
             duration: float = 10.0) -> LoadResult:
     n = int(rate * duration)
     return LoadResult(
-        requests=n, errors=errors, error_rate=errors / n if n else 0.0, errors_by_kind={"http_429": errors} if errors else {},
+        requests=n, errors=errors, error_rate=errors / n if n else 0.0,
+        errors_by_kind={"http_429": errors} if errors else {},
         achieved_rps=answered, output_tps=1.0, latency_p50_ms=p99 / 2, latency_p90_ms=p99 * 0.9,
         latency_p99_ms=p99, latency_p999_ms=p99, phase="probe", offered_rps=rate, duration_s=duration, warmup_s=1,
-        started_at=T0, warmup_excluded=0, dropped_iterations=dropped, slo_ok=True, slo=SloVerdict(passed=True, reasons=[]),
+        started_at=T0, warmup_excluded=0, dropped_iterations=dropped, slo_ok=True,
+        slo=SloVerdict(passed=True, reasons=[]),
         nodes=[], samples_path="s", warmup_samples_path=None, summary_path="x", k6_exit_code=0,
         k6_thresholds_crossed=[], k6_cpu_s=0.1, vus_pre=1, vus_max=2, tags={}, notes=[])
 
@@ -116,7 +118,8 @@ def test_estimate_led_search_reaches_5_percent_in_at_most_8_steps(capacity):
     assert got.converged and low <= capacity < high and (high - low) / high <= 0.05, (got.reason, calls)
     assert abs(got.capacity_rps / capacity - 1) <= 0.05 and len(got.steps) <= 8, calls
     ramps = [s for s in got.steps if s.kind == "ramp"]
-    assert ramps and calls[0] == ("ramp", 1, probe.RAMP_FACTOR) and not any(s.passed for s in ramps)  # a ramp claims nothing
+    # a ramp claims nothing
+    assert ramps and calls[0] == ("ramp", 1, probe.RAMP_FACTOR) and not any(s.passed for s in ramps)
     assert all(s.kind == "constant" for s in got.steps[len(ramps):]) and ramps[-1].estimate_rps is not None
     assert got.capacity_rps == max(s.rate for s in got.steps if s.passed)
     # the doubling search on the same server takes more steps for the same bracket (or runs out of them)
@@ -156,7 +159,8 @@ def test_judge_names_every_broken_criterion():
     ok, reasons, ratio = probe.judge(_result(10, 9.5, p99=300, errors=5, dropped=2), slo, spec)
     assert not ok and ratio == pytest.approx(0.95)
     text = " | ".join(reasons)
-    assert "P99 latency 300 ms" in text and "error rate" in text and "fell behind" in text and "2 iterations dropped" in text
+    assert "P99 latency 300 ms" in text and "error rate" in text and "fell behind" in text
+    assert "2 iterations dropped" in text
     # one request of slack at the window's edges: 99 of 100 at a 99 % bar passes, 97 does not
     assert probe.judge(_result(10, 9.8), slo, spec)[0] and not probe.judge(_result(10, 9.7), slo, spec)[0]
 

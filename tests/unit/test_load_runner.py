@@ -47,7 +47,8 @@ def test_overrun_is_killed_within_the_budget(tmp_path, monkeypatch):
 
 def test_exit_99_without_samples_is_an_error_not_a_result(tmp_path, monkeypatch):
     # k6 writes its outputs even when thresholds fail; an empty output means something broke
-    _fake_k6(tmp_path, monkeypatch, 'for a in "$@"; do case "$a" in json=*) : | gzip > "${a#json=}";; esac; done; exit 99')
+    _fake_k6(tmp_path, monkeypatch,
+             'for a in "$@"; do case "$a" in json=*) : | gzip > "${a#json=}";; esac; done; exit 99')
     with pytest.raises(LoadError, match="wrote no db_request samples"):
         run_load(EPS, SPEC, SLO(), tmp_path / "out")
 

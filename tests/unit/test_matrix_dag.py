@@ -48,7 +48,7 @@ def test_matrix_params_refuse_bad_values(bag):
     from airflow.sdk.definitions.param import ParamsDict
 
     params = bag.dags["deploybench_matrix"].params
-    ok = ParamsDict({k: params.get_param(k) for k in params.keys()})
+    ok = ParamsDict({k: params.get_param(k) for k in params})
     ok.validate()
     from airflow.sdk.exceptions import ParamValidationError
 
@@ -72,10 +72,10 @@ def test_skipped_cell_skips_with_its_reason():
 
 def test_matrix_dag_file_does_not_import_heavy_modules():
     code = (
-        "import sys, runpy; runpy.run_path(%r); "
+        f"import sys, runpy; runpy.run_path({str(DAGS / 'deploybench_matrix.py')!r}); "
         "bad=[m for m in ('pandas','paramiko','psycopg','deploybench.pipeline',"
         "'deploybench.matrix.store','deploybench.matrix.result') if m in sys.modules]; "
-        "print('HEAVY=' + ','.join(bad))" % str(DAGS / "deploybench_matrix.py")
+        "print('HEAVY=' + ','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
                          timeout=120)

@@ -92,7 +92,8 @@ def test_nothing_the_form_requires_defaults_to_empty():
     for f in params.FIELDS:
         default = params.defaults()[f.name]
         if not f.nullable:
-            assert default is not None and default != "", f"{f.name} is required in the form but defaults to {default!r}"
+            assert default is not None and default != "", \
+                f"{f.name} is required in the form but defaults to {default!r}"
 
 
 def test_optional_text_fields_are_nullable_and_default_to_null():

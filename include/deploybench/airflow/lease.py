@@ -53,7 +53,8 @@ class LeaseFreeTrigger(BaseTrigger):
             try:
                 info = await asyncio.to_thread(store.status, self.cluster)
             except (StoreError, SQLAlchemyError, OSError) as exc:  # PostgreSQL restarting: ask again later
-                log.warning("lease of cluster %s unreadable (%s); asking again in %.0f s", self.cluster, exc, self.poll_s)
+                log.warning("lease of cluster %s unreadable (%s); asking again in %.0f s", self.cluster, exc,
+                            self.poll_s)
                 await asyncio.sleep(self.poll_s)
                 continue
             if info is None or info.free or info.expired:

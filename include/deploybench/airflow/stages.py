@@ -196,7 +196,8 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
     def load():
         """probe (capacity search) -> sustained -> overload; a phase not in load_phases is skipped."""
         probe = _load_phase("probe", TriggerRule.ALL_SUCCESS)()
-        probe >> _load_phase("sustained", TriggerRule.NONE_FAILED)() >> _load_phase("overload", TriggerRule.NONE_FAILED)()
+        sustained = _load_phase("sustained", TriggerRule.NONE_FAILED)()
+        probe >> sustained >> _load_phase("overload", TriggerRule.NONE_FAILED)()
 
     nodes = validate(conf)
     take, release = lease_group()

@@ -212,7 +212,8 @@ class EngineServer:
         """Count an answered inference request; the ``crash_after``-th one takes the process down."""
         self._answered += 1
         if self.opts.crash_after and self._answered >= self.opts.crash_after:
-            log.error("crash_after=%d requests reached: the engine exits (code %d)", self.opts.crash_after, CRASH_EXIT_CODE)
+            log.error("crash_after=%d requests reached: the engine exits (code %d)", self.opts.crash_after,
+                      CRASH_EXIT_CODE)
             logging.shutdown()
             os._exit(CRASH_EXIT_CODE)
 
@@ -287,7 +288,8 @@ def verify_model_dir(model_dir: str) -> None:
 
     t0 = time.monotonic()
     if not Path(model_dir).is_dir():
-        raise EngineError(f"model directory {model_dir} does not exist; pass --model-dir a directory seeded with a manifest")
+        raise EngineError(f"model directory {model_dir} does not exist; "
+                          "pass --model-dir a directory seeded with a manifest")
     try:
         manifest = verify(model_dir)
     except ManifestMismatch as exc:

@@ -184,7 +184,8 @@ class OpenAIApi:
             for i in range(sent, got):
                 # vocabulary words are plain ASCII: no JSON escaping needed
                 pre = first if i == 0 else middle
-                parts.append(chunk((pre + tokens.token(i) + tail % ('"length"' if i == total - 1 else "null")).encode()))
+                finish = '"length"' if i == total - 1 else "null"
+                parts.append(chunk((pre + tokens.token(i) + tail % finish).encode()))
             sent = got
             writer.write(b"".join(parts))
             await writer.drain()

@@ -116,7 +116,8 @@ def _capacity(args: argparse.Namespace) -> int:
     n = args.engines
     rows = [
         ("workload", f"B={cap.max_num_seqs}, prompt {cap.prompt_tokens:g} tokens, output {cap.output_tokens:g} tokens"),
-        ("saturation throughput", f"{cap.requests_per_s:.3f} requests/s, {cap.output_tokens_per_s:.1f} output tokens/s"),
+        ("saturation throughput",
+         f"{cap.requests_per_s:.3f} requests/s, {cap.output_tokens_per_s:.1f} output tokens/s"),
         ("light load (alone)", f"TTFT {cap.single_ttft_ms:.1f} ms, ITL {cap.single_itl_ms:.1f} ms, "
                                f"E2E {cap.single_e2e_ms:.1f} ms"),
         ("full batch (in service)", f"TTFT {cap.full_ttft_min_ms:.1f}-{cap.full_ttft_max_ms:.1f} ms, "
@@ -139,8 +140,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_serve_arguments(serve)
     serve.set_defaults(func=_serve)
     cap = sub.add_parser("capacity", help="closed-form throughput and latencies of one engine")
-    cap.add_argument("--prompt-tokens", type=float, default=LoadSpec().prompt_tokens, help="mean prompt tokens (default %(default)s)")
-    cap.add_argument("--output-tokens", type=float, default=LoadSpec().output_tokens, help="mean output tokens (default %(default)s)")
+    cap.add_argument("--prompt-tokens", type=float, default=LoadSpec().prompt_tokens,
+                     help="mean prompt tokens (default %(default)s)")
+    cap.add_argument("--output-tokens", type=float, default=LoadSpec().output_tokens,
+                     help="mean output tokens (default %(default)s)")
     cap.add_argument("--engines", type=int, default=1, help="also print the figures for this many engines")
     cap.add_argument("--json", action="store_true", help="print JSON")
     _add_knobs(cap)

@@ -178,7 +178,8 @@ def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | No
     """(capacity estimate, why) from a ramp step's windows; None when no window broke an objective.
 
     The estimate is the median throughput (answered within the SLO, per second) of the windows from the
-    break on (the first window after which none held), capped by the offered rate there when latency or errors broke it."""
+    break on (the first window after which none held), capped by the offered rate there when latency or
+    errors broke it."""
     from deploybench.load.overload import broken
 
     wins = res.windows

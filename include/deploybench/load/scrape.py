@@ -2,7 +2,8 @@
 
 ``Scraper`` runs in a thread beside k6, GETs ``<url>/metrics`` of every endpoint every ``interval_s``
 (plus once before and once after the load) and keeps the series of the families in ``KEEP`` (vLLM's,
-Triton's ``nv_``, the simulated engine's own, and DCGM's GPU gauges when the engine's page has them). A failed scrape is a point of its own
+Triton's ``nv_``, the simulated engine's own, and DCGM's GPU gauges when the engine's page has them).
+A failed scrape is a point of its own
 (``metric="up"``, value 0): an endpoint that dies mid-phase shows in its series.
 
 The series file (``<stem>.metrics.jsonl.gz``, one JSON object per line) is what the results store
@@ -148,7 +149,8 @@ def engine_figures(points: list[dict], start: datetime | None = None) -> dict[st
     out = {}
     for node, pts in sorted(by_node.items()):
         up = sorted({p["ts"] for p in pts if p["metric"] == "up" and p["value"] == 1.0})
-        fig: dict = {"scrapes": len(up), "scrape_errors": sum(1 for p in pts if p["metric"] == "up" and p["value"] == 0)}
+        fig: dict = {"scrapes": len(up),
+                     "scrape_errors": sum(1 for p in pts if p["metric"] == "up" and p["value"] == 0)}
         if len(up) < 2:
             out[node] = fig
             continue

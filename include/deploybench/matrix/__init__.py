@@ -176,8 +176,8 @@ class Plan:
             if len(ids) > 1:
                 lines.append(f"  {d}: cells {', '.join(ids)} differ only in load/SLO parameters (one deployment)")
         for owner, ids in self.shared_rollouts().items():
-            lines.append(f"  cells {', '.join(ids)} run on the rollout of {owner}: its preflight (nodes, links), fan-out "
-                         f"(model verified on every node) and engines are reused while at most "
+            lines.append(f"  cells {', '.join(ids)} run on the rollout of {owner}: its preflight (nodes, links), "
+                         f"fan-out (model verified on every node) and engines are reused while at most "
                          f"{_dur(self.spec.get('reuse_s', 0))} old, after checking the engines still run and answer")
         return "\n".join(lines)
 

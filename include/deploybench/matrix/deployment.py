@@ -320,7 +320,8 @@ def cleanup(run_keys: list[str], dsn: str | None, ssh_for: Any = None) -> list[d
         store = LeaseStore(dsn)
         cluster = str(rec.get("cluster"))
         info = store.status(cluster)
-        entry: dict[str, Any] = {"kept_by": key, "kept_for": taker, "owner": owner_key, "stopped": {}, "released": False}
+        entry: dict[str, Any] = {"kept_by": key, "kept_for": taker, "owner": owner_key, "stopped": {},
+                                 "released": False}
         holder = taker if info is not None and info.holder == taker else None
         if info is None or info.free:  # the taker let the lease go without stopping them: take it to stop them
             from deploybench.config import LeaseSpec

@@ -6,7 +6,8 @@ Pareto front, and every other cell's change against the best one with its p-valu
 the comparison with the matrix in its parameters (``params["matrix"]``: the matrix key, every
 cell with its run, status, deployment group and ``rollout_run`` - the run whose rollout it ran on,
 read from the cell's stored rollout stage - and ``shared_rollouts``: rollout run -> the cells that
-ran on it), and writes the HTML report into the matrix's run folder. ``verdict`` raises naming the failed cells, so the matrix run fails when a cell did.
+ran on it), and writes the HTML report into the matrix's run folder. ``verdict`` raises naming the failed
+cells, so the matrix run fails when a cell did.
 """
 
 from __future__ import annotations

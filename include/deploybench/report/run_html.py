@@ -73,7 +73,8 @@ def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
     if probe_steps:
         parts.append(table(["step", "kind", "offered req/s", "achieved req/s", "GPU util %", "passed", "why"],
                            [[s.get("step"), s.get("kind", "constant"),
-                             (f"{s['rate_from']:g} -> {s['rate']:g}" if s.get("rate_from") is not None else s.get("rate")),
+                             (f"{s['rate_from']:g} -> {s['rate']:g}" if s.get("rate_from") is not None
+                              else s.get("rate")),
                              s.get("achieved_rps"), fmt_util(s.get("gpu_util_pct")), s.get("passed"),
                              "; ".join(s.get("reasons") or [])] for s in probe_steps]))
     for name, title in (("sustained", "Sustained phase over time"), ("overload", "Overload ramp and recovery")):
@@ -108,7 +109,8 @@ def history_section(hist: History, heading: str = "History of this series") -> l
              f"<p>Series <code>{esc(hist.fingerprint[:12])}</code>: {len(hist.runs)} runs (excluded and failed runs "
              f"left out); method {esc(hist.params)}.</p>",
              table(["metric", "verdict on the newest run", "magnitude", "p-value", "against"],
-                   [[m, v["verdict"], f"{v['magnitude']:+.1%}", "n/a" if v["p_value"] is None else f"{v['p_value']:.3g}",
+                   [[m, v["verdict"], f"{v['magnitude']:+.1%}",
+                     "n/a" if v["p_value"] is None else f"{v['p_value']:.3g}",
                      v["against"]] for m, v in hist.verdicts.items()],
                    [v["verdict"] for v in hist.verdicts.values()])]
     if hist.changes:
@@ -128,7 +130,8 @@ def render(run: Run, history: History | None = None) -> str:
              f"{esc(profile_name(run.cfg.engine))} &middot; config {run.cfg.fingerprint()[:12]}</p>",
              "<h2>Stages</h2>",
              table(["stage", "status", "seconds", "what happened"],
-                   [[s, recs[s]["status"], recs[s].get("seconds"), recs[s].get("summary")] for s in ORDER if s in recs])]
+                   [[s, recs[s]["status"], recs[s].get("seconds"), recs[s].get("summary")]
+                    for s in ORDER if s in recs])]
     ld = (recs.get("load") or {}).get("result") or {}
     if ld:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)

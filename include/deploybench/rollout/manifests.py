@@ -4,7 +4,8 @@ One run serves from two Deployments with a shared ``app.kubernetes.io/instance``
 ``<name>-canary`` pinned to the canary nodes, and ``<name>`` over the run's other nodes,
 scaled step by step. ``<name>`` carries a digest of the run key and every object the label
 ``deploybench/run`` (the run key), so two runs in one namespace never touch each other's
-objects and teardown (or a later run's recovery) deletes by that label. A required pod anti-affinity on that label and the node's hostname
+objects and teardown (or a later run's recovery) deletes by that label. A required pod anti-affinity on
+that label and the node's hostname
 keeps one engine per node; a required node affinity keeps pods on the inventory's nodes.
 The model comes read-only from the node's local model root (hostPath); the engine gets its
 GPU limit and startup/readiness/liveness probes on the profile's health path. A Service

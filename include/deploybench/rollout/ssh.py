@@ -1,7 +1,8 @@
 """The ssh deployer: the engine as a supervised process (or a container) on each node.
 
 Each engine gets a folder under the inventory's run_root (``<run_root>/<node>/``) with its
-pid file and its log (one pair per run key, see ``_paths``), and the files its profile generates (Triton's model repository). It is
+pid file and its log (one pair per run key, see ``_paths``), and the files its profile generates (Triton's
+model repository). It is
 started detached through the node's transport; stopped with TERM, then KILL after the grace
 period, and only counted as stopped once its port no longer answers. Failures carry the
 engine's log tail, read back from the node.

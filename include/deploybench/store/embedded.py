@@ -97,8 +97,8 @@ def _private_dir(path: Path, owner_uid: int, owner_gid: int) -> Path:
         pass
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid not in (owner_uid, os.geteuid()):
-        raise StoreError(f"{path} is not a folder of the database user (uid {owner_uid}): another user may have created "
-                         "it first; remove it, or set DEPLOYBENCH_HOME to a shorter path of your own")
+        raise StoreError(f"{path} is not a folder of the database user (uid {owner_uid}): another user may have "
+                         "created it first; remove it, or set DEPLOYBENCH_HOME to a shorter path of your own")
     os.chown(path, owner_uid, owner_gid) if os.geteuid() == 0 else None
     os.chmod(path, 0o700)
     return path

@@ -86,7 +86,8 @@ def select_runs(target: Engine | str | None, flt: RunFilter) -> pd.DataFrame:
     cols = [getattr(Run, c) for c in RUN_COLUMNS]
     query = (
         select(*cols, run_order().label("order_at"), Series.fingerprint.label("series"),
-               ModelArtifact.name.label("model"), Workload.hash.label("workload"), ServingConfig.attrs.label("serving"), Cluster.name.label("cluster"),
+               ModelArtifact.name.label("model"), Workload.hash.label("workload"), ServingConfig.attrs.label("serving"),
+               Cluster.name.label("cluster"),
                Software.engine.label("engine"))
         .outerjoin(Series, Series.id == Run.series_id)
         .outerjoin(ModelArtifact, ModelArtifact.id == Series.model_id)
@@ -119,7 +120,8 @@ def select_runs(target: Engine | str | None, flt: RunFilter) -> pd.DataFrame:
     if flt.run_keys:
         missing = [k for k in flt.run_keys if frame.empty or k not in set(frame["run_key"])]
         if missing:
-            raise UnknownRuns(f"unknown run id(s): {', '.join(missing)}; list stored runs with `deploybench store runs`")
+            raise UnknownRuns(f"unknown run id(s): {', '.join(missing)}; "
+                              "list stored runs with `deploybench store runs`")
         frame = frame.set_index("run_key").loc[list(dict.fromkeys(flt.run_keys))].reset_index()
     elif frame.empty:
         raise EmptySelection(f"no stored run matches {flt.describe()}; widen the filter or list runs with "

@@ -66,7 +66,8 @@ def _series_fk(table: str, nullable: bool = False, ondelete: str = "CASCADE") ->
 
 
 def upgrade() -> None:
-    _identity("clusters", sa.Column("name", sa.Text(), nullable=False), sa.Column("node_count", sa.Integer(), nullable=False))
+    _identity("clusters", sa.Column("name", sa.Text(), nullable=False),
+              sa.Column("node_count", sa.Integer(), nullable=False))
     _identity("software", sa.Column("engine", sa.Text(), nullable=False), sa.Column("image", sa.Text()),
               sa.Column("version", sa.Text()))
     _identity("model_artifacts", sa.Column("name", sa.Text(), nullable=False), sa.Column("manifest_digest", sa.Text()),
