@@ -182,7 +182,7 @@ def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
                             engine_port=run.cfg.rollout.port if on_nodes else None,
                             engine_binary=binary if on_nodes else None)
         rec["result"] = res.to_dict()
-        worst = min((lt for lt in res.links if lt.ratio is not None), key=lambda lt: lt.ratio, default=None)
+        worst = min((lt for lt in res.links if lt.ratio is not None), key=lambda lt: lt.ratio or 0.0, default=None)
         rec["summary"] = f"{len(res.healthy)}/{len(run.nodes)} nodes healthy, {len(res.links)} links tested" + (
             f", worst {worst.src}->{worst.dst} {worst.mbit:.0f} Mbit/s ({worst.ratio:.0%} of nominal)" if worst else "")
     return {"healthy": res.healthy}
@@ -443,7 +443,7 @@ def release_lease(run_key: str, dsn: str | None = None) -> dict:
     if run is None or rec is None or rec.get("status") != "success":
         return {"released": False}
     td = run.stage_record("teardown")
-    if (td or {}).get("status") == "success" and ((td.get("result") or {}).get("kept") or {}).get("kept"):
+    if td and td.get("status") == "success" and ((td.get("result") or {}).get("kept") or {}).get("kept"):
         return _hand_over(run, rec, td["result"]["kept"], dsn)
     worked = any(run.stage_record(s) for s in LEASED_STAGES)
     dirty = (td or {}).get("status") == "failed" or (td is None and worked)

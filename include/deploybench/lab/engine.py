@@ -35,6 +35,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from deploybench.errors import DeploybenchError
 from deploybench.lab.engine_api import OpenAIApi
@@ -148,7 +149,7 @@ class Engine:
             now = time.monotonic()
             m.generation_tokens += len(it.running)
             for seq in it.running:
-                job = seq.handle
+                job = cast(_Job, seq.handle)
                 if seq.generated == 1:
                     m.ttft.observe(now - job.arrival)
                 else:
@@ -159,7 +160,7 @@ class Engine:
                     if not waiter.done():
                         waiter.set_result(None)
             for seq in done:
-                m.e2e.observe(now - seq.handle.arrival)
+                m.e2e.observe(now - cast(_Job, seq.handle).arrival)
             m.batch(sched.running, len(sched.waiting))
 
 
@@ -179,7 +180,7 @@ class EngineServer:
         self._answered = 0
         self._ids = 0
         self._created = int(time.time())
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self.api = OpenAIApi(self)
 
     async def start(self) -> None:
