@@ -8,43 +8,17 @@ heartbeat: it keeps a lease alive past its TTL, and stops the main thread when t
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from deploybench.config import LeaseSpec
 from deploybench.lease import Grant, Heartbeat, Holder, LeaseBusy, LeaseLost, LeaseStore, raise_if_lost
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from store_fixtures import drop_database, make_database  # noqa: E402
-
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(60)]
 
 FAST = LeaseSpec(ttl_s=2, heartbeat_s=0.5, wait_s=0, on_busy="fail")
-
-
-@pytest.fixture(autouse=True)
-def time_limit():
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 60 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
-@pytest.fixture(scope="module")
-def dsn():
-    dsn, _ = make_database()
-    try:
-        yield dsn
-    finally:
-        drop_database(dsn)
 
 
 @pytest.fixture
@@ -163,7 +137,6 @@ def test_a_broken_lease_stops_the_main_thread_at_the_next_heartbeat(store, clust
     assert time.monotonic() - t0 < 0.7 + FAST.heartbeat_s + 1.5
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is gone after the run stopped
     raise_if_lost()  # outside the heartbeat nothing is raised any more
-
 
 
 def test_the_deferrable_trigger_fires_when_the_lease_is_free_and_times_out_naming_the_holder(store, cluster, dsn,

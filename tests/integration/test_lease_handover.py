@@ -9,43 +9,21 @@ leftovers for the next run to stop.
 
 from __future__ import annotations
 
-import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from deploybench.config import LeaseSpec
 from deploybench.lease import Holder, LeaseBusy, LeaseStore
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from store_fixtures import drop_database, make_database  # noqa: E402
-
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(60)]
 
 FAST = LeaseSpec(ttl_s=2, heartbeat_s=0.5, wait_s=0, on_busy="fail")
 
 
-@pytest.fixture(autouse=True)
-def time_limit():
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 60 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 @pytest.fixture(scope="module")
-def store():
-    dsn, _ = make_database()
-    try:
-        yield LeaseStore(dsn)
-    finally:
-        drop_database(dsn)
+def store(dsn):
+    return LeaseStore(dsn)
 
 
 @pytest.fixture

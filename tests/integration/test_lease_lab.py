@@ -33,11 +33,8 @@ from deploybench.lab import cluster as lab_cluster
 from deploybench.lab import netns
 from deploybench.lab.naming import NetnsNames
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from store_fixtures import drop_database, make_database  # noqa: E402
-
 pytestmark = [
-    pytest.mark.integration, pytest.mark.netns,
+    pytest.mark.integration, pytest.mark.time_limit(300), pytest.mark.netns,
     pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
     pytest.mark.skipif(shutil.which("k6") is None and not (Path(sys.executable).parent / "k6").exists(),
                        reason="k6 not installed"),
@@ -50,28 +47,6 @@ LAB_A, LAB_B = f"lza{os.getpid() % 10000}", f"lzb{os.getpid() % 10000}"
 FAST = {"canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.3, "load_rate": 4, "load_duration_s": 3,
         "warmup_s": 1, "output_tokens": 8, "prompt_tokens": 32, "gate_rate_per_node": 2, "gate_duration_s": 3,
         "gate_min_requests": 5, "ready_timeout_s": 30, "ttft_sample_rps": 0, "scrape_interval_s": 0}
-
-
-@pytest.fixture(autouse=True)
-def time_limit():
-    """Fail a test that runs past 300 s instead of hanging the suite."""
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 300 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(300)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
-@pytest.fixture(scope="module")
-def dsn():
-    dsn, _ = make_database()
-    try:
-        yield dsn
-    finally:
-        drop_database(dsn)
 
 
 def _lab(name: str, nodes: int):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 
 import pytest
@@ -21,26 +20,13 @@ from deploybench.errors import StageFailed
 from deploybench.lab.state import LabFiles
 
 pytestmark = [
-    pytest.mark.integration, pytest.mark.netns,
+    pytest.mark.integration, pytest.mark.time_limit(150), pytest.mark.netns,
     pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
     pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH"),
 ]
 
 LAB = "lxr5"  # lab names are global on the machine: one prefix per suite
 PORT = 8000
-
-
-@pytest.fixture(autouse=True)
-def time_limit():
-    """Fail a test that runs past 150 s instead of hanging the suite."""
-    def expired(signum, frame):
-        raise TimeoutError("test exceeded its 150 s bound")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(150)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")
