@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 # the store tests' helpers: a throwaway database, and an Airflow connection that names it
 import store_fixtures  # tests/conftest.py puts tests/integration on sys.path
@@ -167,6 +168,7 @@ class Airflow:
     home: Path
     log: Path
     proc: subprocess.Popen
+    db_url: str = ""  # its metadata database (SQLAlchemy URL): an `airflow` CLI command must use the same
     _token: str | None = field(default=None, repr=False)
 
     def password(self) -> str:
@@ -224,9 +226,14 @@ def results_dsn() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def airflow(results_dsn, lab_inventory) -> Iterator[Airflow]:
+def airflow(results_dsn, lab_inventory, request) -> Iterator[Airflow]:
     """``airflow standalone`` on a free loopback port; deploybench_run parsed and unpaused. It depends
-    on the lab so that it stops first: no task of an interrupted run touches a lab being taken down."""
+    on the lab so that it stops first: no task of an interrupted run touches a lab being taken down.
+
+    The metadata database is SQLite, or, in a module that sets ``AIRFLOW_METADATA = "postgres"``, a
+    throwaway PostgreSQL database: a module whose CLI writes while the scheduler runs needs a database
+    with real concurrency (with SQLite a CLI's "database is locked" made Airflow delete the half-made
+    backfill's runs under the scheduler, which then died on the missing row)."""
     home = Path(tempfile.mkdtemp(prefix="deploybench-browser-airflow-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -234,9 +241,16 @@ def airflow(results_dsn, lab_inventory) -> Iterator[Airflow]:
     tmpdir = home / marker
     tmpdir.mkdir()
     env = airflow_env({k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")})
+    metadata_dsn = None
+    if getattr(request.module, "AIRFLOW_METADATA", "sqlite") == "postgres":
+        metadata_dsn, _ = store_fixtures.make_database()
+        db_url = str(make_url(metadata_dsn).set(drivername="postgresql+psycopg2").render_as_string(
+            hide_password=False))
+    else:
+        db_url = f"sqlite:///{home / 'airflow.db'}"
     env.update({
         "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url,
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": url,
@@ -253,7 +267,7 @@ def airflow(results_dsn, lab_inventory) -> Iterator[Airflow]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(["airflow", "standalone"], env=env, cwd=home, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    af = Airflow(url=url, home=home, log=log, proc=proc)
+    af = Airflow(url=url, home=home, log=log, proc=proc, db_url=db_url)
     try:
         af.wait_for("the admin password file", lambda: (home / "simple_auth_manager_passwords.json.generated")
                     .is_file(), START_TIMEOUT_S)
@@ -266,6 +280,8 @@ def airflow(results_dsn, lab_inventory) -> Iterator[Airflow]:
         yield af
     finally:
         left = stop_everything(proc, marker)
+        if metadata_dsn:
+            store_fixtures.drop_database(metadata_dsn)
         kept = os.environ.get("DEPLOYBENCH_KEEP_BROWSER_HOME")
         if not kept:
             shutil.rmtree(home, ignore_errors=True)
