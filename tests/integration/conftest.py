@@ -79,3 +79,26 @@ def external_engines(request: pytest.FixtureRequest) -> Iterator[tuple[Inventory
             except subprocess.TimeoutExpired:
                 p.kill()
         cluster.down(lab)
+
+
+@pytest.fixture
+def dag_test_run(airflow_db):
+    """``dag_test_run(conf)``: one run of a DAG of this repository through Airflow's own ``dag.test()``."""
+    return _dag_test_run
+
+
+def _dag_test_run(conf: dict, dag_id: str = "deploybench_run") -> tuple[object, str, dict[str, dict]]:
+    """(the DagRun, the run's deploybench key, its stage records by name); asserts the run succeeded,
+    naming each failed stage's error."""
+    import json
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    from deploybench import paths
+
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).dags[dag_id]
+    dr = dag.test(run_conf=conf)
+    key = paths.dag_run_key(dag_id, dr.run_id)
+    stages = {p.stem: json.loads(p.read_text()) for p in (paths.run_dir(key) / "stages").glob("*.json")}
+    assert dr.state == "success", {s: r.get("error") for s, r in stages.items() if r.get("status") == "failed"}
+    return dr, key, stages

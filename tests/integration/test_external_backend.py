@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,6 @@ from deploybench.errors import ConfigError
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420),
               pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH")]
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
 LAB = "lxext"
 PORT = 8040  # the external_engines fixture (conftest.py) starts the engines on LAB's nodes at PORT
 KNOBS = {"max_num_seqs": 4, "sim_decode_base_ms": 8, "sim_decode_per_seq_ms": 1, "sim_prefill_per_token_ms": 0.01}
@@ -53,8 +51,7 @@ def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(externa
     assert not (paths.run_dir("lx-ext-bad1") / "run.json").exists()
 
 
-def test_external_engines_measured_through_the_dag(external_engines, airflow_db, monkeypatch):
-    from airflow.dag_processing.dagbag import DagBag
+def test_external_engines_measured_through_the_dag(external_engines, dag_test_run, monkeypatch):
 
     from deploybench import params as form
     from deploybench.lab.service_model import ServiceParams, capacity
@@ -65,12 +62,8 @@ def test_external_engines_measured_through_the_dag(external_engines, airflow_db,
 
     inv, urls, procs = external_engines
     monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", ",".join(urls.values()))
-    dag = DagBag(dag_folder=str(DAGS)).dags["deploybench_run"]
     conf = _conf(inv, urls)
-    dr = dag.test(run_conf=conf)
-    key = paths.dag_run_key("deploybench_run", dr.run_id)
-    stages = {p.stem: json.loads(p.read_text()) for p in (paths.run_dir(key) / "stages").glob("*.json")}
-    assert dr.state == "success", {s: r.get("error") for s, r in stages.items() if r.get("status") == "failed"}
+    _, key, stages = dag_test_run(conf)
 
     for name in ("preflight", "fanout"):
         assert stages[name]["result"]["skipped"] == "external", stages[name]

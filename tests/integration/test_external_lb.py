@@ -31,7 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420),
               pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH"),
               pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed (.ci/bootstrap installs it)")]
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
 LAB = "lxlb"
 PORT = 8044  # the engines' port on each node's address (the external_engines fixture)
 LB_PORT = 8045  # HAProxy's, on 127.0.0.1
@@ -127,9 +126,8 @@ def test_a_load_balancer_outside_the_allow_list_is_refused_at_validate(external_
     assert not (paths.run_dir("lx-lb-bad1") / "run.json").exists()
 
 
-def test_load_through_a_real_load_balancer_with_the_nodes_scraped(external_engines, lb, airflow_db, monkeypatch,
+def test_load_through_a_real_load_balancer_with_the_nodes_scraped(external_engines, lb, dag_test_run, monkeypatch,
                                                                    record_property):
-    from airflow.dag_processing.dagbag import DagBag
     from sqlalchemy import text
 
     from deploybench import params as form
@@ -143,12 +141,8 @@ def test_load_through_a_real_load_balancer_with_the_nodes_scraped(external_engin
     monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", ",".join([*urls.values(), LB_URL]))
     lb_before, eng_before = _lb_stats(sock), {n: _answered(u) for n, u in urls.items()}
 
-    dag = DagBag(dag_folder=str(DAGS)).dags["deploybench_run"]
     conf = _conf(inv, urls)
-    dr = dag.test(run_conf=conf)
-    key = paths.dag_run_key("deploybench_run", dr.run_id)
-    stages = {p.stem: json.loads(p.read_text()) for p in (paths.run_dir(key) / "stages").glob("*.json")}
-    assert dr.state == "success", {s: r.get("error") for s, r in stages.items() if r.get("status") == "failed"}
+    _, key, stages = dag_test_run(conf)
 
     # deploybench started neither the engines nor the load balancer, so it stopped neither
     assert all(p.poll() is None for p in procs) and haproxy.poll() is None
