@@ -15,8 +15,9 @@ runs without a cap near the capacity (probe_max_rps=100, ~9x 1/S) and must judge
 "answers") and drain the backlog between steps. The reference capacity is computed here: the P99 <= SLO
 rate of a one-at-a-time FIFO server with the service times measured under load (the requests that found
 the server idle in the probe's constant steps and sustained; k6 shares the 2 cores), D/G/1 (k6's
-constant arrival rate); the capacity found must be within [0.8, 1.15] x it, and not above what the
-model time allows; the first scout ramp must break near it. Sustained must keep up with its offered
+constant arrival rate), a reference from below (the client's "service time" also holds its own delays);
+from above, 1 / the server's mean model time from its log. The capacity found must be within [0.8 x the
+one, 1.15 x the other], and the first scout ramp must break between them. Sustained must keep up with its offered
 rate, every streamed answer must have max_tokens tokens counted from the
 stream, and no answer may be faster than the server's fastest.
 """
@@ -225,22 +226,26 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
           f"{statistics.median(under):.1f} ms, mean {statistics.fmean(under):.1f} ms -> P99 <= {slo_s:g} s "
           f"capacity D/G/1 {ref:.2f} req/s, M/G/1 {ref_m:.2f} req/s; found {cap:.2f} = {cap / ref:.2f} x D/G/1 "
           f"({cap * s:.2f} x the idle 1/S)")
-    # the search closes on the bracket's low end within probe_tolerance (15 %), and a 4 s step ~5 % over the
-    # capacity builds a queue of ~2 requests, under what a step can tell from noise: found / reference in
-    # [0.8, 1.15]. The earlier search (no keep-up judgement, no drain) found 0.40-0.48 x 1/S idle with this
-    # ramp when its requests timed out and left a backlog, i.e. ~0.6-0.7 x this reference
-    assert 0.8 * ref <= cap <= 1.15 * ref, (cap, ref, statistics.median(under))
+    # Two references, one from each side. Below: the D/G/1 capacity of the service times under load (above),
+    # pessimistic, since a "service time" seen by the client also holds the client's own delays on a shared
+    # 2-core machine (one CI run: median 91 ms but mean 126 ms, a tail of k6 start-ups). Above: the server's
+    # own model time, from its log: a one-at-a-time server can never answer faster than 1 / E[its own work].
+    # The search closes on the bracket's low end within probe_tolerance (15 %): found in [0.8 x below,
+    # 1.15 x above]. The earlier search (no keep-up judgement, no drain) found 0.40-0.48 x 1/S idle with this
+    # ramp, i.e. ~0.6 x the lower reference; counting interrupted streams as served overstated it ~2x
+    ceiling = 1000 / statistics.fmean(own)
+    print(f"references: D/G/1 under load {ref:.2f} req/s (found {cap / ref:.2f} x), the server's own model time "
+          f"mean {statistics.fmean(own):.1f} ms -> at most {ceiling:.2f} req/s (found {cap / ceiling:.2f} x)")
+    assert 0.8 * ref <= cap <= 1.15 * ceiling, (cap, ref, ceiling, statistics.median(under))
     # the scout sees the server fall behind where it does (its queue grows), not only once latency breaks: the
-    # first ramp (2 -> 32 req/s, ~3x the capacity) breaks and its estimate is near the reference (the earlier
-    # judgement, on answered counts alone, reported "every window held up to 30 req/s" on this ramp)
+    # first ramp (2 -> 32 req/s, ~3x the capacity) breaks and its estimate lies between the references (the
+    # earlier judgement, on answered counts alone, reported "every window held up to 30 req/s" on this ramp)
     scout = res["capacity"]["steps"][0]
     assert scout["kind"] == "ramp" and scout["estimate_rps"] is not None, scout["reasons"]
-    assert 0.7 * ref <= scout["estimate_rps"] <= 1.3 * ref, (scout["estimate_rps"], ref, scout["reasons"])
+    assert 0.7 * ref <= scout["estimate_rps"] <= 1.3 * ceiling, (scout["estimate_rps"], ref, ceiling, scout["reasons"])
     # every wait between steps ended with the server idle again, and none counts as a step
     waits = [st for st in res["capacity"]["steps"] if st.get("drain_s") is not None]
     assert waits and all(st["drained"].startswith("idle") for st in waits), waits
-    # and the model works on one request at a time: no capacity above what its own model time allows
-    assert cap <= 1.3 * 1000 / statistics.median(own), (cap, s, statistics.median(own))
     assert res["phase"] == "sustained" and res["error_rate"] == 0
     assert res["achieved_rps"] >= 0.85 * res["offered_rps"]
     assert res["latency_p50_ms"] >= 0.9 * 1000 * s_min  # no answer faster than the server ever computed one
