@@ -31,7 +31,7 @@ sys.path.append(str(Path(__file__).resolve().parent / "integration"))  # last: i
 _OWN_HOME = "DEPLOYBENCH_HOME" not in os.environ
 if _OWN_HOME:
     os.environ["DEPLOYBENCH_HOME"] = tempfile.mkdtemp(prefix="deploybench-test-")
-from deploybench.airflow_env import airflow_env  # noqa: E402
+from deploybench.airflow.home import airflow_env  # noqa: E402
 
 os.environ.update(airflow_env())
 
@@ -59,7 +59,7 @@ def have(binary: str) -> bool:
 @pytest.fixture(scope="session")
 def airflow_db():
     """Airflow's metadata DB (SQLite, in the session's home), migrated once."""
-    from deploybench.airflow_env import metadata_db_ready
+    from deploybench.airflow.home import metadata_db_ready
 
     env = dict(os.environ)
     if not metadata_db_ready(env):

@@ -209,7 +209,7 @@ class RolloutSpec(_Strict):
 
 
 class SimKnobs(_Strict):
-    """The simulated engine's service model (see deploybench.lab.engine)."""
+    """The simulated engine's service model (see deploybench.sim.engine)."""
 
     decode_base_ms: float = Field(15.0, gt=0, le=10_000, title="Decode step (ms)",
                                   description="Decode step time with an empty batch.")

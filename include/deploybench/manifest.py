@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from deploybench.errors import DeploybenchError
-from deploybench.relay import entry_problem
 
 MANIFEST_NAME = ".deploybench-manifest.json"
 _CHUNK = 1 << 20
@@ -35,6 +34,10 @@ class FileEntry:
     sha256: str
 
     def __post_init__(self) -> None:
+        # the rule is the relay's (a stdlib-only program copied to nodes); imported here, not at the top,
+        # because the fanout package itself imports this module
+        from deploybench.fanout.relay import entry_problem
+
         why = entry_problem({"path": self.path, "size": self.size, "sha256": self.sha256})
         if why:
             raise ManifestMismatch(f"manifest entry {why}")

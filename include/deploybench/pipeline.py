@@ -213,7 +213,7 @@ def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) 
 
 def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, kube: Any = None) -> dict:
     """Canary, then scale steps, each gated (deploybench.rollout). ``kube``: Kubernetes API clients
-    for rollout.backend=kubernetes (deploybench.airflow_glue.kube_clients)."""
+    for rollout.backend=kubernetes (deploybench.airflow.connections.kube_clients)."""
     from deploybench import rollout as stage_mod
 
     if (reused := _reused(run_key, "rollout")) is not None:  # a matrix cell's shared deployment
@@ -308,13 +308,13 @@ def teardown(run_key: str, ssh_overrides: dict | None = None, kube: Any = None) 
 
 
 def store(run_key: str, dsn: str | None = None) -> dict:
-    from deploybench import results
+    from deploybench.store import ingest
 
     run = _open_or_none(run_key)
     if run is None:
         return {}
     with stage(run.dir, "store") as rec:
-        rec["result"] = results.store_run(run, dsn)
+        rec["result"] = ingest.store_run(run, dsn)
         rec["summary"] = f"run {run_key} stored: " + ", ".join(f"{k} {v}" for k, v in rec["result"].items())
     return rec["result"]
 

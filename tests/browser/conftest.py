@@ -1,7 +1,7 @@
 """A real Airflow, a small lab, a results database and headless Chromium, for the browser tests.
 
 ``airflow`` is ``airflow standalone`` (scheduler, dag-processor, api-server, triggerer, LocalExecutor)
-with a throwaway AIRFLOW_HOME, this checkout's dags/ and plugins/ (as ``deploybench.airflow_env``
+with a throwaway AIRFLOW_HOME, this checkout's dags/ and plugins/ (as ``deploybench.airflow.home``
 sets them), on a free loopback port, in its own session. The Airflow connection
 ``deploybench_results`` names a throwaway database, so the DAG's tasks and the results pages
 read and write the same one. Stopping notes every process Airflow started (its descendants, its
@@ -40,7 +40,7 @@ from sqlalchemy.engine import make_url
 # the store tests' helpers: a throwaway database, and an Airflow connection that names it
 import store_fixtures  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
-from deploybench.airflow_env import airflow_env
+from deploybench.airflow.home import airflow_env
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -27,8 +27,8 @@ from urllib.parse import quote
 import pytest
 
 from deploybench import paths, regression
-from deploybench.airflow_env import airflow_env
-from deploybench.lab.local import free_port
+from deploybench.airflow.home import airflow_env
+from deploybench.sim.local import free_port
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # as conftest's browser fixture
 

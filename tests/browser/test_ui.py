@@ -298,7 +298,7 @@ def follow(driver, text: str) -> str:
 
 
 def test_benchmark_results_tab_shows_the_runs_stages_and_throughput(airflow, browser, form_run, shot):
-    from deploybench.webapp_html import fmt_num, headline_phase
+    from deploybench.web.markup import fmt_num, headline_phase
 
     stored = form_run["stored"]
     assert open_results_tab(browser, airflow.url, form_run["run_id"]) == f"Run {form_run['key']}"

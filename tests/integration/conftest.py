@@ -1,5 +1,5 @@
 """Fixtures of the integration tests that need more than tests/conftest.py gives every folder: simulated
-engines on 127.0.0.1 (deploybench.lab.local), for the load, history and accuracy tests; simulated engines
+engines on 127.0.0.1 (deploybench.sim.local), for the load, history and accuracy tests; simulated engines
 started outside deploybench on a loopback lab's nodes, for the tests of the external backend."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 if TYPE_CHECKING:
     from deploybench.inventory import Inventory
-    from deploybench.lab.local import LocalEngines
+    from deploybench.sim.local import LocalEngines
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def sim_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local_engines(sim_model_dir: Path, tmp_path: Path) -> Iterator[LocalEngines]:
     """``local_engines.start(n, *extra_args, engine=EngineSpec)`` -> [Endpoint], healthy before it returns;
     every engine started in the test is stopped after it, whatever happened. Logs in the test's tmp_path."""
-    from deploybench.lab.local import LocalEngines
+    from deploybench.sim.local import LocalEngines
 
     with LocalEngines(sim_model_dir, tmp_path) as engines:
         yield engines

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from deploybench.lab.service_model import (
+from deploybench.manifest import seed_model
+from deploybench.sim.service_model import (
     ServiceParams,
     capacity,
     chat_prompt,
     count_tokens,
     expected_completion,
 )
-from deploybench.manifest import seed_model
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ class Engine:
         self.log = log
         with open(log, "w") as err:  # the child writes to its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", "0",
+                [sys.executable, "-m", "deploybench.sim.engine", "--host", "127.0.0.1", "--port", "0",
                  "--model-dir", str(model_dir), "--served-model-name", "sim-test", *flags],
                 stdout=subprocess.DEVNULL, stderr=err,
             )

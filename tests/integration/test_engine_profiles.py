@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from deploybench import engines
-from deploybench.load.records import Endpoint
+from deploybench.load.results import Endpoint
 from deploybench.load.ttft import stream_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(60)]

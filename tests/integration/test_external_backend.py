@@ -54,7 +54,7 @@ def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(externa
 def test_external_engines_measured_through_the_dag(external_engines, dag_test_run, monkeypatch):
 
     from deploybench import params as form
-    from deploybench.lab.service_model import ServiceParams, capacity
+    from deploybench.sim.service_model import ServiceParams, capacity
     from sqlalchemy import text
 
     from deploybench.store import count_samples, load_run

@@ -131,7 +131,7 @@ def test_load_through_a_real_load_balancer_with_the_nodes_scraped(external_engin
     from sqlalchemy import text
 
     from deploybench import params as form
-    from deploybench.lab.service_model import ServiceParams, capacity
+    from deploybench.sim.service_model import ServiceParams, capacity
     from deploybench.store import count_samples, load_run
     from deploybench.store.db import open_store
 

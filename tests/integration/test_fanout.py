@@ -98,7 +98,7 @@ def test_an_engine_refuses_a_tampered_copy(lab):
         m = manifest.Manifest.read(copy_of(files, "n05"))
         victim = shard(m)
         flip_byte(copy_of(files, "n05") / victim, at=5)
-        r = c["n05"].run([inv.python, "-m", "deploybench.lab.engine", "--model-dir", f"{inv.model_root}/{MODEL}",
+        r = c["n05"].run([inv.python, "-m", "deploybench.sim.engine", "--model-dir", f"{inv.model_root}/{MODEL}",
                           "--host", inv.node("n05").address, "--port", "0"], timeout=60)
         assert r.rc == 2, (r.rc, r.stderr[-500:])
         assert victim in r.stderr

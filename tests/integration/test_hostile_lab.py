@@ -31,7 +31,7 @@ import pytest
 from deploybench import fanout, manifest
 from deploybench.config import FanoutSpec, FanoutStrategy, RunConfig
 from deploybench.errors import StageFailed, TransportError
-from deploybench.fanout.relays import Relays, relay_digest
+from deploybench.fanout.relay_control import Relays, relay_digest
 from deploybench.rollout.ssh import SSHDeployer
 from deploybench.transport import Cluster, UnsafeFolder, spawn_script, stop_script
 

@@ -179,7 +179,7 @@ def left_on_nodes(inv) -> list[str]:
             line = " ".join(argv)
             if zombie:
                 continue
-            if "deploybench.lab.engine" in line or "iperf3" in line or "/fanout/relay-" in line:
+            if "deploybench.sim.engine" in line or "iperf3" in line or "/fanout/relay-" in line:
                 found.append(f"{node}: pid {pid} {line[:100]}")
     return found
 

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from deploybench.config import SLO, LoadSpec
-from deploybench.lab.local import MODEL, LocalEngines, free_port
 from deploybench.load import Endpoint, EndpointNotReady, load_samples, run_load
 from deploybench.manifest import seed_model
+from deploybench.sim.local import MODEL, LocalEngines, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Accuracy of the load stage against the simulated engine, whose truth is known in closed form.
 
-Truth (deploybench.lab.service_model.capacity): the saturation throughput lambda_max of a
+Truth (deploybench.sim.service_model.capacity): the saturation throughput lambda_max of a
 continuous-batching engine with its batch always full. The capacity under an SLO is at most that; with
 an SLO loose enough that latency never binds (P99 limit above the longest possible queue wait,
 (max_num_seqs + queue_limit) / lambda_max), the highest rate at which the engine answers what it is
@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
-from deploybench.lab.local import LocalEngines
-from deploybench.lab.service_model import ServiceParams, capacity
 from deploybench.load import load_samples, phases, run_load
 from deploybench.manifest import seed_model
+from deploybench.sim.local import LocalEngines
+from deploybench.sim.service_model import ServiceParams, capacity
 
 pytestmark = pytest.mark.integration
 

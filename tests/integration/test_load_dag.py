@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deploybench import paths
-from deploybench.lab.service_model import ServiceParams, capacity
+from deploybench.sim.service_model import ServiceParams, capacity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.netns]
 

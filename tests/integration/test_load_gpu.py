@@ -1,6 +1,6 @@
 """GPU utilisation beside the throughput, against the simulated engine's closed form (issue 17).
 
-The engine has no GPU: it exports DCGM's gauges from its batch occupancy (deploybench.lab.engine_metrics).
+The engine has no GPU: it exports DCGM's gauges from its batch occupancy (deploybench.sim.metrics).
 With ``decode_per_seq_ms = 0`` and no prefill cost every iteration lasts ``decode_base_ms`` whatever the
 batch, so a request is in the batch for exactly ``O`` iterations and, below saturation, the mean number
 running is ``rate x O x decode_base_ms`` (Little's law): the utilisation gauge must read
@@ -16,12 +16,12 @@ from datetime import datetime, timedelta
 import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
-from deploybench.lab import engine_metrics as em
-from deploybench.lab.local import LocalEngines
 from deploybench.load import gpu, phases
-from deploybench.load.records import GpuFigures
+from deploybench.load.results import GpuFigures
 from deploybench.load.scrape import read_series
 from deploybench.manifest import seed_model
+from deploybench.sim import metrics as em
+from deploybench.sim.local import LocalEngines
 
 pytestmark = pytest.mark.integration
 

@@ -48,10 +48,10 @@ def results_db(monkeypatch):
 
 
 def test_a_run_shows_each_nodes_gpu_utilisation_beside_its_throughput(lab, results_db, tmp_path):
-    from deploybench.runner import run_inline
+    from deploybench.cli.run import run_inline
     from deploybench.store import load_run
     from deploybench.store.query import table as rows_of
-    from deploybench.webapp_html import PHASE_COLUMNS, render_run_page
+    from deploybench.web.markup import PHASE_COLUMNS, render_run_page
 
     key = f"lgrun__{tmp_path.name[-12:]}"
     conf = {"inventory": str(paths.lab_dir(LAB) / "inventory.json"), "nodes": 2, "canary_nodes": 1,

@@ -74,8 +74,8 @@ def test_measured_cells_are_skipped_failed_and_excluded_runs_are_not(dsn):
 
 
 def test_conclude_compares_cells_stores_the_matrix_and_names_failures(dsn, tmp_path):
-    from deploybench import webapp_matrix
-    from deploybench.webapp_access import AllowAll
+    from deploybench.web import matrix_page
+    from deploybench.web.access import AllowAll
 
     spec = {"base": BASE, "axes": {"max_num_seqs": [8, 64, 128]}}
     planned = _plan(spec, dsn, "deploybench_matrix__m2")
@@ -91,8 +91,8 @@ def test_conclude_compares_cells_stores_the_matrix_and_names_failures(dsn, tmp_p
     assert out["comparison_id"] and Path(out["report"]).is_file()
     assert "Change against the baseline" in Path(out["report"]).read_text()  # the others against the best, p-values
     assert "c03 (max_num_seqs=128): failed" in str(pytest.raises(StageFailed, result.verdict, out).value)
-    found = webapp_matrix.load(dsn, "deploybench_matrix__m2")
+    found = matrix_page.load(dsn, "deploybench_matrix__m2")
     assert found["id"] == out["comparison_id"]
     assert [c["deployment"] for c in found["params"]["matrix"]["cells"]] == ["d1", "d2", "d3"]
-    assert "max_num_seqs=128" in webapp_matrix.render(found, "/deploybench", AllowAll())
-    assert webapp_matrix.load(dsn, "deploybench_matrix__nope") is None
+    assert "max_num_seqs=128" in matrix_page.render(found, "/deploybench", AllowAll())
+    assert matrix_page.load(dsn, "deploybench_matrix__nope") is None

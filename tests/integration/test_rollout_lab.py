@@ -58,7 +58,7 @@ def _engine_pids(lab) -> list[str]:
     """Engine processes of this lab anywhere on the machine (netns nodes share the host's pid namespace)."""
     out = []
     for n in lab.nodes:
-        r = subprocess.run(["pgrep", "-f", f"deploybench.lab.engine --host {n.address} "], capture_output=True,
+        r = subprocess.run(["pgrep", "-f", f"deploybench.sim.engine --host {n.address} "], capture_output=True,
                            text=True)
         out += r.stdout.split()
     return out

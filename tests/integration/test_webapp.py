@@ -24,8 +24,9 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from deploybench import paths, webapp
+from deploybench import paths
 from deploybench.store import PhaseRecord, RunRecord, StageRecord, load_run, write_run
+from deploybench.web import app as webapp
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90)]  # a lock never released, a server that never answers
 
@@ -308,7 +309,7 @@ def test_importing_the_plugin_opens_no_connection_and_starts_nothing():
         "deploybench.store.db",
         "deploybench.store.reader",
         "deploybench.store.embedded",
-        "deploybench.airflow_glue",
+        "deploybench.airflow.connections",
     ):
         assert heavy not in out["new"], heavy
 

@@ -21,8 +21,8 @@ from fastapi import FastAPI, Request
 from starlette.testclient import TestClient
 
 import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
-from deploybench import webapp
 from deploybench.store import load_run, set_excluded, write_run
+from deploybench.web import app as webapp
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 

@@ -107,7 +107,7 @@ def test_every_shipped_profile_loads_and_the_builtins_are_files_like_any_other()
 def test_sim_profile_expands_its_knobs_from_the_template():
     spec = EngineSpec(max_num_seqs=6, sim={"decode_base_ms": 7.5, "seed": 3})
     argv = engines.profile("sim").command(_ctx(spec))
-    assert argv[1:3] == ["-m", "deploybench.lab.engine"]
+    assert argv[1:3] == ["-m", "deploybench.sim.engine"]
     assert argv[argv.index("--max-num-seqs") + 1] == "6" and argv[argv.index("--decode-base-ms") + 1] == "7.5"
     assert argv[argv.index("--seed") + 1] == "3" and argv[argv.index("--host") + 1] == "10.0.0.11"
     assert argv[argv.index("--served-model-name") + 1] == "llama"

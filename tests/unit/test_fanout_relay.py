@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploybench import manifest, relay
+from deploybench import manifest
+from deploybench.fanout import relay
 
 RELAY = [sys.executable, relay.__file__]
 

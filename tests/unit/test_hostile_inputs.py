@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from deploybench import params, paths, relay
+from deploybench import params, paths
 from deploybench.config import LoadSpec, RunConfig
 from deploybench.errors import ConfigError
+from deploybench.fanout import relay
 from deploybench.fanout.star import rsync_argv
 from deploybench.inventory import Inventory
 from deploybench.load.phases import TARGETS_ENV, targets
-from deploybench.load.records import Endpoint
+from deploybench.load.results import Endpoint
 from deploybench.manifest import FileEntry
 from deploybench.transport import LEFT_ALONE, Cluster, spawn_script, stop_script
 

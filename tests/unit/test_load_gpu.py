@@ -1,5 +1,5 @@
 """GPU figures of the load stage (deploybench.load.gpu) and the simulated engine's DCGM gauges
-(deploybench.lab.engine_metrics): nvidia-smi's output read strictly, absent figures absent, the
+(deploybench.sim.metrics): nvidia-smi's output read strictly, absent figures absent, the
 utilisation objective, the occupancy integral against its closed form, and the three sources for
 real (a DCGM exporter page over loopback HTTP, nvidia-smi run through the local transport)."""
 
@@ -14,10 +14,10 @@ import pytest
 
 from deploybench.config import SLO
 from deploybench.inventory import Node
-from deploybench.lab import engine_metrics as em
-from deploybench.lab.service_model import Sequence
 from deploybench.load import Endpoint, gpu
-from deploybench.load.records import GpuFigures
+from deploybench.load.results import GpuFigures
+from deploybench.sim import metrics as em
+from deploybench.sim.service_model import Sequence
 from deploybench.transport import LocalTransport
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -142,7 +142,7 @@ def exporter():
 
 
 def _closed_port() -> int:
-    from deploybench.lab.local import free_port
+    from deploybench.sim.local import free_port
 
     return free_port()
 
@@ -245,7 +245,7 @@ def test_run_page_shows_utilisation_beside_achieved_rate():
     from datetime import datetime
 
     from deploybench.store.records import PhaseRecord, StageRecord
-    from deploybench.webapp_html import PHASE_COLUMNS, _phase_rows, gpu_utilisation
+    from deploybench.web.markup import PHASE_COLUMNS, _phase_rows, gpu_utilisation
 
     stages = [StageRecord(stage="load", status="success", summary={"summary": "", "result": _load_stage()})]
     got = gpu_utilisation(stages)
@@ -264,7 +264,7 @@ def test_with_scraping_off_every_node_is_absent_with_the_reason(tmp_path):
 
     from deploybench.config import LoadSpec
     from deploybench.load import phases
-    from deploybench.load.records import NodeFigures
+    from deploybench.load.results import NodeFigures
 
     spec = importlib.util.spec_from_file_location("lp", Path(__file__).with_name("test_load_phases.py"))
     lp = importlib.util.module_from_spec(spec)

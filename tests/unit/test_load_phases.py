@@ -11,7 +11,7 @@ from deploybench import params as form
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
 from deploybench.load import Endpoint, overload, probe, sustained
-from deploybench.load.records import LoadResult, SloVerdict, WindowFigures
+from deploybench.load.results import LoadResult, SloVerdict, WindowFigures
 from deploybench.load.runner import build_env, offered_at, sampler_share
 from deploybench.load.scrape import _quantile, engine_figures, parse_metrics
 from deploybench.load.ttft import _Stream, event_text, request_body
@@ -182,7 +182,7 @@ def _fifo_samples(rate: float, secs: float, service_s: float, backlog: int = 0):
 
 
 def test_windows_see_a_queue_that_answered_counts_do_not():
-    from deploybench.load.figures import window_figures
+    from deploybench.load.stats import window_figures
 
     spec, slo = LoadSpec(probe_tolerance=0.05), SLO(p99_latency_ms=5000)
     # 10 req/s offered, a server of 8 req/s: it answers at its capacity, its queue grows 2 req/s, latency
@@ -196,7 +196,7 @@ def test_windows_see_a_queue_that_answered_counts_do_not():
     kinds = [dict(probe.falls_behind(w, spec, slo)) for w in wins]
     assert any(kinds) and all("latency_p99" not in k for k in kinds)
     # over the whole 4 s as one step: 8 more in flight at the end than at the start
-    from deploybench.load.figures import figures
+    from deploybench.load.stats import figures
 
     fig = figures(df, 4, start=start, slo=slo)
     why = dict(probe.falls_behind(fig, spec, slo, offered_rps=10, duration_s=4))

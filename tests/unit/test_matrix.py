@@ -201,8 +201,8 @@ def test_verdict_names_failed_cells():
 
 
 def test_matrix_page_shows_cells_best_and_links_the_comparison():
-    from deploybench import webapp_matrix
-    from deploybench.webapp_access import AllowAll
+    from deploybench.web import matrix_page
+    from deploybench.web.access import AllowAll
 
     cells = [{"cell_id": "c01", "label": "max_num_seqs=8 load_rate=2", "run_key": "deploybench_run__m__c01",
               "status": "success", "deployment": "d1", "reason": ""},
@@ -215,7 +215,7 @@ def test_matrix_page_shows_cells_best_and_links_the_comparison():
     found = {"id": 7, "run_keys": ["deploybench_run__m__c01", "deploybench_run__manual__x"],
              "params": {"matrix": {"key": "deploybench_matrix__m", "cells": cells, "reuse": "ordered only"}},
              "result": {"best": {"w1": "deploybench_run__manual__x"}}, "baseline": "deploybench_run__manual__x"}
-    html = webapp_matrix.render(found, "/deploybench", AllowAll())
+    html = matrix_page.render(found, "/deploybench", AllowAll())
     assert "<h1>Matrix <code>deploybench_matrix__m</code></h1>" in html
     assert "Best configuration meeting the SLO: <b class='success'>c02 max_num_seqs=8 load_rate=4</b>" in html
     assert ("/deploybench/compare?run=deploybench_run__m__c01&amp;run=deploybench_run__manual__x"

@@ -89,7 +89,7 @@ def test_the_scan_sees_the_imports_it_should():
     """A guard for the scan itself: a known import of each kind is found, with its guard."""
     seen = {(m, f): g for m, f, g in IMPORTS}
     assert seen[("pydantic", "deploybench/config.py")] is False
-    assert seen[("uvloop", "deploybench/lab/engine.py")] is True
+    assert seen[("uvloop", "deploybench/sim/engine.py")] is True
     assert any(m.startswith("airflow.providers.ssh") for m, _, _ in IMPORTS)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from deploybench.config import EngineSpec
 from deploybench.errors import ConfigError
-from deploybench.lab.service_model import (
+from deploybench.sim.service_model import (
     VOCABULARY,
     BatchScheduler,
     Sequence,

@@ -9,8 +9,8 @@ import json
 import pandas as pd
 import pytest
 
-from deploybench.results import capacity_steps, load_phases, samples_source, trigger_of
 from deploybench.store import StoreError
+from deploybench.store.ingest import capacity_steps, load_phases, samples_source, trigger_of
 from deploybench.store.writer_facts import prepare_metrics
 
 

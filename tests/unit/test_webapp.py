@@ -10,9 +10,9 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from deploybench import webapp
-from deploybench import webapp_html as html_view
 from deploybench.store import PhaseRecord, RunRecord, StageRecord, StoredRun, StoreError
+from deploybench.web import app as webapp
+from deploybench.web import markup as html_view
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 EVIL = "<script>alert(1)</script>"
@@ -148,7 +148,7 @@ def no_embedded(monkeypatch):
 
 
 def test_dsn_order_connection_then_env_then_running_embedded(monkeypatch, no_embedded):
-    from deploybench import airflow_glue
+    from deploybench.airflow import connections as airflow_glue
     from deploybench.store import embedded
 
     monkeypatch.setattr(airflow_glue, "results_dsn", lambda: "postgresql+psycopg://conn@h/db")
@@ -164,7 +164,7 @@ def test_dsn_order_connection_then_env_then_running_embedded(monkeypatch, no_emb
 
 
 def test_without_airflow_or_any_database_the_reason_is_given(monkeypatch, no_embedded):
-    from deploybench import airflow_glue
+    from deploybench.airflow import connections as airflow_glue
 
     def no_airflow():
         raise ImportError("No module named 'airflow'")
@@ -178,7 +178,7 @@ def test_without_airflow_or_any_database_the_reason_is_given(monkeypatch, no_emb
 
 
 def test_a_broken_airflow_connection_is_reported_not_skipped(monkeypatch, no_embedded):
-    from deploybench import airflow_glue
+    from deploybench.airflow import connections as airflow_glue
 
     def broken():
         raise ValueError("extra is not JSON")
@@ -269,7 +269,7 @@ def test_a_results_connection_on_a_unix_socket_keeps_its_folder_and_port(monkeyp
 
     import psycopg
 
-    from deploybench import airflow_glue
+    from deploybench.airflow import connections as airflow_glue
 
     monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_RESULTS", json.dumps(
         {"conn_type": "postgres", "host": "/run/deploybench/pg", "port": 5433, "login": "bench",

@@ -13,13 +13,14 @@ import pytest
 from fastapi import FastAPI, HTTPException, Request
 from starlette.testclient import TestClient
 
-from deploybench import webapp, webapp_compare, webapp_history
-from deploybench import webapp_html as html_view
 from deploybench.analyse.compare import Comparison, config_diff
 from deploybench.analyse.history import analyse_figures
 from deploybench.report import plots
 from deploybench.store import RunRecord, StoredRun
-from deploybench.webapp_access import AccessUnavailable, AirflowReadAccess, may_read
+from deploybench.web import app as webapp
+from deploybench.web import compare_page, history_page
+from deploybench.web import markup as html_view
+from deploybench.web.access import AccessUnavailable, AirflowReadAccess, may_read
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 EVIL = "<script>alert(1)</script>"
@@ -64,8 +65,8 @@ def _comparison(evil: str = "") -> Comparison:
 
 def test_comparison_page_names_best_run_baseline_and_highlights_differing_keys():
     cmp = _comparison()
-    q = webapp_compare.CompareQuery(runs=tuple(cmp.run_keys()), baseline="dag__a")
-    doc = webapp_compare.render(webapp_compare.ComparisonView(cmp, {}), q, ROOT)
+    q = compare_page.CompareQuery(runs=tuple(cmp.run_keys()), baseline="dag__a")
+    doc = compare_page.render(compare_page.ComparisonView(cmp, {}), q, ROOT)
     assert "<h1>Comparison</h1>" in doc
     best = doc[doc.index("Best configuration meeting the SLO"):]
     assert best[: best.index("</p>")].endswith("run <a href='/deploybench/runs/dag__b'>dag__b</a>")
@@ -82,29 +83,29 @@ def test_comparison_page_names_best_run_baseline_and_highlights_differing_keys()
 
 def test_comparison_page_escapes_run_keys_everywhere_including_the_plots():
     cmp = _comparison(EVIL)
-    q = webapp_compare.CompareQuery(runs=tuple(cmp.run_keys()))
-    doc = webapp_compare.render(webapp_compare.ComparisonView(cmp, {}), q, ROOT)
+    q = compare_page.CompareQuery(runs=tuple(cmp.run_keys()))
+    doc = compare_page.render(compare_page.ComparisonView(cmp, {}), q, ROOT)
     assert "<script" not in doc and html.escape(EVIL) in doc
 
 
 def test_comparison_page_before_a_selection_and_with_an_error():
-    empty = webapp_compare.render(None, webapp_compare.CompareQuery(), ROOT)
+    empty = compare_page.render(None, compare_page.CompareQuery(), ROOT)
     assert "Pick runs" in empty and "name='model'" in empty
-    err = webapp_compare.render(None, webapp_compare.CompareQuery(), ROOT, error=f"bad {EVIL}")
+    err = compare_page.render(None, compare_page.CompareQuery(), ROOT, error=f"bad {EVIL}")
     assert f"<p class='err'>bad {html.escape(EVIL)}</p>" in err and "Pick runs" not in err
 
 
 def test_compare_query_parses_the_form_and_names_bad_values():
-    q = webapp_compare.CompareQuery.parse(["a", "a", " ", "b"], "", "", None, "", ["suite=i7", ""], "2026-12-01",
+    q = compare_page.CompareQuery.parse(["a", "a", " ", "b"], "", "", None, "", ["suite=i7", ""], "2026-12-01",
                                           "", False, 0.01)
     assert q.runs == ("a", "b") and q.baseline is None and q.model is None and q.tags == {"suite": "i7"}
     assert q.since == datetime(2026, 12, 1, tzinfo=UTC) and q.until is None and q.has_filter
     with pytest.raises(HTTPException, match="'yesterday' is not an ISO date"):
-        webapp_compare.CompareQuery.parse([], None, None, None, None, [], "yesterday", None, False, 0.05)
+        compare_page.CompareQuery.parse([], None, None, None, None, [], "yesterday", None, False, 0.05)
     with pytest.raises(HTTPException, match="tag 'suite' is not KEY=VALUE"):
-        webapp_compare.CompareQuery.parse([], None, None, None, None, ["suite"], None, None, False, 0.05)
+        compare_page.CompareQuery.parse([], None, None, None, None, ["suite"], None, None, False, 0.05)
     with pytest.raises(HTTPException, match="series 'abc' is too short"):
-        webapp_compare.CompareQuery.parse([], None, None, "abc", None, [], None, None, False, 0.05)
+        compare_page.CompareQuery.parse([], None, None, "abc", None, [], None, None, False, 0.05)
 
 
 def test_compare_route_shows_the_form_again_with_the_reason(monkeypatch):
@@ -117,7 +118,7 @@ def test_compare_route_shows_the_form_again_with_the_reason(monkeypatch):
 
 
 # -- the history page -----------------------------------------------------------------------
-def _history_view() -> webapp_history.HistoryView:
+def _history_view() -> history_page.HistoryView:
     rng = np.random.default_rng(3)
     n = 9
     p99 = np.where(np.arange(n) >= 5, 700.0, 500.0) * (1 + rng.normal(0, 0.005, n))
@@ -129,13 +130,13 @@ def _history_view() -> webapp_history.HistoryView:
         "latency_p50_ms": p99 / 2, "output_tps": 160.0, "model": "sim-model", "cluster": "lab7", "engine": "sim",
         "workload": "w" * 64})
     analysed = figs[(figs["status"] == "success") & ~figs["excluded"]]
-    return webapp_history.HistoryView("f" * 64, figs, analyse_figures(1, "f" * 64, analysed), hidden=1)
+    return history_page.HistoryView("f" * 64, figs, analyse_figures(1, "f" * 64, analysed), hidden=1)
 
 
 def test_history_page_marks_the_change_point_verdict_and_greys_excluded_and_failed_runs():
     view = _history_view()
     assert [c.run_key for c in view.history.changes if c.metric == "latency_p99_ms"] == ["dag__r5"]
-    doc = webapp_history.render(view, ROOT)
+    doc = history_page.render(view, ROOT)
     assert f"<h1>History of series <code>{'f' * 12}</code></h1>" in doc and "<script" not in doc
     runs = doc[doc.index("Runs of this series"):]
     changed = _row(runs, ">dag__r5<")
@@ -155,7 +156,7 @@ def test_history_page_marks_the_change_point_verdict_and_greys_excluded_and_fail
 def test_history_page_without_an_analysable_run_says_so():
     view = _history_view()
     view.history = None
-    doc = webapp_history.render(view, ROOT)
+    doc = history_page.render(view, ROOT)
     assert "No run of this series can be analysed" in doc and "Verdict on the newest run" not in doc
 
 

@@ -25,7 +25,7 @@ POLL_S = 5.0
 
 
 def _results_dsn() -> str | None:
-    from deploybench.airflow_glue import results_dsn
+    from deploybench.airflow.connections import results_dsn
 
     return results_dsn()
 

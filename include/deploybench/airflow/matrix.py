@@ -94,7 +94,7 @@ def _matrix_key(ctx: Any) -> str:
 
 
 def _dsn() -> str | None:
-    from deploybench.airflow_glue import results_dsn
+    from deploybench.airflow.connections import results_dsn
 
     return results_dsn()
 

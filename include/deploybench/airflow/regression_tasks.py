@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def _dsn() -> str | None:
-    from deploybench.airflow_glue import results_dsn
+    from deploybench.airflow.connections import results_dsn
 
     return results_dsn()
 

@@ -47,7 +47,7 @@ def run_key(context: Any = None) -> str:
 
 def ssh(key: str) -> dict | None:
     """SSH settings from the inventory's Airflow SSH connection (None before validate or without one)."""
-    from deploybench.airflow_glue import ssh_overrides
+    from deploybench.airflow.connections import ssh_overrides
     from deploybench.pipeline import Run
 
     run = Run.open_if_validated(key)
@@ -56,7 +56,7 @@ def ssh(key: str) -> dict | None:
 
 def kube(key: str) -> Any:
     """Kubernetes API clients when the run's rollout backend is kubernetes, else None."""
-    from deploybench.airflow_glue import kube_clients
+    from deploybench.airflow.connections import kube_clients
     from deploybench.pipeline import Run
 
     run = Run.open_if_validated(key)
@@ -65,7 +65,7 @@ def kube(key: str) -> Any:
 
 
 def _dsn() -> str | None:
-    from deploybench.airflow_glue import results_dsn
+    from deploybench.airflow.connections import results_dsn
 
     return results_dsn()
 

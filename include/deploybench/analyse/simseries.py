@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploybench.lab.local import LocalEngines
+from deploybench.sim.local import LocalEngines
 
 if TYPE_CHECKING:
     from deploybench.load import Endpoint
@@ -44,10 +44,10 @@ def run_series(dsn: str, prefix: str, n_runs: int, workdir: Path, *, change_at: 
     from deploybench.config import SLO, LoadSpec
     from deploybench.load import run_load
     from deploybench.manifest import seed_model
-    from deploybench.results import phase_records
     from deploybench.store import RunRecord, write_run
     from deploybench.store.facts import RunFacts
     from deploybench.store.identity import identity_of
+    from deploybench.store.ingest import phase_records
 
     workdir = Path(workdir)
     model_dir = workdir / "model"

@@ -4,12 +4,13 @@
 
 - ``chain`` (default): a pipelined relay over the backend network, source -> n1 -> n2 -> ...;
   each hop writes, hashes and forwards the bytes as they pass, so every node has the model in
-  about one copy's time (see ``stage`` and ``deploybench.relay``);
+  about one copy's time (see ``stage`` and ``deploybench.fanout.relay``);
 - ``tree``: one-hop relay streams in doubling rounds;
 - ``star``: rsync over SSH from the source to every node, the baseline (``star``).
 
-Parts: ``plan`` (pure routing and resume planning), ``relays`` (the controller's side of the
-relay), ``stage`` (manifest, bad-input checks, rounds, policy), ``result`` (what is reported).
+Parts: ``plan`` (pure routing and resume planning), ``relay`` (the program each node runs),
+``relay_control`` (the controller's side of the relay), ``stage`` (manifest, bad-input checks, rounds,
+policy), ``result`` (what is reported).
 """
 
 from __future__ import annotations

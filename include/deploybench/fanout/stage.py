@@ -25,7 +25,7 @@ from typing import Any
 from deploybench.config import FanoutSpec, FanoutStrategy, Policy
 from deploybench.errors import DeploybenchError, StageFailed
 from deploybench.fanout.plan import NodeState, chain_paths, tree_paths
-from deploybench.fanout.relays import Relays
+from deploybench.fanout.relay_control import Relays
 from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestMismatch
 from deploybench.transport import Cluster

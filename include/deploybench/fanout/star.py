@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from deploybench.config import FanoutSpec, Policy
 from deploybench.errors import DeploybenchError, StageFailed
-from deploybench.fanout.relays import Relays
+from deploybench.fanout.relay import old_name
+from deploybench.fanout.relay_control import Relays
 from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.inventory import Inventory, Node, TransportKind
 from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest
-from deploybench.relay import old_name
 from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)

@@ -1,22 +1,6 @@
-"""The embedded lab: a small real cluster on this machine, and the simulated engine.
+"""The embedded lab: a small real cluster on this machine (network namespaces or loopback addresses, sshd,
+tc-shaped links) that runs the simulated engine (``deploybench.sim``).
 
-``up``/``down``/``status`` and the fault helpers live in ``deploybench.lab.cluster``;
-they are re-exported here lazily, so ``python -m deploybench.lab.engine`` on a node does
-not import the cluster machinery.
+``cluster`` brings a lab up and down and injects faults; ``netns``/``commands`` are its plumbing,
+``naming`` its names and ``state`` what it remembers between commands.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-_CLUSTER_API = ("up", "down", "status", "set_link", "kill_node", "start_node", "load_inventory", "Mode")
-
-__all__ = list(_CLUSTER_API)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLUSTER_API:
-        from deploybench.lab import cluster
-
-        return getattr(cluster, name)
-    raise AttributeError(f"module 'deploybench.lab' has no attribute {name!r}")

@@ -14,8 +14,7 @@ whatever the server does, so a slow server cannot slow the client down and hide 
 * ``phases.run_phases`` — the three in order, as the pipeline's load stage runs them.
 """
 
-from deploybench.load.figures import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
-from deploybench.load.records import (
+from deploybench.load.results import (
     Endpoint,
     EndpointNotReady,
     Figures,
@@ -27,6 +26,7 @@ from deploybench.load.records import (
 )
 from deploybench.load.runner import build_env, find_k6, k6_command, k6_timeout_s, run_load, size_vus
 from deploybench.load.samples import SAMPLE_COLUMNS, SAMPLE_METRIC, load_samples, read_k6_json, save_samples
+from deploybench.load.stats import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 
 __all__ = [
     "Endpoint", "EndpointNotReady", "Figures", "LoadError", "LoadResult", "NodeFigures", "SAMPLE_COLUMNS",

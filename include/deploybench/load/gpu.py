@@ -3,7 +3,7 @@
 Where a node's figures come from, decided when the phase starts (``GpuSampler.start``), first found wins:
 
 1. ``dcgm``: DCGM-named gauges in the engine's own /metrics (the simulated engine exports them from its
-   batch occupancy, see ``deploybench.lab.engine_metrics``); the /metrics scraper already keeps them
+   batch occupancy, see ``deploybench.sim.metrics``); the /metrics scraper already keeps them
    (``scrape.KEEP``), nothing more is polled;
 2. ``dcgm-exporter``: NVIDIA's DCGM exporter on the node, ``http://<node host>:<dcgm_port>/metrics``;
 3. ``nvidia-smi``: ``nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total
@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from deploybench.config import SLO
-from deploybench.load.records import Endpoint, GpuFigures, LoadError, LoadResult
+from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult
 from deploybench.load.scrape import parse_metrics
 
 LOG = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from deploybench.config import SLO, LoadSpec
-from deploybench.load.records import Endpoint, LoadResult, WindowFigures
+from deploybench.load.results import Endpoint, LoadResult, WindowFigures
 from deploybench.load.runner import ApiFlavour, run_load
 
 DROP_S = 0.001  # the step down to the recovery rate (k6 stages need a duration)

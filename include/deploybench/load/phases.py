@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
 from deploybench.load import gpu, overload, probe, sustained
-from deploybench.load.records import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
+from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
 from deploybench.load.runner import run_load
 from deploybench.load.scrape import read_series, save_series
 

@@ -50,8 +50,8 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from deploybench.config import SLO, LoadSpec
-from deploybench.load.figures import slo_verdict
-from deploybench.load.records import Figures, LoadResult
+from deploybench.load.results import Figures, LoadResult
+from deploybench.load.stats import slo_verdict
 
 LOG = logging.getLogger(__name__)
 MIN_RATE_FACTOR = 1 / 64  # a first step that fails is halved down to start x this

@@ -35,8 +35,7 @@ import pandas as pd
 
 from deploybench.config import K6_VU_HEADROOM, SLO, LoadSpec
 from deploybench.errors import ConfigError
-from deploybench.load.figures import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
-from deploybench.load.records import Endpoint, EndpointNotReady, LoadError, LoadResult
+from deploybench.load.results import Endpoint, EndpointNotReady, LoadError, LoadResult
 from deploybench.load.samples import (
     EXTRA_COLUMNS,
     SAMPLE_COLUMNS,
@@ -47,6 +46,7 @@ from deploybench.load.samples import (
     save_samples,
 )
 from deploybench.load.scrape import Scraper, engine_figures, save_series
+from deploybench.load.stats import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 from deploybench.load.ttft import TtftSampler
 from deploybench.paths import k6_dir
 

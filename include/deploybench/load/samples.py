@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from deploybench.load.records import LoadError
+from deploybench.load.results import LoadError
 
 SAMPLE_METRIC = "db_request"
 # the columns of a samples file; the same as the results store's sample table

@@ -30,7 +30,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deploybench.load.records import Endpoint
+from deploybench.load.results import Endpoint
 
 LOG = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from deploybench.config import SLO, LoadSpec
-from deploybench.load.records import Endpoint, LoadResult, WindowFigures
+from deploybench.load.results import Endpoint, LoadResult, WindowFigures
 from deploybench.load.runner import ApiFlavour, run_load
 
 

@@ -31,7 +31,7 @@ import time
 from urllib.parse import quote, urlsplit
 
 from deploybench.config import LoadSpec
-from deploybench.load.records import Endpoint
+from deploybench.load.results import Endpoint
 
 LOG = logging.getLogger(__name__)
 

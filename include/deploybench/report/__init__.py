@@ -70,7 +70,7 @@ def sim_capacity(run: Run) -> tuple[float, int] | None:
     """(saturation req/s per engine, engines) for the simulated engine, from its closed form."""
     if run.cfg.engine.profile.value != "sim":
         return None
-    from deploybench.lab.service_model import ServiceParams, capacity
+    from deploybench.sim.service_model import ServiceParams, capacity
 
     endpoints = ((run.stage_record("rollout") or {}).get("result") or {}).get("endpoints") or []
     cap = capacity(ServiceParams.from_config(run.cfg.engine), run.cfg.load.prompt_tokens, run.cfg.load.output_tokens)

@@ -1,4 +1,4 @@
-"""Small HTML building blocks shared by the reports and the results pages (``deploybench.webapp_html``).
+"""Small HTML building blocks shared by the reports and the results pages (``deploybench.web.markup``).
 
 The one escaper, the number formatters and the one table builder of the project live here.
 A cell is escaped unless it is ``Html`` (markup the caller built from escaped parts), so a

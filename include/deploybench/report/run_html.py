@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def _samples(load: dict[str, Any]) -> pd.DataFrame:
-    from deploybench.results import samples_source as sample_source
+    from deploybench.store.ingest import samples_source as sample_source
     from deploybench.store.writer import read_samples
 
     src = sample_source(load)
@@ -44,7 +44,7 @@ def _gpu_row(phase: dict[str, Any], node: dict[str, Any]) -> list[Any]:
 
 
 def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
-    from deploybench.results import capacity_steps, load_phases
+    from deploybench.store.ingest import capacity_steps, load_phases
 
     phases = load_phases(ld)
     parts = ["<h2>Load</h2>", table(

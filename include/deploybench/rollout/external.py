@@ -41,7 +41,7 @@ def check(cfg: RunConfig, nodes: list[str]) -> list[dict]:
     """The endpoints, each on a node of the run and inside the allow-list, and ``load.target_url`` (the
     load-balanced URL in front of them) one of them or allowed; ConfigError names the bad one."""
     from deploybench.load.phases import TARGETS_ENV, allowed_targets, check_target, origin
-    from deploybench.load.records import Endpoint
+    from deploybench.load.results import Endpoint
 
     allowed = {origin(t) for t in allowed_targets()} - {None}
     eps = parse(cfg)

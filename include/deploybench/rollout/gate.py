@@ -47,7 +47,7 @@ def smoke(prof: EngineProfile, base_url: str, model: str, seed: int) -> str:
         raise SmokeFailed(f"smoke request failed: {exc}") from exc
     text = body["choices"][0]["text"]
     if prof.deterministic:
-        from deploybench.lab.service_model import expected_completion
+        from deploybench.sim.service_model import expected_completion
 
         want = expected_completion(SMOKE_PROMPT, SMOKE_TOKENS, seed)
         if text != want:

@@ -6,7 +6,7 @@ subresource. Readiness follows ``kubectl rollout status``: the controller has ob
 current generation, no ProgressDeadlineExceeded, updated replicas reach the spec, no old
 replicas left, and every updated replica available. Failures name the pod, its node, the
 reason from its container status, and the pod's log tail. The API clients come from the
-cncf.kubernetes provider's KubernetesHook (``deploybench.airflow_glue.kube_clients``); any
+cncf.kubernetes provider's KubernetesHook (``deploybench.airflow.connections.kube_clients``); any
 ``kubernetes.client`` ApiClient works, which is how the tests drive a local fake API server.
 """
 

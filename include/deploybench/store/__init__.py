@@ -21,7 +21,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # name -> submodule; imported on first use, so `deploybench store --help` (and every other
-# command, which imports deploybench.store.cli) does not pay for pandas and SQLAlchemy
+# command, which imports deploybench.cli.store) does not pay for pandas and SQLAlchemy
 _EXPORTS = {
     "migrate": "db",
     "open_store": "db",

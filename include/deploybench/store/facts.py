@@ -1,6 +1,6 @@
 """Facts of a run's stages, as typed rows: what ``write_run(..., facts=RunFacts(...))`` stores.
 
-Built from the stage results in the run folder by ``deploybench.results``; each list maps
+Built from the stage results in the run folder by ``deploybench.store.ingest``; each list maps
 one to one onto a table of revision 0002. Unknown keys are refused, as for the other
 records, so a renamed field fails at the boundary instead of storing NULLs.
 """

@@ -2,7 +2,7 @@
 
 Standard library only, so a node needs nothing but a Python 3 interpreter (preflight checks
 for ``python3``): the controller copies this file to the node and runs it with the
-inventory's ``python``; it also runs as ``python -m deploybench.relay``.
+inventory's ``python``; it also runs as ``python -m deploybench.fanout.relay``.
 
 Commands (each prints one JSON object on stdout):
 

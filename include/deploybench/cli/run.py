@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 
 from deploybench import paths, pipeline
-from deploybench.airflow_env import airflow_env, metadata_db_ready
+from deploybench.airflow.home import airflow_env, metadata_db_ready
 from deploybench.errors import ConfigError, DeploybenchError, StageFailed
 from deploybench.report import run_status, summary_text
 

@@ -16,12 +16,12 @@ from deploybench.errors import DeploybenchError
 
 # module path -> it defines ``register(subparsers)``; each sub-command sets ``func``.
 COMMAND_MODULES = [
-    "deploybench.lab.cli",
-    "deploybench.lab.engine_cli",
-    "deploybench.store.cli",
-    "deploybench.analyse.cli",
-    "deploybench.runner",
-    "deploybench.lease_cli",
+    "deploybench.cli.lab",
+    "deploybench.cli.engine",
+    "deploybench.cli.store",
+    "deploybench.cli.analyse",
+    "deploybench.cli.run",
+    "deploybench.cli.lease",
 ]
 
 

@@ -1,4 +1,4 @@
-"""``deploybench engine serve|capacity`` and the flags of ``python -m deploybench.lab.engine``.
+"""``deploybench engine serve|capacity`` and the flags of ``python -m deploybench.sim.engine``.
 
 The flags' defaults are deploybench.config's EngineSpec and SimKnobs, so a sim started with
 no flags serves the same model the run configuration describes by default.
@@ -10,7 +10,7 @@ import argparse
 import json
 
 from deploybench.config import EngineSpec, LoadSpec, ModelSpec, RolloutSpec, SimKnobs
-from deploybench.lab.service_model import ServiceParams, capacity
+from deploybench.sim.service_model import ServiceParams, capacity
 
 
 def _add_knobs(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_serve_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m deploybench.lab.engine",
+        prog="python -m deploybench.sim.engine",
         description="The simulated LLM inference engine (vLLM's OpenAI API over a continuous-batching model).",
     )
     add_serve_arguments(parser)
@@ -74,7 +74,7 @@ def options_from_args(args: argparse.Namespace):
 
     from deploybench.config import format_validation_error
     from deploybench.errors import ConfigError
-    from deploybench.lab.engine import EngineOptions
+    from deploybench.sim.engine import EngineOptions
 
     try:
         spec = EngineSpec(
@@ -102,7 +102,7 @@ def options_from_args(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from deploybench.lab.engine import run
+    from deploybench.sim.engine import run
 
     return run(options_from_args(args), use_uvloop=args.loop != "asyncio")
 

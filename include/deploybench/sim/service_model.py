@@ -1,6 +1,6 @@
 """The simulated engine's service model: continuous batching, its closed-form capacity, its text.
 
-Pure code (no I/O, no clock): the HTTP server in ``deploybench.lab.engine`` drives
+Pure code (no I/O, no clock): the HTTP server in ``deploybench.sim.engine`` drives
 ``BatchScheduler`` with real asyncio deadlines, and ``simulate`` drives the very same object
 with a virtual clock, so the closed form below is tested against the scheduler that serves.
 

@@ -1,7 +1,7 @@
 """The simulated LLM inference engine: vLLM's OpenAI HTTP surface over a continuous-batching model.
 
 It stands in for a GPU running vLLM on a lab node. Its timing comes from
-``deploybench.lab.service_model.BatchScheduler`` driven by a scheduler task that sleeps to
+``deploybench.sim.service_model.BatchScheduler`` driven by a scheduler task that sleeps to
 absolute deadlines of the event loop's clock, so its throughput matches the closed form of
 ``service_model.capacity`` whatever the CPU noise; its text comes from
 ``service_model.expected_completion``.
@@ -22,7 +22,7 @@ names, labelled ``model_name``), and Triton's /v2/health/ready and /v2/health/li
 Refusals: 400 bad body, 404 unknown model or path, 405 wrong method, 413 body too large,
 429 when ``max_num_seqs + queue_limit`` requests are already in the engine (the engine is
 healthy but full; 503 is kept for "not ready"), 500 for injected errors (``error_rate``).
-Start: ``python -m deploybench.lab.engine --model-dir DIR ...`` (flags in ``engine_cli``).
+Start: ``python -m deploybench.sim.engine --model-dir DIR ...`` (flags in ``deploybench.cli.engine``).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import cast
 
 from deploybench.errors import DeploybenchError
-from deploybench.lab.engine_api import OpenAIApi
-from deploybench.lab.engine_http import HttpError, Request, error_body, read_request, response
-from deploybench.lab.engine_metrics import EngineMetrics
-from deploybench.lab.service_model import BatchScheduler, Sequence, ServiceParams
+from deploybench.sim.api import OpenAIApi
+from deploybench.sim.metrics import EngineMetrics
+from deploybench.sim.server import HttpError, Request, error_body, read_request, response
+from deploybench.sim.service_model import BatchScheduler, Sequence, ServiceParams
 
-log = logging.getLogger("deploybench.lab.engine")
+log = logging.getLogger("deploybench.sim.engine")
 
 CRASH_EXIT_CODE = 3  # the process exits with this after ``crash_after`` requests
 MANIFEST_EXIT_CODE = 2  # the model directory does not match its manifest
@@ -56,7 +56,7 @@ class EngineError(DeploybenchError):
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Everything one engine process is started with (see ``engine_cli.add_serve_arguments``)."""
+    """Everything one engine process is started with (see ``deploybench.cli.engine.add_serve_arguments``)."""
 
     model_dir: str
     params: ServiceParams
@@ -352,7 +352,7 @@ def run(opts: EngineOptions, use_uvloop: bool = True) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from deploybench.lab.engine_cli import parse_serve_args
+    from deploybench.cli.engine import parse_serve_args
 
     args = parse_serve_args(argv)
     logging.basicConfig(
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    from deploybench.lab.engine_cli import options_from_args
+    from deploybench.cli.engine import options_from_args
 
     try:
         opts = options_from_args(args)

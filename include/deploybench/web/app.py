@@ -8,7 +8,7 @@ What it serves (paths relative to the mount point; these paths are stable, links
                                         a link to its series' history
     GET /runs/{run_key}/report          the run's HTML report (paths.run_dir(run_key)/report.html)
     GET /dag-runs/{dag_id}/{run_id}     the run of one Airflow DAG run (the "Benchmark results" tab); for a
-                                        matrix DAG run, its cells and comparison (webapp_matrix)
+                                        matrix DAG run, its cells and comparison (matrix_page)
     GET /compare?run=K&run=K[&baseline=K][&alpha=0.05]
                                         the comparison of the runs picked by key, or of a filter:
     GET /compare?model=M&series=FP&inventory=I&tag=k=v&since=ISO&until=ISO[&include_excluded=true]
@@ -24,7 +24,7 @@ Everything is read from the results store (``deploybench.store``); the pages wri
 (the store's own first open per process does apply pending migrations, as every reader does).
 
 **Which database.** Resolved on every request, never at import: the Airflow connection
-``deploybench_results`` (looked up lazily through ``deploybench.airflow_glue``, skipped when
+``deploybench_results`` (looked up lazily through ``deploybench.airflow.connections``, skipped when
 Airflow is not importable), else ``DEPLOYBENCH_DSN``, else the embedded PostgreSQL *if it is
 already running*. The first is what the DAG's store task writes to, so both agree. A web
 server never starts a database server: with none of the three the pages answer 503 and say
@@ -32,13 +32,13 @@ how to configure one.
 
 **Auth.** FastAPI apps of Airflow 3 plugins are mounted on the api-server as they are: Airflow
 puts none of its authentication in front of them. ``create_app(auth=require_airflow_user)`` (what
-the plugin does) runs ``deploybench.webapp_access.require_airflow_user`` before every route: it
+the plugin does) runs ``deploybench.web.access.require_airflow_user`` before every route: it
 reuses Airflow's own ``get_user`` (the JWT from the ``Authorization: Bearer`` header or the
 ``_token`` cookie that the Airflow UI sets, so the pages work inside the UI's iframe), asks the auth
 manager whether the user may see the Airflow website (else 401/403), and then **per DAG**: a run
 produced by DAG X is shown only to a user the auth manager allows to read X's runs; a run started
 outside Airflow (CLI) only to a user who may read every DAG. Lists leave out what the user may not
-read; a run page, report, JSON or comparison naming such a run answers 403 (see webapp_access).
+read; a run page, report, JSON or comparison naming such a run answers 403 (see web.access).
 The pages show configurations, node names and error texts: still put the api-server behind your
 SSO or proxy as you would for Airflow itself. ``create_app()`` without ``auth`` (every run readable)
 is for tests.
@@ -64,11 +64,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deploybench import paths, store, webapp_compare, webapp_history
+from deploybench import paths, store
 from deploybench.errors import DeploybenchError
 from deploybench.store.errors import StoreError
 from deploybench.store.records import RunStatus  # pydantic only: no database, no SQLAlchemy
-from deploybench.webapp_access import (  # noqa: F401 - require_airflow_user: what the plugin imports
+from deploybench.web import compare_page, history_page
+from deploybench.web.access import (  # noqa: F401 - require_airflow_user: what the plugin imports
     AccessUnavailable,
     ReadAccess,
     access_of,
@@ -76,7 +77,7 @@ from deploybench.webapp_access import (  # noqa: F401 - require_airflow_user: wh
     may_read,
     require_airflow_user,
 )
-from deploybench.webapp_html import (
+from deploybench.web.markup import (
     DEFAULT_LIMIT,
     RunRow,
     esc,
@@ -113,7 +114,7 @@ class ResultsUnavailable(DeploybenchError):
 def _airflow_connection_dsn() -> str | None:
     """The DSN of the Airflow connection ``deploybench_results``; None without Airflow or the connection."""
     try:
-        from deploybench.airflow_glue import results_dsn
+        from deploybench.airflow.connections import results_dsn
 
         return results_dsn()
     except ImportError:  # Airflow (or its postgres provider) is not installed: tests, the CLI
@@ -327,11 +328,11 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
     ) -> HTMLResponse:
         stored = _readable(store.load_run(target, paths.dag_run_key(dag_id, run_id)), access)
         if stored is None and access.may_read_dag(dag_id):  # a matrix run: the comparison of its cells
-            from deploybench import webapp_matrix
+            from deploybench.web import matrix_page
 
-            found = webapp_matrix.load(target, paths.dag_run_key(dag_id, run_id))
+            found = matrix_page.load(target, paths.dag_run_key(dag_id, run_id))
             if found is not None:
-                return HTMLResponse(webapp_matrix.render(found, _root(request), access))
+                return HTMLResponse(matrix_page.render(found, _root(request), access))
         if stored is None:
             raise HTTPException(
                 404,
@@ -341,7 +342,7 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         return _run_page(request, stored)
 
     @app.get("/compare", response_class=HTMLResponse)
-    def compare_page(
+    def comparison_page(
         request: Request,
         target: Target,
         access: Access,
@@ -354,23 +355,23 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         since: str | None = None,
         until: str | None = None,
         include_excluded: bool = False,
-        alpha: Annotated[float, Query(gt=0, lt=1)] = webapp_compare.DEFAULT_ALPHA,
+        alpha: Annotated[float, Query(gt=0, lt=1)] = compare_page.DEFAULT_ALPHA,
     ) -> HTMLResponse:
         root = _root(request)
-        query = webapp_compare.CompareQuery(runs=tuple(run), alpha=alpha)
+        query = compare_page.CompareQuery(runs=tuple(run), alpha=alpha)
         try:
-            query = webapp_compare.CompareQuery.parse(
+            query = compare_page.CompareQuery.parse(
                 run, baseline, model, series, inventory, tag, since, until, include_excluded, alpha
             )
-            view = webapp_compare.build(target, query, access)
+            view = compare_page.build(target, query, access)
         except HTTPException as exc:  # the form again, with the reason
-            page_html = webapp_compare.render(None, query, root, error=str(exc.detail))
+            page_html = compare_page.render(None, query, root, error=str(exc.detail))
             return HTMLResponse(page_html, status_code=exc.status_code)
-        return HTMLResponse(webapp_compare.render(view, query, root))
+        return HTMLResponse(compare_page.render(view, query, root))
 
     @app.get("/series/{fingerprint}", response_class=HTMLResponse)
     def series_page(request: Request, target: Target, access: Access, fingerprint: str) -> HTMLResponse:
-        view = webapp_history.build(target, fingerprint, access)
-        return HTMLResponse(webapp_history.render(view, _root(request)))
+        view = history_page.build(target, fingerprint, access)
+        return HTMLResponse(history_page.render(view, _root(request)))
 
     return app

@@ -8,7 +8,7 @@ workload group the best configuration meeting the SLO (named, linked to its run)
 table, the throughput-latency curves, the Pareto front plot; then each figure's change against
 the baseline with its p-value.
 
-Only runs the user may read are compared (``webapp_access``): a run given by key that the user may
+Only runs the user may read are compared (``web.access``): a run given by key that the user may
 not read answers 403; a filter silently leaves such runs out. The page saves nothing (the CLI
 stores its comparisons; a page view is not a result).
 """
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException
 
 from deploybench.report.html import Html, esc, table
-from deploybench.webapp_access import ReadAccess, forbid, may_read_row
-from deploybench.webapp_html import link, page, run_href
+from deploybench.web.access import ReadAccess, forbid, may_read_row
+from deploybench.web.markup import link, page, run_href
 
 if TYPE_CHECKING:
     from deploybench.analyse.compare import Comparison
@@ -58,7 +58,7 @@ class CompareQuery:
               inventory: str | None, tags: list[str], since: str | None, until: str | None,
               include_excluded: bool, alpha: float) -> CompareQuery:
         """From the query string (empty form fields are absent); HTTPException 400 naming a bad value."""
-        from deploybench.analyse.cli import parse_tag, parse_when
+        from deploybench.cli.analyse import parse_tag, parse_when
 
         def text(v: str | None) -> str | None:
             return (v or "").strip() or None

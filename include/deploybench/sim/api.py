@@ -19,7 +19,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from deploybench.lab.engine_http import (
+from deploybench.sim.server import (
     LAST_CHUNK,
     HttpError,
     Request,
@@ -28,12 +28,12 @@ from deploybench.lab.engine_http import (
     response,
     stream_head,
 )
-from deploybench.lab.service_model import TokenStream, chat_prompt, count_tokens
+from deploybench.sim.service_model import TokenStream, chat_prompt, count_tokens
 
 if TYPE_CHECKING:
-    from deploybench.lab.engine import EngineServer
+    from deploybench.sim.engine import EngineServer
 
-log = logging.getLogger("deploybench.lab.engine")
+log = logging.getLogger("deploybench.sim.engine")
 
 DEFAULT_MAX_TOKENS = 16
 _DUMPS = json.JSONEncoder(separators=(",", ":")).encode

@@ -16,8 +16,8 @@ from typing import Any
 
 from deploybench.matrix.result import cells_table
 from deploybench.report.html import Html, esc
-from deploybench.webapp_access import ReadAccess
-from deploybench.webapp_html import compare_href, link, page, run_href
+from deploybench.web.access import ReadAccess
+from deploybench.web.markup import compare_href, link, page, run_href
 
 RUN_DAG_ID = "deploybench_run"
 

@@ -52,7 +52,7 @@ class LocalEngines:
         for i in range(n):
             port = free_port()
             log = self.log_dir / f"engine-{port}.log"
-            argv = [sys.executable, "-m", "deploybench.lab.engine", "--host", "127.0.0.1", "--port", str(port),
+            argv = [sys.executable, "-m", "deploybench.sim.engine", "--host", "127.0.0.1", "--port", str(port),
                     "--model-dir", str(self.model_dir), "--served-model-name", self.model, "--seed", str(i + 1),
                     "--log-level", "warning", *(sim_service_args(engine) if engine else []), *extra]
             with open(log, "wb") as fh:

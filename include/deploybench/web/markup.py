@@ -1,6 +1,6 @@
 """HTML rendering of the results pages: the page frame, the run list and the run page (pure
 functions over store records; unit-tested). The comparison and history pages are rendered by
-``webapp_compare`` and ``webapp_history`` with the same frame.
+``compare_page`` and ``history_page`` with the same frame.
 
 Escaping, number formatting and tables are the project's one set, in ``deploybench.report.html``
 (re-exported here: ``esc``, ``fmt_num``, ``fmt_ms``, ``fmt_pct``, ``fmt_time``). Every value from the
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from deploybench.store import PhaseRecord, RunRecord, StageRecord, StoredRun
 
 
-# -- links (the page paths documented in deploybench.webapp) ---------------------------------
+# -- links (the page paths documented in deploybench.web.app) ---------------------------------
 def run_href(root: str, run_key: str, suffix: str = "", *, api: bool = False) -> str:
     """The URL of a run's page (``suffix`` e.g. '/report'; ``api`` for its JSON); the key is
     percent-encoded, '/' included."""

@@ -22,9 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from deploybench import relay as relay_module
 from deploybench.config import FanoutSpec
 from deploybench.errors import DeploybenchError, NodeUnreachable, TransportError
+from deploybench.fanout import relay as relay_module
 from deploybench.fanout.plan import NodeState, header_files
 from deploybench.inventory import Node
 from deploybench.manifest import Manifest

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from deploybench.config import SLO
-from deploybench.load.records import Figures, NodeFigures, SloVerdict, WindowFigures
+from deploybench.load.results import Figures, NodeFigures, SloVerdict, WindowFigures
 
 
 def _pct(values: pd.Series, q: float) -> float | None:

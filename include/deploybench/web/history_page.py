@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException
 
 from deploybench.report.html import Html, esc, figure, fmt_num, table
-from deploybench.webapp_access import ReadAccess, forbid, may_read_row
-from deploybench.webapp_html import compare_href, link, page, run_href, status_html, when
+from deploybench.web.access import ReadAccess, forbid, may_read_row
+from deploybench.web.markup import compare_href, link, page, run_href, status_html, when
 
 if TYPE_CHECKING:
     import pandas as pd
