@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from deploybench.config import EngineSpec
-from deploybench.lab.local import MODEL, LocalEngines
 from deploybench.load import Endpoint
 from deploybench.manifest import seed_model
+from deploybench.sim.local import MODEL, LocalEngines
 
 __all__ = ["MODEL", "local_engines"]
 

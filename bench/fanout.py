@@ -31,7 +31,7 @@ import time
 
 from deploybench import fanout
 from deploybench.config import FanoutSpec
-from deploybench.fanout.relays import Relays
+from deploybench.fanout.relay_control import Relays
 from deploybench.lab import cluster
 from deploybench.lab.state import LabFiles
 from deploybench.transport import Cluster

@@ -24,8 +24,8 @@ from pathlib import Path
 from _engines import local_engines
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
-from deploybench.lab.service_model import ServiceParams, capacity
 from deploybench.load import load_samples, phases, run_load
+from deploybench.sim.service_model import ServiceParams, capacity
 
 CONFIGS = {
     "batch 8, 1 node": (1, EngineSpec(max_num_seqs=8, sim=SimKnobs(decode_base_ms=4.0, decode_per_seq_ms=0.5,

@@ -28,9 +28,9 @@ import numpy as np
 
 from deploybench.analyse.judge import JudgeParams, judge_values
 from deploybench.config import SLO, LoadSpec
-from deploybench.lab.local import LocalEngines
 from deploybench.load import run_load
 from deploybench.manifest import seed_model
+from deploybench.sim.local import LocalEngines
 
 METRICS = {"latency_p50_ms": "latency_p50_ms", "latency_p99_ms": "latency_p99_ms", "output_tps": "output_tps"}
 

@@ -50,7 +50,7 @@ import os
 import subprocess
 import sys
 
-from deploybench.airflow_glue import RESULTS_CONN_ID, results_dsn, ssh_overrides
+from deploybench.airflow.connections import RESULTS_CONN_ID, results_dsn, ssh_overrides
 from deploybench.store.db import redact
 
 dsn = results_dsn()

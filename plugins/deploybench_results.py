@@ -1,6 +1,6 @@
 """The deploybench results pages inside the Airflow UI.
 
-Mounts ``deploybench.webapp`` on the api-server at /deploybench and adds two entries to the UI:
+Mounts ``deploybench.web.app`` on the api-server at /deploybench and adds two entries to the UI:
 "Benchmarks" in the navigation (the run list), and a "Benchmark results" tab on every DAG run
 (that run's stages, load phases and report; other DAGs' runs show "no deploybench results").
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from deploybench.webapp import create_app, require_airflow_user
+from deploybench.web.app import create_app, require_airflow_user
 
 URL_PREFIX = "/deploybench"
 
