@@ -10,7 +10,6 @@ still go out.
 
 from __future__ import annotations
 
-import html
 import importlib
 import logging
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 
 from deploybench.errors import ConfigError
 from deploybench.regression import Notify
+from deploybench.report.html import esc
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def _smtp(spec: Notify, subject: str, text: str) -> Any:
 
     if not spec.to:
         raise ConfigError("an smtp notification needs at least one address in 'to'")
-    body = "<pre>" + html.escape(text) + "</pre>"
+    body = "<pre>" + esc(text) + "</pre>"
     return SmtpNotifier(to=list(spec.to), from_email=spec.from_email or "deploybench@localhost",
                         subject=_raw(subject), html_content=_raw(body), smtp_conn_id=spec.conn_id, **spec.kwargs)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from deploybench.report import plots
-from deploybench.report.html import Html, document, esc, figure, table
+from deploybench.report.html import Html, document, esc, figure, fmt_change, fmt_p, table
 
 if TYPE_CHECKING:
     from deploybench.analyse.compare import Comparison
@@ -76,8 +76,7 @@ def sections(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | Non
         parts.append(table(
             ["run", "figure", "baseline", "value", "change", "p-value", "significant", "direction"],
             [[name(str(r["run_key"])), FIGURE_LABELS.get(r["figure"], r["figure"]), r["baseline"], r["value"],
-              "" if pd.isna(r["change"]) else f"{r['change']:+.1%}",
-              "n/a" if pd.isna(r["p_value"]) else f"{r['p_value']:.3g}", "yes" if r["significant"] else "no",
+              fmt_change(r["change"], missing=""), fmt_p(r["p_value"]), "yes" if r["significant"] else "no",
               r["direction"]] for _, r in c.iterrows()],
             [r["direction"] if r["significant"] else "" for _, r in c.iterrows()]))
         parts.append(f"<p class='note'>p-values: {esc(cmp.params.get('method'))}, alpha {cmp.params.get('alpha')}; "

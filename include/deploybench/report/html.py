@@ -1,16 +1,26 @@
-"""Small HTML building blocks shared by the reports and the results pages (``deploybench.web.markup``).
+"""The project's one HTML toolkit: the reports (``report.run_html``, ``report.compare_html``, the
+matrix report) and the results pages (``deploybench.web``) build their markup from it.
 
-The one escaper, the number formatters and the one table builder of the project live here.
-A cell is escaped unless it is ``Html`` (markup the caller built from escaped parts), so a
-value from the store can never turn into markup by accident.
+One escaper (``esc``), one table builder (``table``), one document frame (``document``) and one
+family of number formatters (``fmt_num`` and its named uses: ``fmt_ms``, ``fmt_pct``,
+``fmt_change``, ``fmt_p``, ``fmt_util``; ``fmt`` is a table cell's default). A cell is escaped
+unless it is ``Html`` (markup the caller built from escaped parts), so a value from a node or the
+store can never turn into markup by accident, and is escaped exactly once.
+tests/unit/test_html_toolkit.py fails when a module elsewhere escapes or builds a table itself.
+
+It lives in ``report/`` because the pages already render the reports' own sections (the comparison
+and history sections) and so depend on ``report`` anyway; it imports nothing but the standard
+library, so the Airflow layer (notifications) may use it too.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import numbers
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 STYLE = (
@@ -32,38 +42,54 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def _missing(value: Any) -> bool:
+    """None, NaN and infinities (Python or numpy numbers alike) are not a figure."""
+    return value is None or (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+                             and not math.isfinite(float(value)))
+
+
+def fmt_num(value: Any, digits: int = 2, missing: str = "n/a") -> str:
+    """Thousands separated, ``digits`` decimals for a non-integer; ``missing`` for None, NaN and inf.
+    Booleans and text are shown as they are (a bool is not the number 1)."""
+    if isinstance(value, Decimal):  # a PostgreSQL numeric
+        value = float(value)
+    if _missing(value):
+        return missing
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    return f"{float(value):,.{digits}f}"
+
+
 def fmt(v: Any) -> str:
-    """A report cell: floats with two decimals and thousands separated, missing values blank."""
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        if v != v:
-            return ""
-        return f"{v:,.2f}"
-    return str(v)
+    """A table cell's default: numbers by ``fmt_num`` (two decimals), missing values blank."""
+    return fmt_num(v, 2, missing="")
 
 
-def fmt_num(value: float | None, digits: int = 2) -> str:
-    """Thousands separated, ``digits`` decimals for floats; None and NaN are 'n/a'."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:,.{digits}f}"
-
-
-def fmt_ms(value: float | None) -> str:
+def fmt_ms(value: Any) -> str:
     """A latency in milliseconds; None (no request succeeded) is 'n/a'."""
     return fmt_num(value, 1)
 
 
-def fmt_pct(rate: float | None) -> str:
-    return "n/a" if rate is None or rate != rate else f"{rate:.2%}"
+def fmt_pct(rate: Any, digits: int = 2, missing: str = "n/a") -> str:
+    """A fraction as a percentage (0.0123 -> '1.23%'); None and NaN are ``missing``."""
+    return missing if _missing(rate) else f"{float(rate):.{digits}%}"
 
 
-def fmt_util(pct: float | None) -> str:
+def fmt_change(rel: Any, missing: str = "n/a") -> str:
+    """A relative change, signed, one decimal (0.21 -> '+21.0%')."""
+    return missing if _missing(rel) else f"{float(rel):+.1%}"
+
+
+def fmt_p(p: Any) -> str:
+    """A p-value with three significant digits (1e-40 stays readable); None and NaN are 'n/a'."""
+    return "n/a" if _missing(p) else f"{float(p):.3g}"
+
+
+def fmt_util(pct: Any) -> str:
     """A GPU utilisation in %; None is 'absent' (not measured: never shown as 0)."""
-    return "absent" if pct is None or pct != pct else f"{pct:.1f}"
+    return fmt_num(pct, 1, missing="absent")
 
 
 def fmt_time(value: datetime | None) -> str:
@@ -103,6 +129,10 @@ def figure(svg: str, caption: str) -> str:
     return f"<figure>{svg}<figcaption>{esc(caption)}</figcaption></figure>"
 
 
-def document(title: str, parts: list[str]) -> str:
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>" + esc(title) + "</title><style>" + STYLE
-            + "</style></head><body>" + "\n".join(parts) + "</body></html>")
+def document(title: str, parts: Iterable[str] | str, css: str = STYLE, nav: str = "") -> str:
+    """A whole self-contained HTML document (inline CSS, no script, no external asset): the reports'
+    and the pages' one frame. ``parts`` is markup; ``nav`` markup put before it."""
+    body = parts if isinstance(parts, str) else "\n".join(parts)
+    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+            f"<title>{esc(title)}</title><style>{css}</style></head><body>{nav}{body}</body></html>")

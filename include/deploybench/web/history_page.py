@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 
-from deploybench.report.html import Html, esc, figure, fmt_num, table
+from deploybench.report.html import Html, esc, figure, fmt_change, fmt_num, table
 from deploybench.web.access import ReadAccess, forbid, may_read_row
 from deploybench.web.markup import compare_href, link, page, run_href, status_html, when
 
@@ -92,10 +92,6 @@ def _left_out(row: Any) -> str:
     return ""
 
 
-def _num(v: Any, digits: int = 2) -> str:
-    return fmt_num(None if v is None or v != v else float(v), digits)
-
-
 def _plots(view: HistoryView) -> list[str]:
     from deploybench.analyse.history import METRICS
     from deploybench.report import plots
@@ -111,12 +107,12 @@ def _plots(view: HistoryView) -> list[str]:
         points = [{"t": r[at], "value": None if r[metric] is None else float(r[metric]),
                    "excluded": bool(_left_out(r))} for _, r in runs.iterrows()]
         hist = view.history
-        changes = [{"t": when[c.run_key], "text": f"change point: {c.direction} {c.magnitude:+.1%}"}
+        changes = [{"t": when[c.run_key], "text": f"change point: {c.direction} {fmt_change(c.magnitude)}"}
                    for c in (hist.changes if hist else []) if c.metric == metric and c.run_key in when]
         verdict = hist.verdicts.get(metric) if hist else None
         title = label
         if verdict:
-            title += f" (newest run: {verdict['verdict']}, {verdict['magnitude']:+.1%})"
+            title += f" (newest run: {verdict['verdict']}, {fmt_change(verdict['magnitude'])})"
         svg = plots.metric_history(points, changes, title, label)
         parts.append(figure(svg, f"{label} over the series' runs"))
     return parts
@@ -126,7 +122,7 @@ def _run_table(view: HistoryView, root: str) -> str:
     hist = view.history
     marks: dict[str, list[str]] = {}
     for c in hist.changes if hist else []:
-        marks.setdefault(c.run_key, []).append(f"change point in {c.metric}: {c.direction} {c.magnitude:+.1%}")
+        marks.setdefault(c.run_key, []).append(f"change point in {c.metric}: {c.direction} {fmt_change(c.magnitude)}")
     newest = hist.newest if hist else None
     rows, classes = [], []
     for _, r in view.runs.iterrows():
@@ -137,8 +133,8 @@ def _run_table(view: HistoryView, root: str) -> str:
             note.append("newest analysed run: " + ", ".join(
                 f"{m} {v['verdict']}" for m, v in hist.verdicts.items()))
         rows.append([when(r["started_at"]), link(run_href(root, key), key, code=True), r["dag_id"],
-                     status_html(str(r["status"])), _num(r["capacity_rps"]), _num(r["latency_p99_ms"], 1),
-                     _num(r["latency_p50_ms"], 1), _num(r["output_tps"], 1), "; ".join(note)])
+                     status_html(str(r["status"])), fmt_num(r["capacity_rps"]), fmt_num(r["latency_p99_ms"], 1),
+                     fmt_num(r["latency_p50_ms"], 1), fmt_num(r["output_tps"], 1), "; ".join(note)])
         classes.append("excluded" if _left_out(r) else ("changepoint" if key in marks else ""))
     return "<h2>Runs of this series</h2>" + table(
         ["started", "run", "DAG", "status", "capacity req/s", "P99 ms", "P50 ms", "output tok/s", "note"],
@@ -162,7 +158,7 @@ def _identity(view: HistoryView) -> str:
 
 def _verdict_line(hist: History, root: str) -> str:
     parts = [f"<span class='{esc(v['verdict'])}'>{esc(m)}: <b>{esc(v['verdict'])}</b> "
-             f"({v['magnitude']:+.1%})</span>" for m, v in hist.verdicts.items()]
+             f"({esc(fmt_change(v['magnitude']))})</span>" for m, v in hist.verdicts.items()]
     newest = link(run_href(root, hist.newest), hist.newest, code=True)
     return f"<p class='verdict'>Verdict on the newest run {newest}: {'; '.join(parts)}</p>"
 

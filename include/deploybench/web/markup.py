@@ -2,9 +2,10 @@
 functions over store records; unit-tested). The comparison and history pages are rendered by
 ``compare_page`` and ``history_page`` with the same frame.
 
-Escaping, number formatting and tables are the project's one set, in ``deploybench.report.html``
-(re-exported here: ``esc``, ``fmt_num``, ``fmt_ms``, ``fmt_pct``, ``fmt_time``). Every value from the
-store goes through ``esc`` or through ``table``, which escapes every cell that is not ``Html``.
+Escaping, number formatting, tables and the document frame are the project's one HTML toolkit,
+``deploybench.report.html`` (re-exported here: ``esc``, ``fmt_num``, ``fmt_ms``, ``fmt_pct``,
+``fmt_time``); this module adds the pages' style, navigation and links. Every value from the store
+goes through ``esc`` or through ``table``, which escapes every cell that is not ``Html``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import quote, urlencode
 
-from deploybench.report.html import Html, esc, fmt_ms, fmt_num, fmt_pct, fmt_time, fmt_util, table
+from deploybench.report.html import Html, document, esc, fmt_ms, fmt_num, fmt_pct, fmt_time, fmt_util, table
 from deploybench.store.records import CLUSTER, RunStatus
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -114,14 +115,9 @@ nav{margin-bottom:.6em}
 
 
 def page(title: str, body: str, root: str) -> str:
-    """A whole self-contained HTML document (inline CSS, no script, no external asset)."""
+    """A whole page: the toolkit's document frame with the pages' style and navigation."""
     nav = f"<a href='{esc(root)}/'>deploybench results</a> &middot; <a href='{esc(root)}/compare'>compare</a>"
-    return (
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
-        f"<nav class='muted'>{nav}</nav>{body}</body></html>"
-    )
+    return document(title, body, css=_CSS, nav=f"<nav class='muted'>{nav}</nav>")
 
 
 # -- the run list ----------------------------------------------------------------------------
@@ -158,7 +154,7 @@ def render_run_list(
     """The run list: a filter form, and the runs in a form that opens the comparison page with the
     ticked runs (``run=``) and the chosen baseline (``baseline=``)."""
     options = "".join(
-        f"<option value='{s}'{' selected' if s == (status or '') else ''}>{s or 'any'}</option>"
+        f"<option value='{esc(s)}'{' selected' if s == (status or '') else ''}>{esc(s or 'any')}</option>"
         for s in ("", *RUN_STATUSES)
     )
     form = (
