@@ -100,7 +100,7 @@ def test_numbers_format_alike_whatever_their_type_and_missing_is_named():
     assert fmt_pct(0.0123) == "1.23%" and fmt_pct(np.nan) == "n/a"
     assert fmt_change(0.21) == "+21.0%" and fmt_change(-0.05) == "-5.0%" and fmt_change(None, "") == ""
     assert fmt_p(1e-40) == "1e-40" and fmt_p(0.04567) == "0.0457" and fmt_p(None) == fmt_p(np.nan) == "n/a"
-    assert fmt_util(None) == "absent" and fmt_util(np.float64(87.25)) == "87.2"
+    assert fmt_util(None) == "absent" and fmt_util(np.float64(87.25)) == "87.2" and fmt_util(87) == "87.0"
 
 
 def test_table_escapes_cells_and_classes_once():

@@ -89,7 +89,7 @@ def fmt_p(p: Any) -> str:
 
 def fmt_util(pct: Any) -> str:
     """A GPU utilisation in %; None is 'absent' (not measured: never shown as 0)."""
-    return fmt_num(pct, 1, missing="absent")
+    return "absent" if _missing(pct) else fmt_num(float(pct), 1)
 
 
 def fmt_time(value: datetime | None) -> str:
