@@ -71,7 +71,8 @@ class PreflightSpec(_Strict):
     link_mode: LinkMode = Field(LinkMode.RING, title="Link test pattern",
                                 description="Which node pairs iperf3 tests: ring (neighbours), mesh (every pair), "
                                             "star (source to each).")
-    iperf_seconds: float = Field(2.0, gt=0, le=60, title="iperf3 test length (s)", description="Length of each iperf3 test.")
+    iperf_seconds: float = Field(2.0, gt=0, le=60, title="iperf3 test length (s)",
+                                 description="Length of each iperf3 test.")
     link_threshold: float = Field(0.9, gt=0, le=1.5, title="Link threshold",
                                   description="Fraction of the nominal link speed a link must reach (0.9 = 90 %).")
     policy: Policy = Field(Policy.ABORT, title="On a bad node",
@@ -132,10 +133,13 @@ class KubernetesSpec(_Strict):
     """The kubernetes backend: where and how the engine's Deployments run (see deploybench.rollout.manifests)."""
 
     conn_id: str = Field("kubernetes_default", pattern=r"^[A-Za-z0-9_.-]{1,250}$", title="Kubernetes: connection id",
-                         description="kubernetes backend: the Airflow Kubernetes connection (in-cluster or kubeconfig).")
-    namespace: str = Field("deploybench", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", title="Kubernetes: namespace",
+                         description="kubernetes backend: the Airflow Kubernetes connection (in-cluster or "
+                                     "kubeconfig).")
+    namespace: str = Field("deploybench", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+                           title="Kubernetes: namespace",
                            description="kubernetes backend: namespace of the Deployments and Services.")
-    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN, title="Kubernetes: engine image",
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN,
+                              title="Kubernetes: engine image",
                               description="kubernetes backend: engine image; empty = the engine's image, else the "
                                           "engine profile's default.")
     gpus_per_pod: int = Field(1, ge=0, le=64, title="Kubernetes: GPUs per pod",
@@ -184,7 +188,7 @@ class RolloutSpec(_Strict):
                                                  "the nodes cannot be reached from here.")
 
     @model_validator(mode="after")
-    def _external_endpoints(self) -> "RolloutSpec":
+    def _external_endpoints(self) -> RolloutSpec:
         if self.backend is RolloutBackend.EXTERNAL and not self.endpoints:
             raise ValueError("rollout.backend=external needs rollout.endpoints: one \"node=URL\" per running "
                              "engine, e.g. [\"n1=http://10.0.0.11:8000\"]")
@@ -197,7 +201,7 @@ class RolloutSpec(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _gate_reachable(self) -> "RolloutSpec":
+    def _gate_reachable(self) -> RolloutSpec:
         offered = self.gate_rate_per_node * self.canary_nodes * self.gate_duration_s
         if offered < self.gate_min_requests:
             raise ValueError(
@@ -245,7 +249,7 @@ class TritonKnobs(_Strict):
     instance_kind: Literal["KIND_GPU", "KIND_CPU", "KIND_MODEL", "KIND_AUTO"] = "KIND_GPU"
 
     @model_validator(mode="after")
-    def _sizes(self) -> "TritonKnobs":
+    def _sizes(self) -> TritonKnobs:
         p = self.preferred_batch_sizes
         if any(s < 1 for s in p) or p != sorted(set(p)):
             raise ValueError(f"triton preferred_batch_sizes={p} must be increasing positive sizes, e.g. [4, 8]")
@@ -300,7 +304,7 @@ class EngineSpec(_Strict):
                                           "the engine profile's default.")
 
     @model_validator(mode="after")
-    def _profile_fits(self) -> "EngineSpec":
+    def _profile_fits(self) -> EngineSpec:
         if self.profile is EngineProfileName.SIM and self.runtime is not ContainerRuntime.PROCESS:
             raise ValueError(f"engine runtime={self.runtime.value} needs an image; the sim engine runs as a "
                              "process (runtime=process)")
@@ -402,7 +406,7 @@ class LoadSpec(_Strict):
         return max(peaks)
 
     @model_validator(mode="after")
-    def _coherent(self) -> "LoadSpec":
+    def _coherent(self) -> LoadSpec:
         if self.probe_max_rps <= self.probe_start_rps:
             raise ValueError(f"load.probe_max_rps={self.probe_max_rps} must be above probe_start_rps="
                              f"{self.probe_start_rps}")
@@ -451,7 +455,7 @@ class LeaseSpec(_Strict):
                                            "run at its next heartbeat.")
 
     @model_validator(mode="after")
-    def _beats_before_expiry(self) -> "LeaseSpec":
+    def _beats_before_expiry(self) -> LeaseSpec:
         if self.heartbeat_s * 2 > self.ttl_s:
             raise ValueError(f"lease.heartbeat_s={self.heartbeat_s:g} must be at most half of lease.ttl_s="
                              f"{self.ttl_s:g}, so that one missed heartbeat does not expire the lease; raise ttl_s "
@@ -488,8 +492,9 @@ LOAD_SHAPE_FIELDS = {
 
 class RunConfig(_Strict):
     inventory: str = Field(min_length=1, max_length=4096, pattern=INVENTORY_PATTERN, title="Inventory",
-                           description="Name of the cluster's inventory in the inventory folder ($DEPLOYBENCH_INVENTORIES"
-                                       ", default the lab's: 'demo' is the lab `deploybench lab up demo` writes), or "
+                           description="Name of the cluster's inventory in the inventory folder "
+                                       "($DEPLOYBENCH_INVENTORIES, default the lab's: 'demo' is the lab "
+                                       "`deploybench lab up demo` writes), or "
                                        "its path inside that folder.")
     nodes: int = Field(0, ge=0, le=MAX_NODES, title="Nodes",
                        description="Use the first N nodes of the inventory; 0 = all.")
@@ -522,7 +527,7 @@ class RunConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _coherent(self) -> "RunConfig":
+    def _coherent(self) -> RunConfig:
         peak, knob = self.load.peak_rate()
         if not self.load.max_vus and peak * self.slo.p99_latency_ms / 1000 * K6_VU_HEADROOM > MAX_K6_VUS:
             raise ValueError(
@@ -546,7 +551,7 @@ class RunConfig(_Strict):
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
-    def parse(cls, data: dict[str, Any], names: dict[tuple[str, ...], str] | None = None) -> "RunConfig":
+    def parse(cls, data: dict[str, Any], names: dict[tuple[str, ...], str] | None = None) -> RunConfig:
         """Validate a nested dict; a bad value raises ConfigError naming the field and what is allowed.
 
         ``names`` maps nested paths to the names the user typed (the flat form's), for the message.
@@ -557,7 +562,7 @@ class RunConfig(_Strict):
             raise ConfigError(format_validation_error(exc, names)) from exc
 
     @classmethod
-    def validate_strict(cls, data: dict[str, Any]) -> "RunConfig":
+    def validate_strict(cls, data: dict[str, Any]) -> RunConfig:
         """Validate ``data`` as the JSON it came as (a form, a REST conf, a file): strictly, so that
         ``true`` is not a node count and ``"4"`` not a number - what the form's JSON schema says too."""
         return cls.model_validate_json(json.dumps(data, default=_json_default), strict=True)
@@ -584,7 +589,8 @@ class RunConfig(_Strict):
         if self.rollout.scale_steps and self.rollout.scale_steps[-1] > count:
             raise ConfigError(f"rollout.scale_steps={self.rollout.scale_steps} goes past the {count} nodes of this run")
         if self.preflight.min_nodes > count:
-            raise ConfigError(f"preflight.min_nodes={self.preflight.min_nodes} is larger than the {count} nodes of this run")
+            raise ConfigError(f"preflight.min_nodes={self.preflight.min_nodes} is larger than the {count} nodes "
+                              "of this run")
         return names
 
     def scale_plan(self, healthy: int) -> list[int]:
@@ -609,7 +615,8 @@ class RunConfig(_Strict):
             "nodes": self.nodes,
             "model": self.model.model_dump(mode="json"),
             "engine": _engine_identity(self.engine),
-            "workload": self.load.model_dump(mode="json", exclude={"duration_s", "warmup_s", "max_vus", *LOAD_SHAPE_FIELDS}),
+            "workload": self.load.model_dump(mode="json",
+                                             exclude={"duration_s", "warmup_s", "max_vus", *LOAD_SHAPE_FIELDS}),
         }
 
     def fingerprint(self) -> str:

@@ -53,10 +53,10 @@ def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(externa
 
 def test_external_engines_measured_through_the_dag(external_engines, dag_test_run, monkeypatch):
 
-    from deploybench import params as form
-    from deploybench.sim.service_model import ServiceParams, capacity
     from sqlalchemy import text
 
+    from deploybench import params as form
+    from deploybench.sim.service_model import ServiceParams, capacity
     from deploybench.store import count_samples, load_run
     from deploybench.store.db import open_store
 

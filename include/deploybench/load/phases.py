@@ -32,15 +32,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from deploybench.config import SLO, LoadSpec
+from deploybench.config import SLO, LoadPhase, LoadSpec
 from deploybench.errors import ConfigError
 from deploybench.load import gpu, overload, probe, sustained
 from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
-from deploybench.load.runner import run_load
+from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.load.scrape import read_series, save_series
 
 LOG = logging.getLogger(__name__)
-ORDER = ("probe", "sustained", "overload")
+ORDER = tuple(p.value for p in LoadPhase)  # probe -> sustained -> overload, as config.LoadPhase declares
 LB_NODE = "lb"
 TARGETS_ENV = "DEPLOYBENCH_TARGET_URLS"  # origins a target_url may name besides the run's own endpoints
 
@@ -109,7 +109,8 @@ def capacity_of(out_dir: Path, spec: LoadSpec) -> tuple[float, str]:
         return spec.rate, "config"
     cap = ((got.get("analysis") or {}).get("capacity_rps"))
     if got.get("status") != "success" or not cap:
-        raise LoadError(f"the probe found no capacity ({(got.get('analysis') or {}).get('reason') or got.get('error')}); "
+        why = (got.get("analysis") or {}).get("reason") or got.get("error")
+        raise LoadError(f"the probe found no capacity ({why}); "
                         "lower probe_start_rps, loosen the SLO, or run without the probe at a fixed load_rate")
     return float(cap), "probe"
 
@@ -234,7 +235,7 @@ def _series(res: LoadResult) -> list[str]:
 
 
 def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
-              tags: dict | None = None, api: str | None = None, transports: Mapping[str, Any] | None = None,
+              tags: dict | None = None, api: ApiFlavour | None = None, transports: Mapping[str, Any] | None = None,
               search: str = "ramp") -> dict:
     """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
 

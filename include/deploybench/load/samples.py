@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 
@@ -61,7 +62,7 @@ def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
     return _typed(pd.DataFrame(rows, columns=[*SAMPLE_COLUMNS, *EXTRA_COLUMNS]), ts_unit="ms"), dropped
 
 
-def _typed(df: pd.DataFrame, ts_unit: str | None = None) -> pd.DataFrame:
+def _typed(df: pd.DataFrame, ts_unit: Literal["s", "ms", "us", "ns"] | None = None) -> pd.DataFrame:
     out = df.copy()
     if ts_unit:
         out["ts"] = pd.to_datetime(out["ts"], unit=ts_unit, utc=True)

@@ -28,6 +28,8 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from deploybench.config import LoadSpec
@@ -51,7 +53,8 @@ def make_prompt(rng: random.Random, spec: LoadSpec) -> tuple[str, int, int]:
 def request_body(api: str, model: str, text: str, max_tokens: int) -> tuple[str, bytes]:
     """(path, JSON body) of one streamed request."""
     if api == "triton":
-        body = {"text_input": text, "parameters": {"max_tokens": max_tokens, "stream": True, "ignore_eos": True}}
+        body: dict[str, Any] = {"text_input": text,
+                                "parameters": {"max_tokens": max_tokens, "stream": True, "ignore_eos": True}}
         return f"/v2/models/{quote(model, safe='')}/generate_stream", json.dumps(body).encode()
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
@@ -149,10 +152,10 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
             if head is None:
                 reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=MAX_HEAD)
                 head = await _send(reader, writer, url.netloc, prefix + path, body)
-            row["status"] = int(head[0].split(" ")[1])
+            status = row["status"] = int(head[0].split(" ")[1])
             headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
-            if not 200 <= row["status"] < 300:
-                row["error_kind"] = f"http_{row['status']}"
+            if not 200 <= status < 300:
+                row["error_kind"] = f"http_{status}"
                 return row
             sse, times, usage, done = _Stream(), [], None, False
             async for part in _body_parts(reader, headers):
@@ -228,7 +231,7 @@ class TtftSampler:
         try:  # uvloop when installed: less time per event, so the timestamps sit closer to the bytes
             import uvloop
 
-            runner = uvloop.run
+            runner: Callable[[Coroutine[Any, Any, None]], None] = uvloop.run
         except ImportError:
             runner = asyncio.run
         self._thread = threading.Thread(target=lambda: runner(self._main()), name="ttft-sampler", daemon=True)

@@ -105,7 +105,7 @@ def prepare_samples(frame: pd.DataFrame) -> pd.DataFrame:
     for col in ("phase", "node"):
         out[col] = frame[col].astype("string")
     out["error_kind"] = (
-        frame["error_kind"].astype("string").replace("", pd.NA) if "error_kind" in frame else pd.NA
+        frame["error_kind"].astype("string").replace({"": pd.NA}) if "error_kind" in frame else pd.NA
     )
     for col in _INT_COLUMNS:
         out[col] = pd.to_numeric(frame[col], errors="coerce")
@@ -208,10 +208,10 @@ def write_run(
     engine = open_store(target)
 
     run_row = run.model_dump()
-    upsert = pg_insert(Run).values(**run_row)
-    upsert = upsert.on_conflict_do_update(
+    insert_run = pg_insert(Run).values(**run_row)
+    upsert = insert_run.on_conflict_do_update(
         index_elements=[Run.run_key],
-        set_={**{k: upsert.excluded[k] for k in run_row if k != "run_key"}, "updated_at": func.now()},
+        set_={**{k: insert_run.excluded[k] for k in run_row if k != "run_key"}, "updated_at": func.now()},
     ).returning(Run.created_at != Run.updated_at)
     try:
         with engine.begin() as conn:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psycopg
 from sqlalchemy import Connection, delete, insert, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -36,15 +37,18 @@ from deploybench.store.models import (
 )
 
 FACT_MODELS = (PreflightNode, PreflightLink, FanoutNode, RolloutStep, CapacityStep, ServerMetric)
-_IDENTITY_MODELS = {"cluster": Cluster, "software": Software, "model": ModelArtifact, "serving": ServingConfig,
-                    "workload": Workload}
+_IDENTITY_MODELS: dict[str, type[Cluster | Software | ModelArtifact | ServingConfig | Workload]] = {
+    "cluster": Cluster, "software": Software, "model": ModelArtifact, "serving": ServingConfig, "workload": Workload,
+}
 _SERIES_COLUMNS = {"cluster": "cluster_id", "software": "software_id", "model": "model_id", "serving": "serving_id",
                    "workload": "workload_id"}
 _COPY_SQL = (f"COPY {ServerMetric.__tablename__} (run_key, {', '.join(METRIC_COLUMNS)}) "
              "FROM STDIN WITH (FORMAT binary)")
 _COPY_TYPES = ("text", "timestamptz", "text", "text", "text", "text", "float8")
-_FACT_LISTS = {"preflight_nodes": PreflightNode, "preflight_links": PreflightLink, "fanout_nodes": FanoutNode,
-               "rollout_steps": RolloutStep, "capacity_steps": CapacityStep}
+_FACT_LISTS: dict[str, type[PreflightNode | PreflightLink | FanoutNode | RolloutStep | CapacityStep]] = {
+    "preflight_nodes": PreflightNode, "preflight_links": PreflightLink, "fanout_nodes": FanoutNode,
+    "rollout_steps": RolloutStep, "capacity_steps": CapacityStep,
+}
 
 
 def upsert_series(conn: Connection, identity: RunIdentity) -> int:
@@ -135,6 +139,8 @@ def write_facts(conn: Connection, run_key: str, facts: RunFacts | None, metrics:
         counts[attr] = len(rows)
     if metrics is not None and len(metrics):
         raw = conn.connection.driver_connection
+        if not isinstance(raw, psycopg.Connection):  # COPY is psycopg 3's (open_store's postgresql+psycopg)
+            raise StoreError(f"server metrics: COPY needs a psycopg 3 connection, not {type(raw).__name__}")
         with raw.cursor() as cur, cur.copy(_COPY_SQL) as copy:
             copy.set_types(list(_COPY_TYPES))
             ts = list(metrics["ts"].dt.to_pydatetime())
