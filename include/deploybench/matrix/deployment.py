@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploybench import paths
+from deploybench.errors import ConfigError
 
 if TYPE_CHECKING:
     from deploybench.config import RunConfig
@@ -187,7 +188,7 @@ class NotAdopted(Exception):
         self.sound, self.record = sound, record
 
 
-def _verify(run: Run, ssh_overrides: dict | None) -> dict:
+def _verify(run: Run, giver: str, ssh_overrides: dict | None) -> dict:
     """The checks of the module doc, in order; NotAdopted names the first that fails."""
     import re
 
@@ -195,7 +196,6 @@ def _verify(run: Run, ssh_overrides: dict | None) -> dict:
     from deploybench.errors import DeploybenchError
     from deploybench.pipeline import Run
 
-    giver = run.cfg.deployment.adopt
     spec = run.cfg.deployment
     if run.cfg.rollout.backend.value != "ssh":
         raise NotAdopted(f"the {run.cfg.rollout.backend.value} backend does not share deployments")
@@ -213,30 +213,36 @@ def _verify(run: Run, ssh_overrides: dict | None) -> dict:
         owner = Run.open(owner_key)
     except (DeploybenchError, OSError, ValueError, KeyError) as exc:
         raise NotAdopted(f"the owner run {owner_key} of the kept deployment cannot be read: {exc}") from None
-    sound = {"sound": True, "record": {**rec, "owner_nodes": owner.nodes}}
+    record = {**rec, "owner_nodes": owner.nodes}
+
+    def refused(why: str) -> NotAdopted:
+        """The record is sound: its engines may be stopped."""
+        return NotAdopted(why, sound=True, record=record)
+
     mine, theirs = fingerprint(run.cfg), fingerprint(owner.cfg)
     if mine != theirs or owner.inventory.name != run.inventory.name:
-        raise NotAdopted(f"run {owner_key} deployed another configuration (deployment {theirs[:12]}, this run "
-                         f"needs {mine[:12]})", **sound)
+        raise refused(f"run {owner_key} deployed another configuration (deployment {theirs[:12]}, this run "
+                   f"needs {mine[:12]})")
     pf = owner.stage_record("preflight") or {}
     age = _age_s(pf.get("finished_at"))
     if pf.get("status") != "success" or age is None:
-        raise NotAdopted(f"run {owner_key} has no successful preflight to rely on", **sound)
+        raise refused(f"run {owner_key} has no successful preflight to rely on")
     if age > spec.max_reuse_s:
-        raise NotAdopted(f"the preflight of run {owner_key} is {age:.0f} s old, past deployment.max_reuse_s="
-                         f"{spec.max_reuse_s:g}", **sound)
+        raise refused(f"the preflight of run {owner_key} is {age:.0f} s old, past deployment.max_reuse_s="
+                   f"{spec.max_reuse_s:g}")
     ro = owner.stage_record("rollout") or {}
     if ro.get("status") != "success":
-        raise NotAdopted(f"run {owner_key} has no successful rollout", **sound)
-    nodes = [e.get("node") for e in (ro.get("result") or {}).get("endpoints") or [] if isinstance(e, dict)]
-    if not nodes or any(n not in run.nodes for n in nodes):
-        raise NotAdopted(f"run {owner_key} served on {nodes}, not among this run's nodes {run.nodes}", **sound)
+        raise refused(f"run {owner_key} has no successful rollout")
+    served = [e.get("node") for e in (ro.get("result") or {}).get("endpoints") or [] if isinstance(e, dict)]
+    nodes = [n for n in served if isinstance(n, str) and n in run.nodes]
+    if not served or len(nodes) != len(served):
+        raise refused(f"run {owner_key} served on {served}, not among this run's nodes {run.nodes}")
     cluster, dep = _deployer(owner_key, owner.cfg, owner.inventory, nodes, ssh_overrides)
     with cluster:
         failures = _unhealthy(dep, nodes)
         endpoints = dep.endpoints()
     if failures:
-        raise NotAdopted("kept engines no longer answer: " + "; ".join(failures), **sound)
+        raise refused("kept engines no longer answer: " + "; ".join(failures))
     return {"adopted": True, "giver": giver, "owner": owner_key, "nodes": nodes, "endpoints": endpoints,
             "deployment": mine, "age_s": round(age, 1), "max_reuse_s": spec.max_reuse_s,
             "records": {s: owner.stage_record(s) for s in REUSED_STAGES}}
@@ -247,8 +253,10 @@ def adopt(run: Run, ssh_overrides: dict | None = None) -> dict:
     kept engines when the record is sound, so that they neither block this run's port nor stay up).
     Writes ``adoption.json``; returns it."""
     giver = run.cfg.deployment.adopt
+    if giver is None:
+        raise ConfigError(f"run {run.key} sets no deployment.adopt: there is no kept deployment to adopt")
     try:
-        got = _verify(run, ssh_overrides)
+        got = _verify(run, giver, ssh_overrides)
     except NotAdopted as no:
         got = {"adopted": False, "giver": giver, "why": str(no), "stopped": None}
         if no.sound and no.record:
@@ -335,6 +343,8 @@ def cleanup(run_keys: list[str], dsn: str | None, ssh_for: Any = None) -> list[d
             info = store.status(cluster)
         if holder is not None and info is not None:
             try:
+                if not isinstance(owner_key, str):
+                    raise ValueError(f"the record names no owner run ({owner_key!r})")
                 owner = Run.open(owner_key)
                 nodes = [n for n in rec.get("nodes") or [] if n in owner.nodes]
                 entry["stopped"] = stop(owner_key, nodes, ssh_for(owner_key) if ssh_for else None)
