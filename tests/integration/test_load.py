@@ -1,13 +1,13 @@
 """The load stage against the simulated engine: real k6, real HTTP, 127.0.0.1 only.
 
-Two engine processes on two ports are two "nodes". Each test bounds its own time: the engines must
-answer /health within ENGINE_START_S, and run_load bounds k6 by warm-up + duration + margin.
+Two engine processes on two ports are two "nodes" (the ``local_engines`` fixture of conftest.py). Each
+test bounds its own time: the engines must answer /health within LocalEngines' start timeout, and
+run_load bounds k6 by warm-up + duration + margin.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -15,30 +15,12 @@ import pytest
 
 from deploybench.config import SLO, LoadSpec
 from deploybench.load import Endpoint, EndpointNotReady, load_samples, run_load
-from deploybench.manifest import seed_model
-from deploybench.sim.local import MODEL, LocalEngines, free_port
+from deploybench.sim.local import MODEL, free_port
 
 pytestmark = pytest.mark.integration
 
-ENGINE_START_S = 20
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model")
-    seed_model(path, total_mb=1)
-    return path
-
-
-@pytest.fixture
-def engines(model_dir, tmp_path) -> Iterator:
-    """start(n, *extra_args) -> [Endpoint]; every engine started here is stopped at the end."""
-    with LocalEngines(model_dir, tmp_path, start_timeout_s=ENGINE_START_S) as local:
-        yield local.start
-
-
-def test_sustained_phase_on_two_nodes(engines, tmp_path):
-    eps = engines(2)
+def test_sustained_phase_on_two_nodes(local_engines, tmp_path):
+    eps = local_engines.start(2)
     spec = LoadSpec(rate=10, duration_s=6, warmup_s=2, prompt_tokens=32, output_tokens=8, request_timeout_s=10)
     res = run_load(eps, spec, SLO(p99_latency_ms=2000, max_error_rate=0.01), tmp_path / "out",
                    tags={"run_key": "it-sustained"})
@@ -62,8 +44,8 @@ def test_sustained_phase_on_two_nodes(engines, tmp_path):
     assert Path(res.summary_path).is_file()
 
 
-def test_injected_errors_fail_the_slo_on_error_rate(engines, tmp_path):
-    eps = engines(2, "--error-rate", "0.2")
+def test_injected_errors_fail_the_slo_on_error_rate(local_engines, tmp_path):
+    eps = local_engines.start(2, "--error-rate", "0.2")
     spec = LoadSpec(rate=10, duration_s=8, warmup_s=1, prompt_tokens=16, output_tokens=4, request_timeout_s=10)
     res = run_load(eps, spec, SLO(p99_latency_ms=2000, max_error_rate=0.01), tmp_path / "out")
 
@@ -75,8 +57,8 @@ def test_injected_errors_fail_the_slo_on_error_rate(engines, tmp_path):
     assert sum(n.errors for n in res.nodes) == res.errors
 
 
-def test_streamed_chat_counts_tokens_from_the_sse_body(engines, tmp_path):
-    eps = engines(1)
+def test_streamed_chat_counts_tokens_from_the_sse_body(local_engines, tmp_path):
+    eps = local_engines.start(1)
     spec = LoadSpec(rate=5, duration_s=2, warmup_s=0, prompt_tokens=16, output_tokens=6, api="chat",
                     stream=True, request_timeout_s=10)
     res = run_load(eps, spec, SLO(), tmp_path / "out", phase="stream")
@@ -84,8 +66,8 @@ def test_streamed_chat_counts_tokens_from_the_sse_body(engines, tmp_path):
     assert (load_samples(res.samples_path)["output_tokens"] == 6).all()
 
 
-def test_an_endpoint_that_is_not_up_fails_fast(engines, tmp_path):
-    eps = engines(1) + [Endpoint("n9", f"http://127.0.0.1:{free_port()}", MODEL)]
+def test_an_endpoint_that_is_not_up_fails_fast(local_engines, tmp_path):
+    eps = local_engines.start(1) + [Endpoint("n9", f"http://127.0.0.1:{free_port()}", MODEL)]
     t0 = time.monotonic()
     with pytest.raises(EndpointNotReady, match="node n9"):
         run_load(eps, LoadSpec(rate=5, duration_s=30, warmup_s=0), SLO(), tmp_path / "out")
