@@ -1,8 +1,8 @@
 """One run, stage by stage, as plain functions over a run key.
 
 The DAG's tasks and the ``deploybench run`` command call these same functions. A run
-lives in a folder (paths.run_dir(run_key)): its validated config, and one record per
-stage (status, timing, what it measured, the error). Records are written whether the
+lives in a folder (deploybench.run): its validated config, and one record per stage
+(deploybench.records.StageRecord: status, timing, what it measured, the error). Records are written whether the
 stage succeeds or fails, so the store task keeps every result already measured, and a
 retried stage simply overwrites its record.
 """
@@ -10,109 +10,30 @@ retried stage simply overwrites its record.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from deploybench import params as form
 from deploybench import paths
 from deploybench.config import RunConfig
-from deploybench.errors import ConfigError, StageFailed
+from deploybench.errors import StageFailed
 from deploybench.inventory import Inventory
-from deploybench.transport import Cluster
+from deploybench.records import LoadStageResult, StageRecord
+from deploybench.run import (
+    LEASED_STAGES,
+    LOAD_PHASES,
+    REQUIRED_STAGES,
+    Run,
+    now,
+    read_record,
+    recording,
+    run_status,
+    save_record,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
-
-STAGES = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
-LEASED_STAGES = ("preflight", "fanout", "rollout", "load")  # they touch nodes: only under the cluster's lease
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
-
-
-@dataclass
-class Run:
-    """A run's folder and what validate() wrote into it."""
-
-    key: str
-    dir: Path
-    cfg: RunConfig
-    inventory: Inventory
-    nodes: list[str]
-    meta: dict[str, Any]
-
-    @classmethod
-    def open(cls, run_key: str) -> Run:
-        d = paths.run_dir(run_key)
-        try:
-            data = json.loads((d / "run.json").read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"run {run_key!r} has not been validated yet (no {d / 'run.json'})") from exc
-        cfg = RunConfig.model_validate(data["config"])
-        return cls(run_key, d, cfg, Inventory.load(cfg.inventory), data["nodes"], data["meta"])
-
-    @classmethod
-    def open_if_validated(cls, run_key: str) -> Run | None:
-        """The run, or None when validate never wrote it (a failed validate leaves nothing to do)."""
-        return cls.open(run_key) if (paths.run_dir(run_key) / "run.json").is_file() else None
-
-    def cluster(self, ssh_overrides: dict | None = None) -> Cluster:
-        return Cluster(self.inventory, ssh_overrides, run_key=self.key)
-
-    @property
-    def source(self) -> str:
-        return self.cfg.source_node or self.nodes[0]
-
-    def stage_record(self, stage: str) -> dict | None:
-        p = self.dir / "stages" / f"{stage}.json"
-        return json.loads(p.read_text()) if p.is_file() else None
-
-    def stage_records(self) -> dict[str, dict]:
-        return {s: r for s in STAGES if (r := self.stage_record(s)) is not None}
-
-
-@contextlib.contextmanager
-def stage(run_dir: Path, name: str) -> Iterator[dict]:
-    """Time a stage and write its record, success or failure. Yields a dict the stage fills:
-    ``result`` (what it measured) and ``summary`` (one line for people)."""
-    rec: dict[str, Any] = {"stage": name, "status": "running", "started_at": now(), "summary": "", "result": None}
-    t0 = time.monotonic()
-    (run_dir / "stages").mkdir(parents=True, exist_ok=True)
-    path = run_dir / "stages" / f"{name}.json"
-    try:
-        if name in LEASED_STAGES:
-            from deploybench.lease import raise_if_lost
-
-            raise_if_lost()  # the heartbeat found the lease broken or taken: no more work on the cluster
-        yield rec
-        rec["status"] = "success"
-    except StageFailed as exc:
-        rec.update(status="failed", error=str(exc))
-        if exc.result is not None and rec.get("result") is None:
-            rec["result"] = exc.result
-        raise
-    except Exception as exc:
-        rec.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        rec["seconds"] = round(time.monotonic() - t0, 3)
-        rec["finished_at"] = now()
-        if rec["status"] == "failed" and not rec["summary"]:
-            rec["summary"] = str(rec.get("error", ""))[:300]
-        _write_json(path, rec)
-        log.info("stage %s: %s in %.1f s - %s", name, rec["status"], rec["seconds"], rec["summary"])
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -121,7 +42,7 @@ def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | N
     d = paths.run_dir(run_key)
     for old in (d / "stages").glob("*.json") if (d / "stages").is_dir() else []:
         old.unlink()  # a re-run of the same key starts clean
-    with stage(d, "validate") as rec:
+    with recording(d, "validate") as rec:
         cfg = form.to_config(flat_params)
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
@@ -129,14 +50,14 @@ def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | N
             from deploybench.rollout import external
 
             external.check(cfg, names)
-        _write_json(d / "run.json", {
+        write_json(d / "run.json", {
             "run_key": run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
             "meta": {**(meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
         })
-        rec["result"] = {"nodes": names, "fingerprint": cfg.fingerprint()}
-        rec["summary"] = (f"{len(names)} nodes of inventory {inv.name!r}, engine {_engine_name(cfg)}, "
+        rec.result = {"nodes": names, "fingerprint": cfg.fingerprint()}
+        rec.summary = (f"{len(names)} nodes of inventory {inv.name!r}, engine {_engine_name(cfg)}, "
                           f"load {cfg.load.rate:g} req/s for {cfg.load.duration_s:g} s")
-    return rec["result"]
+    return rec.result
 
 
 def _engine_name(cfg: RunConfig) -> str:
@@ -145,11 +66,11 @@ def _engine_name(cfg: RunConfig) -> str:
     return profile_name(cfg.engine)
 
 
-def _skipped_external(run: Run, name: str, why: str) -> dict:
+def _skipped_external(run: Run, name: str, why: str) -> StageRecord:
     """The record of a stage the external backend does not do: kept as a success that says it was skipped."""
-    with stage(run.dir, name) as rec:
-        rec["result"] = {"skipped": "external", "deployed_by": "not deployed by deploybench", "nodes": []}
-        rec["summary"] = f"skipped (external backend: {why})"
+    with recording(run.dir, name) as rec:
+        rec.result = {"skipped": "external", "deployed_by": "not deployed by deploybench", "nodes": []}
+        rec.summary = f"skipped (external backend: {why})"
     return rec
 
 
@@ -177,13 +98,13 @@ def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
     on_nodes = run.cfg.rollout.backend.value == "ssh"
     runtime = run.cfg.engine.runtime.value  # docker/podman: the engine runs in a container
     binary = runtime if runtime != "process" else _engine_program(run)
-    with stage(run.dir, "preflight") as rec, run.cluster(ssh_overrides) as cluster:
+    with recording(run.dir, "preflight") as rec, run.cluster(ssh_overrides) as cluster:
         res = stage_mod.run(cluster, run.nodes, run.cfg.preflight, source=run.source, model_name=run.cfg.model.name,
                             engine_port=run.cfg.rollout.port if on_nodes else None,
                             engine_binary=binary if on_nodes else None)
-        rec["result"] = res.to_dict()
+        rec.result = res.to_dict()
         worst = min((lt for lt in res.links if lt.ratio is not None), key=lambda lt: lt.ratio or 0.0, default=None)
-        rec["summary"] = f"{len(res.healthy)}/{len(run.nodes)} nodes healthy, {len(res.links)} links tested" + (
+        rec.summary = f"{len(res.healthy)}/{len(run.nodes)} nodes healthy, {len(res.links)} links tested" + (
             f", worst {worst.src}->{worst.dst} {worst.mbit:.0f} Mbit/s ({worst.ratio:.0%} of nominal)" if worst else "")
     return {"healthy": res.healthy}
 
@@ -197,12 +118,12 @@ def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) 
     if run.cfg.rollout.backend.value == "external":
         _skipped_external(run, "fanout", "the engines already hold their model")
         return {"nodes": list(healthy)}
-    with stage(run.dir, "fanout") as rec, run.cluster(ssh_overrides) as cluster:
+    with recording(run.dir, "fanout") as rec, run.cluster(ssh_overrides) as cluster:
         res = stage_mod.run(cluster, healthy, run.source, run.cfg.model.name, run.cfg.fanout,
                             policy=run.cfg.preflight.policy, min_nodes=run.cfg.preflight.min_nodes)
-        rec["result"] = res.to_dict()
+        rec.result = res.to_dict()
         copied = [c for c in res.nodes if c.status == "copied"]
-        rec["summary"] = (f"{res.total_bytes / 2**20:.0f} MiB model ({res.manifest_digest[:12]}) verified on "
+        rec.summary = (f"{res.total_bytes / 2**20:.0f} MiB model ({res.manifest_digest[:12]}) verified on "
                           f"{len(res.verified_nodes)} nodes by {res.strategy} in {res.seconds:.1f} s: "
                           f"{len(copied)} copied, {sum(c.status == 'repaired' for c in res.nodes)} repaired, "
                           f"{sum(c.status == 'skipped' for c in res.nodes)} already held it"
@@ -222,16 +143,16 @@ def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, k
     if run.cfg.rollout.backend.value == "external":
         from deploybench.rollout import external
 
-        with stage(run.dir, "rollout") as rec:
-            rec["result"] = external.run(run.cfg, run.nodes, nodes)
-            rec["summary"] = (f"skipped (external backend): {len(rec['result']['endpoints'])} given endpoints of the "
-                              f"{rec['result']['profile']} engine ready, {external.NOT_DEPLOYED}")
-        return {"endpoints": rec["result"]["endpoints"]}
-    with stage(run.dir, "rollout") as rec, run.cluster(ssh_overrides) as cluster:
+        with recording(run.dir, "rollout") as rec:
+            rec.result = external.run(run.cfg, run.nodes, nodes)
+            rec.summary = (f"skipped (external backend): {len(rec.result['endpoints'])} given endpoints of the "
+                           f"{rec.result['profile']} engine ready, {external.NOT_DEPLOYED}")
+        return {"endpoints": rec.result["endpoints"]}
+    with recording(run.dir, "rollout") as rec, run.cluster(ssh_overrides) as cluster:
         res = stage_mod.run(cluster, nodes, run.cfg, out_dir=run.dir / "rollout", kube=kube)
-        rec["result"] = res.to_dict()
+        rec.result = res.to_dict()
         slowest = max((v for s in res.steps for v in s.ready_s.values()), default=0.0)
-        rec["summary"] = (f"{res.profile} engine ({res.backend}) on {len(res.endpoints)} nodes in steps "
+        rec.summary = (f"{res.profile} engine ({res.backend}) on {len(res.endpoints)} nodes in steps "
                           + " -> ".join(f"{s.nodes}" for s in res.steps)
                           + f" (slowest ready {slowest:.1f} s), every gate passed")
     return {"endpoints": res.endpoints}
@@ -240,7 +161,7 @@ def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, k
 def load(run_key: str, endpoints: list[dict]) -> dict:
     """Every phase of ``load.phases`` in order (probe -> sustained -> overload); the CLI's load stage."""
     out: dict = {}
-    for phase in ("probe", "sustained", "overload"):
+    for phase in LOAD_PHASES:
         out = load_phase(run_key, endpoints, phase)
     return out
 
@@ -257,11 +178,11 @@ def load_phase(run_key: str, endpoints: list[dict] | None, phase: str) -> dict:
 
     run = Run.open(run_key)
     if endpoints is None:
-        rec = run.stage_record("rollout") or {}
-        if rec.get("status") != "success":
+        ro = run.stage("rollout")
+        if ro is None or ro.status != "success":
             raise StageFailed(f"load {phase}: run {run_key} has no successful rollout to load (rollout record: "
-                              f"{rec.get('status', 'missing')})")
-        endpoints = rec["result"]["endpoints"]
+                              f"{ro.status if ro else 'missing'})")
+        endpoints = ro.result["endpoints"]
     out_dir = run.dir / "load"
     wanted = [p.value for p in run.cfg.load.phases]
     if phase not in wanted:
@@ -269,7 +190,7 @@ def load_phase(run_key: str, endpoints: list[dict] | None, phase: str) -> dict:
     if phase == wanted[0]:
         for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
             old.unlink()  # the first phase of a (re-)run starts clean
-    with stage(run.dir, "load") as rec, run.cluster() as cluster:
+    with recording(run.dir, "load") as rec, run.cluster() as cluster:
         eps = [stage_mod.Endpoint(e["node"], e["url"], e["model"]) for e in endpoints]
         try:  # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no
             # connection is made unless a node needs it)
@@ -277,8 +198,9 @@ def load_phase(run_key: str, endpoints: list[dict] | None, phase: str) -> dict:
                              transports={n: cluster[n] for n in {e.node for e in eps}})
         finally:
             data = phases.assemble(out_dir, run.cfg.load)
-            rec["result"] = data
-            rec["summary"] = phases.summary(data)
+            rec.result = data
+            rec.summary = phases.summary(data)
+        LoadStageResult.of(rec, run.dir)  # the contract the store reads: a mismatch fails here, named
     done = data["phases"][phase]
     return {"phase": phase, "slo_ok": (done.get("result") or {}).get("slo_ok"),
             "capacity_rps": (data.get("capacity") or {}).get("capacity_rps")}
@@ -291,16 +213,16 @@ def teardown(run_key: str, ssh_overrides: dict | None = None, kube: Any = None) 
     run = _open_or_none(run_key)
     if run is None:
         return {}
-    with stage(run.dir, "teardown") as rec, run.cluster(ssh_overrides) as cluster:
+    with recording(run.dir, "teardown") as rec, run.cluster(ssh_overrides) as cluster:
         if run.cfg.deployment.keep_for and (kept := _keep(run, ssh_overrides, rec)):
             return kept
         theirs = _stop_adopted(run, ssh_overrides)  # first: an adopted engine answers on the port this run checks
         stopped = stage_mod.teardown(cluster, run.nodes, run.cfg, kube=kube)
         stopped = {**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}}
-        rec["result"] = stopped
+        rec.result = stopped
         errors = {n: s for n, s in stopped.items() if s.startswith("error")}
         what = "objects deleted" if run.cfg.rollout.backend.value == "kubernetes" else "engines stopped on"
-        rec["summary"] = f"{what} {len(stopped) - len(errors)}/{len(stopped)}" + (
+        rec.summary = f"{what} {len(stopped) - len(errors)}/{len(stopped)}" + (
             "" if run.cfg.rollout.backend.value == "kubernetes" else " nodes")
         if errors:
             raise StageFailed("teardown: " + "; ".join(f"{n}: {s}" for n, s in errors.items()), stopped)
@@ -313,10 +235,10 @@ def store(run_key: str, dsn: str | None = None) -> dict:
     run = _open_or_none(run_key)
     if run is None:
         return {}
-    with stage(run.dir, "store") as rec:
-        rec["result"] = ingest.store_run(run, dsn)
-        rec["summary"] = f"run {run_key} stored: " + ", ".join(f"{k} {v}" for k, v in rec["result"].items())
-    return rec["result"]
+    with recording(run.dir, "store") as rec:
+        rec.result = ingest.store_run(run, dsn)
+        rec.summary = f"run {run_key} stored: " + ", ".join(f"{k} {v}" for k, v in rec.result.items())
+    return rec.result
 
 
 def report(run_key: str, dsn: str | None = None) -> dict:
@@ -325,11 +247,11 @@ def report(run_key: str, dsn: str | None = None) -> dict:
     run = _open_or_none(run_key)
     if run is None:
         return {"path": "", "text": f"run {run_key}: validation failed, nothing ran (see the validate task's log)"}
-    with stage(run.dir, "report") as rec:
+    with recording(run.dir, "report") as rec:
         history = stage_mod.history_for(run, dsn)  # change points of the run's series; None if not stored
         path = stage_mod.write_html(run, history)
-        rec["result"] = {"path": str(path), "verdicts": history.verdicts if history else None}
-        rec["summary"] = f"report at {path}" + (f"; {stage_mod.verdict_line(history)}" if history else "")
+        rec.result = {"path": str(path), "verdicts": history.verdicts if history else None}
+        rec.summary = f"report at {path}" + (f"; {stage_mod.verdict_line(history)}" if history else "")
     return {"path": str(path), "text": stage_mod.summary_text(Run.open(run_key))}
 
 
@@ -339,14 +261,13 @@ def finish(run_key: str) -> str:
 
     d = paths.run_dir(run_key)
     if not (d / "run.json").is_file():
-        validate_json = d / "stages" / "validate.json"
-        rec = json.loads(validate_json.read_text()) if validate_json.is_file() else {}
-        raise StageFailed(f"run {run_key}: invalid parameters: {rec.get('error', 'validate did not run')}")
+        rec = read_record(d, "validate")
+        raise StageFailed(f"run {run_key}: invalid parameters: {rec.error if rec else 'validate did not run'}")
     run = Run.open(run_key)
-    recs = run.stage_records()
-    if stage_mod.run_status(recs) != "success":
-        failed = [f"{s}: {r.get('error', '')}" for s, r in recs.items() if r.get("status") == "failed"]
-        missing = [s for s in ("preflight", "fanout", "rollout", "load") if s not in recs]
+    recs = run.stages()
+    if run_status(recs) != "success":
+        failed = [f"{s}: {r.error or ''}" for s, r in recs.items() if r.status == "failed"]
+        missing = [s for s in REQUIRED_STAGES if s not in recs]
         raise StageFailed(f"run {run_key} failed: " + " | ".join(failed + [f"{m}: did not run" for m in missing]))
     return stage_mod.summary_text(run)
 
@@ -379,13 +300,13 @@ def acquire_lease(run_key: str, wait_s: float | None = None, on_busy: str | None
     spec = type(spec).model_validate(spec.model_dump())  # the overrides checked like the config
     store = LeaseStore(dsn)
     cluster = run.inventory.name
-    with stage(run.dir, "lease") as rec:
-        rec["result"] = {"cluster": cluster, "spec": spec.model_dump(mode="json")}
+    with recording(run.dir, "lease") as rec:
+        rec.result = {"cluster": cluster, "spec": spec.model_dump(mode="json")}
         try:
             grant = store.acquire(cluster, Holder(run_key, dag_id or run.meta.get("dag_id") or "cli"), spec,
                                   wait_s=wait_s, on_busy=on_busy)
         except LeaseBusy as exc:
-            rec["result"]["holder"] = exc.info.to_dict()
+            rec.result["holder"] = exc.info.to_dict()
             raise
         cleaned = []
         if grant.cleanup:
@@ -402,9 +323,9 @@ def acquire_lease(run_key: str, wait_s: float | None = None, on_busy: str | None
             except BaseException:
                 store.release(cluster, run_key)  # the dead runs stay pending: the next taker cleans up after them
                 raise
-        rec["result"].update(waited_s=grant.waited_s, taken_over=grant.taken_over, cleaned=cleaned,
+        rec.result.update(waited_s=grant.waited_s, taken_over=grant.taken_over, cleaned=cleaned,
                              acquired_at=now())
-        rec["summary"] = f"cluster {cluster!r} leased after {grant.waited_s:.1f} s" + "".join(
+        rec.summary = f"cluster {cluster!r} leased after {grant.waited_s:.1f} s" + "".join(
             f"; cleaned up after {c['reason']} run {c['run_key']} in {c['seconds']:.1f} s: {leftovers.describe(c)}"
             for c in cleaned)
     return {"cluster": cluster, "waited_s": grant.waited_s, "taken_over": grant.taken_over, "cleaned": cleaned}
@@ -414,7 +335,7 @@ def _lease_spec(run: Run):
     """The lease settings acquire_lease used (its record), else the run's config."""
     from deploybench.config import LeaseSpec
 
-    got = ((run.stage_record("lease") or {}).get("result") or {}).get("spec")
+    got = run.result("lease").get("spec")
     return LeaseSpec.model_validate(got) if got else run.cfg.lease
 
 
@@ -439,17 +360,17 @@ def release_lease(run_key: str, dsn: str | None = None) -> dict:
     from deploybench.lease import LeaseStore
 
     run = _open_or_none(run_key)
-    rec = run.stage_record("lease") if run else None
-    if run is None or rec is None or rec.get("status") != "success":
+    rec = run.stage("lease") if run else None
+    if run is None or rec is None or rec.status != "success":
         return {"released": False}
-    td = run.stage_record("teardown")
-    if td and td.get("status") == "success" and ((td.get("result") or {}).get("kept") or {}).get("kept"):
-        return _hand_over(run, rec, td["result"]["kept"], dsn)
-    worked = any(run.stage_record(s) for s in LEASED_STAGES)
-    dirty = (td or {}).get("status") == "failed" or (td is None and worked)
+    td = run.stage("teardown")
+    if td and td.status == "success" and (run.result("teardown").get("kept") or {}).get("kept"):
+        return _hand_over(run, rec, td.result["kept"], dsn)
+    worked = any(run.stage(s) for s in LEASED_STAGES)
+    dirty = (td is not None and td.status == "failed") or (td is None and worked)
     released = LeaseStore(dsn).release(run.inventory.name, run_key, leftovers=dirty)
-    rec["result"] = {**(rec.get("result") or {}), "released_at": now(), "released": released, "leftovers": dirty}
-    _write_json(run.dir / "stages" / "lease.json", rec)
+    rec.result = {**(rec.result or {}), "released_at": now(), "released": released, "leftovers": dirty}
+    save_record(run.dir, rec)
     return {"released": released, "leftovers": dirty}
 
 
@@ -469,12 +390,12 @@ def _reused(run_key: str, name: str, ssh_overrides: dict | None = None) -> dict 
     got = deployment.adopt(run, ssh_overrides) if name == "preflight" else deployment.adoption(run)
     if not got or not got.get("adopted"):
         return None
-    with stage(run.dir, name) as rec:
-        rec["result"], rec["summary"] = deployment.reused_record(got, name)
-    return rec["result"]
+    with recording(run.dir, name) as rec:
+        rec.result, rec.summary = deployment.reused_record(got, name)
+    return rec.result
 
 
-def _keep(run: Run, ssh_overrides: dict | None, rec: dict) -> dict | None:
+def _keep(run: Run, ssh_overrides: dict | None, rec: StageRecord) -> dict | None:
     """Teardown of a run with ``deployment.keep_for``: leave the engines up for that run when they are worth it
     (filling the teardown record); None: they are stopped as usual (the record says why not)."""
     from deploybench.matrix import deployment
@@ -484,10 +405,10 @@ def _keep(run: Run, ssh_overrides: dict | None, rec: dict) -> dict | None:
         log.warning("run %s stops its engines instead of keeping them for run %s: %s", run.key,
                     run.cfg.deployment.keep_for, kept.get("why"))
         return None
-    rec["result"] = {"kept": kept}
-    rec["summary"] = (f"engines of run {kept['owner']} left running on {', '.join(kept['nodes'])} for run "
+    rec.result = {"kept": kept}
+    rec.summary = (f"engines of run {kept['owner']} left running on {', '.join(kept['nodes'])} for run "
                       f"{kept['kept_for']} (deployment.keep_for); it stops them, or the matrix's cleanup does")
-    return rec["result"]
+    return rec.result
 
 
 def _stop_adopted(run: Run, ssh_overrides: dict | None) -> dict[str, str]:
@@ -501,7 +422,7 @@ def _stop_adopted(run: Run, ssh_overrides: dict | None) -> dict[str, str]:
     return deployment.stop(owner, [n for n in nodes if n in run.nodes], ssh_overrides)
 
 
-def _hand_over(run: Run, rec: dict, kept: dict, dsn: str | None) -> dict:
+def _hand_over(run: Run, rec: StageRecord, kept: dict, dsn: str | None) -> dict:
     """Release of a run that kept its engines for the next cell: the lease goes to that run by name. If this run
     no longer holds it, the kept engines are stopped here (nobody else would)."""
     from deploybench.lease import LeaseStore
@@ -514,8 +435,8 @@ def _hand_over(run: Run, rec: dict, kept: dict, dsn: str | None) -> dict:
                            "leftovers": False}
     if not handed:
         out["stopped"] = deployment.stop(kept["owner"], kept["nodes"])
-    rec["result"] = {**(rec.get("result") or {}), "released_at": now(), **out}
-    _write_json(run.dir / "stages" / "lease.json", rec)
+    rec.result = {**(rec.result or {}), "released_at": now(), **out}
+    save_record(run.dir, rec)
     return out
 
 

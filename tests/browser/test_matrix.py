@@ -192,7 +192,7 @@ def test_matrix_runs_the_gaps_skips_the_measured_cell_and_names_the_best(airflow
     from deploybench.lease import LeaseStore
 
     assert not any(_up(e["url"]) for e in reused["rollout"]["result"]["endpoints"])
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
     lease = LeaseStore(results_dsn).status(Run.open(c01).inventory.name)
     assert lease.free and lease.pending_cleanup == [], lease

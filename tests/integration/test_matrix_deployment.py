@@ -25,6 +25,7 @@ from deploybench import http, paths, pipeline
 from deploybench.lab import cluster as lab_cluster
 from deploybench.lease import LeaseStore
 from deploybench.matrix import deployment
+from deploybench.run import Run
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(300), pytest.mark.netns,
@@ -78,24 +79,24 @@ def test_two_cells_share_one_rollout_and_the_last_stops_it(inventory, dsn):
     pipeline.validate(b, {**base, "load_rate": 4, "deployment": {"adopt": a}})
     eps_a = _deploy_stages(a, dsn)
     _finish(a, eps_a, dsn)
-    run_a = pipeline.Run.open(a)
-    assert run_a.stage_record("teardown")["result"]["kept"]["kept_for"] == b
+    run_a = Run.open(a)
+    assert run_a.result("teardown")["kept"]["kept_for"] == b
     assert all(_answering(eps_a)), "A's engines were kept running for B"
     lease = LeaseStore(dsn).status(run_a.inventory.name)
     assert lease.holder == b and [(p["run_key"], p["kept_by"]) for p in lease.kept] == [(a, b)]
 
     eps_b = _deploy_stages(b, dsn)  # the lease is B's already: no wait, and A's engines are not cleaned up
     assert eps_b == eps_a
-    run_b = pipeline.Run.open(b)
+    run_b = Run.open(b)
     for stage in ("preflight", "fanout", "rollout"):
-        rec = run_b.stage_record(stage)
-        assert rec["status"] == "success" and rec["summary"].startswith(f"reused from run {a} (age "), rec
-        assert rec["result"]["reused"]["from"] == a and rec["result"]["reused"]["age_s"] < 900
-    assert run_b.stage_record("fanout")["result"]["manifest_digest"] == \
-        run_a.stage_record("fanout")["result"]["manifest_digest"]
-    assert "nodes" not in run_b.stage_record("preflight")["result"]  # the per-node facts stay with A
+        rec = run_b.stage(stage)
+        assert rec is not None and rec.status == "success" and rec.summary.startswith(f"reused from run {a} (age "), rec
+        assert rec.result["reused"]["from"] == a and rec.result["reused"]["age_s"] < 900
+    assert run_b.result("fanout")["manifest_digest"] == \
+        run_a.result("fanout")["manifest_digest"]
+    assert "nodes" not in run_b.result("preflight")  # the per-node facts stay with A
     _finish(b, eps_b, dsn)
-    assert run_b.stage_record("load")["status"] == "success"
+    assert (ld := run_b.stage("load")) is not None and ld.status == "success"
     assert not any(_answering(eps_a)), "the last cell stops the shared engines"
     info = LeaseStore(dsn).status(run_a.inventory.name)
     assert info.free and info.pending_cleanup == []
@@ -114,7 +115,7 @@ def _kept(inventory: str, dsn: str, key: str, taker: str) -> list[dict]:
     pipeline.validate(key, {**FAST, "inventory": inventory, "load_rate": 2, "deployment": {"keep_for": taker}})
     eps = _deploy_stages(key, dsn)
     _finish(key, eps, dsn)
-    assert pipeline.Run.open(key).stage_record("teardown")["result"]["kept"]["kept"]
+    assert Run.open(key).result("teardown")["kept"]["kept"]
     return eps
 
 
@@ -128,7 +129,7 @@ def test_hostile_or_stale_records_are_not_adopted(inventory, dsn):
 
     def verdict(key: str, **spec) -> dict:
         pipeline.validate(key, {**base, "deployment": {"adopt": giver, **spec}})
-        return deployment.adopt(pipeline.Run.open(key))
+        return deployment.adopt(Run.open(key))
 
     # kept for another run: refused, and the engines (not ours to judge) are left running
     got = verdict(other)
@@ -145,7 +146,7 @@ def test_hostile_or_stale_records_are_not_adopted(inventory, dsn):
         from deploybench.rollout.ssh import SSHDeployer
         from deploybench.transport import Cluster
 
-        owner = pipeline.Run.open(giver)
+        owner = Run.open(giver)
         with Cluster(owner.inventory, None, run_key=giver) as cl:
             pid_path = SSHDeployer(cl, owner.cfg)._paths(owner.inventory.node(owner.nodes[0]))[0]
             cl[owner.nodes[0]].run(["cp", pid_path, pid_path + ".saved"], timeout=15).check()
@@ -164,19 +165,19 @@ def test_hostile_or_stale_records_are_not_adopted(inventory, dsn):
     assert not any(_answering(eps))
     # stale: a fresh kept deployment, adopted with max_reuse_s=0
     giver2, taker2 = "deploybench_run__matrix__lm3s__c01", "deploybench_run__matrix__lm3s__c02"
-    LeaseStore(dsn).release(pipeline.Run.open(giver).inventory.name, taker)
+    LeaseStore(dsn).release(Run.open(giver).inventory.name, taker)
     eps2 = _kept(inventory, dsn, giver2, taker2)
     pipeline.validate(taker2, {**base, "deployment": {"adopt": giver2, "max_reuse_s": 0}})
-    got = deployment.adopt(pipeline.Run.open(taker2))
+    got = deployment.adopt(Run.open(taker2))
     assert not got["adopted"] and "past deployment.max_reuse_s=0" in got["why"]
     assert not any(_answering(eps2))
-    LeaseStore(dsn).release(pipeline.Run.open(giver2).inventory.name, taker2)
+    LeaseStore(dsn).release(Run.open(giver2).inventory.name, taker2)
 
 
 def test_the_matrix_cleanup_stops_engines_nobody_took_over(inventory, dsn):
     giver, taker = "deploybench_run__matrix__lm3c__c01", "deploybench_run__matrix__lm3c__c02"
     eps = _kept(inventory, dsn, giver, taker)
-    cluster = pipeline.Run.open(giver).inventory.name
+    cluster = Run.open(giver).inventory.name
     # the taker failed before adopting and let the lease go: the kept engines are nobody's now
     assert LeaseStore(dsn).release(cluster, taker)
     assert all(_answering(eps)) and LeaseStore(dsn).status(cluster).free

@@ -18,6 +18,7 @@ import pytest
 from deploybench import http, paths, pipeline
 from deploybench.errors import StageFailed
 from deploybench.lab.state import LabFiles
+from deploybench.run import Run
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(150), pytest.mark.netns,
@@ -76,9 +77,9 @@ def _assert_nothing_running(lab) -> None:
 def _fail(key: str, nodes: list[str]) -> dict:
     with pytest.raises(StageFailed):
         pipeline.rollout(key, nodes)
-    rec = pipeline.Run.open(key).stage_record("rollout")
-    assert rec["status"] == "failed"
-    return rec
+    rec = Run.open(key).stage("rollout")
+    assert rec is not None and rec.status == "failed"
+    return rec.model_dump()
 
 
 def _teardown(key: str, lab) -> None:
@@ -91,7 +92,7 @@ def test_full_scale_out_2_4_8_16_with_a_gate_at_every_step(lab):
     nodes = _validate(key, lab, canary_nodes=2)
     assert len(nodes) == 16
     eps = pipeline.rollout(key, nodes)["endpoints"]
-    res = pipeline.Run.open(key).stage_record("rollout")["result"]
+    res = Run.open(key).result("rollout")
     assert res["plan"] == [2, 4, 8, 16]
     assert [s["nodes"] for s in res["steps"]] == [2, 4, 8, 16]
     assert [n for s in res["steps"] for n in s["added"]] == nodes  # each node added exactly once, in order
@@ -161,7 +162,7 @@ def test_engine_dying_after_ready_rolls_back_to_the_last_good_step(lab):
 
     key = "r5-crash"
     nodes = _validate(key, lab, nodes=4, canary_nodes=2, on_step_failure="rollback")
-    run = pipeline.Run.open(key)
+    run = Run.open(key)
     victim = nodes[3]
     with run.cluster() as cluster:  # the run's own pid files (per run key), as pipeline.teardown finds them
         dep = SSHDeployer(cluster, run.cfg)

@@ -213,27 +213,28 @@ def test_a_node_without_nvidia_smi_is_absent_from_the_start_and_not_polled(tmp_p
 
 
 # -- shown beside the throughput: the run report and the results pages ------------------------------------------
-def _load_stage() -> dict:
-    nodes = [{"node": "n1", "requests": 100, "achieved_rps": 10.0, "gpu_util_pct": 83.5, "gpu_mem_used_mib": 900.0},
-             {"node": "n2", "requests": 90, "achieved_rps": 9.0, "gpu_util_pct": None, "gpu_mem_used_mib": None}]
-    sustained = {"phase": "sustained", "offered_rps": 20.0, "achieved_rps": 19.0, "output_tps": 5.0, "error_rate": 0.0,
-                 "dropped_iterations": 0, "latency_p99_ms": 120.0, "slo_ok": True, "nodes": nodes,
-                 "gpu_util_pct": 83.5,
-                 "gpu": {"n1": {"source": "dcgm", "util_mean_pct": 83.5, "mem_used_mib_mean": 900.0, "samples": 5},
-                         "n2": {"source": None, "reason": "no transport to run nvidia-smi over"}}}
-    steps = [{"step": 1, "kind": "ramp", "rate_from": 1.0, "rate": 8.0, "passed": False, "achieved_rps": 3.0,
-              "gpu_util_pct": 12.25, "reasons": ["scout ramp"]},
-             {"step": 2, "kind": "constant", "rate": 24.0, "passed": True, "achieved_rps": 24.0,
-              "gpu_util_pct": None, "reasons": []}]
-    return {**sustained, "phases": {"probe": {"status": "success", "result": None, "analysis": {"steps": steps}},
-                                    "sustained": {"status": "success", "result": sustained}},
-            "capacity": {"capacity_rps": 24.0, "steps": steps}}
+def _load_stage(tmp_path: Path) -> dict:
+    """The load stage's result as the pipeline writes it, with GPU figures: n1 measured, n2 absent (and why)."""
+    from load_records import write_load_stage
+
+    data = write_load_stage(tmp_path / "load", "s.csv")
+    sustained = data["phases"]["sustained"]["result"]
+    for node, util, mem in zip(sustained["nodes"], (83.5, None), (900.0, None), strict=True):
+        node.update(gpu_util_pct=util, gpu_mem_used_mib=mem)
+    gpu = {"n1": {"source": "dcgm", "util_mean_pct": 83.5, "mem_used_mib_mean": 900.0, "samples": 5},
+           "n2": {"source": None, "reason": "no transport to run nvidia-smi over"}}
+    sustained.update(gpu_util_pct=83.5, gpu=gpu)
+    data.update(gpu_util_pct=83.5, gpu=gpu, nodes=sustained["nodes"])  # the headline: sustained's LoadResult
+    for steps in (data["capacity"]["steps"], data["phases"]["probe"]["analysis"]["steps"]):
+        steps[0].update(kind="ramp", rate_from=1.0, passed=False, gpu_util_pct=12.25, reasons=["scout ramp"])
+    return data
 
 
-def test_report_shows_utilisation_per_node_and_phase_and_absent_as_absent():
+def test_report_shows_utilisation_per_node_and_phase_and_absent_as_absent(tmp_path):
+    from deploybench.records import LoadStageResult
     from deploybench.report.run_html import _load_sections
 
-    html = "".join(_load_sections(_load_stage(), 2000.0))
+    html = "".join(_load_sections(LoadStageResult.model_validate(_load_stage(tmp_path)), 2000.0))
     assert "<th>GPU util %</th>" in html and "<td>83.5</td>" in html  # the phase row and node n1
     assert "GPU utilisation per node, every phase" in html
     assert "absent: no transport to run nvidia-smi over" in html  # n2: absent, with the reason
@@ -241,15 +242,16 @@ def test_report_shows_utilisation_per_node_and_phase_and_absent_as_absent():
     assert "<td>0.0</td>" not in html  # nothing absent became a zero
 
 
-def test_run_page_shows_utilisation_beside_achieved_rate():
+def test_run_page_shows_utilisation_beside_achieved_rate(tmp_path):
     from datetime import datetime
 
     from deploybench.store.records import PhaseRecord, StageRecord
     from deploybench.web.markup import PHASE_COLUMNS, _phase_rows, gpu_utilisation
 
-    stages = [StageRecord(stage="load", status="success", summary={"summary": "", "result": _load_stage()})]
+    stages = [StageRecord(stage="load", status="success", summary={"summary": "", "result": _load_stage(tmp_path)})]
     got = gpu_utilisation(stages)
-    assert got == {("sustained", "*"): 83.5, ("sustained", "n1"): 83.5, ("sustained", "n2"): None}
+    assert got == {("probe", "*"): None, ("sustained", "*"): 83.5, ("sustained", "n1"): 83.5,
+                   ("sustained", "n2"): None}  # the probe's best step measured no GPU: absent
     common = dict(phase="sustained", offered_rps=10.0, achieved_rps=9.5, output_tps=1.0, requests=10, errors=0,
                   error_rate=0.0, duration_s=5.0, started_at=datetime(2026, 1, 1, tzinfo=UTC))
     rows = _phase_rows([PhaseRecord(node=n, **common) for n in ("*", "n1", "n2")], got)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -47,29 +46,23 @@ def test_plots_are_inline_svg_with_readable_text_and_empty_when_no_data():
 
 
 def make_run_folder(tmp_path):
-    """A run with every stage's result in ``tmp_path`` (also used by the Chromium render test)."""
+    """A run with every stage's record in ``tmp_path`` (also used by the Chromium render test)."""
+    from deploybench.records import StageRecord
+    from deploybench.run import Run, save_record
+    from load_records import write_load_stage
+
     samples = pd.concat([_samples(), _samples(200, "overload")])
     samples.to_csv(tmp_path / "samples.csv", index=False)
-    load = {"phase": "sustained", "offered_rps": 20, "achieved_rps": 19.5, "output_tps": 150, "requests": 300,
-            "errors": 10, "error_rate": 10 / 300, "latency_p50_ms": 400, "latency_p90_ms": 500, "latency_p99_ms": 600,
-            "latency_p999_ms": 700, "dropped_iterations": 0, "duration_s": 15, "started_at": T0.isoformat(),
-            "slo_ok": True, "nodes": [{"node": "n1", "achieved_rps": 10, "latency_p99_ms": 600},
-                                      {"node": "n2", "achieved_rps": 9.5, "latency_p99_ms": 650}],
-            "samples_path": str(tmp_path / "samples.csv"),
-            "capacity": {"capacity_rps": 16, "steps": [{"step": 0, "rate": 8, "passed": True, "achieved_rps": 8,
-                                                        "latency_p99_ms": 400},
-                                                       {"step": 1, "rate": 16, "passed": True, "achieved_rps": 16,
-                                                        "latency_p99_ms": 900}]}}
-    recs = {"validate": {"status": "success", "seconds": 0.1, "summary": "ok"},
-            "preflight": {"status": "success", "result": {"decision": "all healthy", "links": [
-                {"src": "n1", "dst": "n2", "mbit": 950, "nominal_mbit": 1000, "ratio": 0.95, "ok": True}]}},
-            "fanout": {"status": "success", "result": {"nodes": [
-                {"node": "n2", "status": "copied", "bytes": 2**20, "seconds": 1.0, "verified": True,
-                 "started_at": 0.1}]}},
-            "load": {"status": "success", "result": load}}
-    cfg = RunConfig(inventory="lab")
-    return SimpleNamespace(key="deploybench_run/r1", dir=tmp_path, nodes=["n1", "n2"], cfg=cfg,
-                           stage_records=lambda: recs)
+    results = {"validate": {"nodes": ["n1", "n2"]},
+               "preflight": {"decision": "all healthy", "links": [
+                   {"src": "n1", "dst": "n2", "mbit": 950, "nominal_mbit": 1000, "ratio": 0.95, "ok": True}]},
+               "fanout": {"nodes": [{"node": "n2", "status": "copied", "bytes": 2**20, "seconds": 1.0,
+                                     "verified": True, "started_at": 0.1}]},
+               "load": write_load_stage(tmp_path / "load", str(tmp_path / "samples.csv"))}
+    for stage, result in results.items():
+        save_record(tmp_path, StageRecord(stage=stage, status="success", started_at=T0.isoformat(), seconds=0.1,
+                                          summary="ok", result=result))
+    return Run("deploybench_run/r1", tmp_path, RunConfig(inventory="lab"), None, ["n1", "n2"], {})  # type: ignore[arg-type]
 
 
 def test_run_report_has_every_section_from_the_run_folder(tmp_path):

@@ -87,13 +87,14 @@ class AcquireLease(BaseOperator):
         from deploybench.airflow.stages import kube, run_key, ssh
         from deploybench.config import OnBusy
         from deploybench.lease import LeaseBusy
+        from deploybench.run import Run
 
         key = run_key(context)
         try:
             return pipeline.acquire_lease(key, on_busy=OnBusy.FAIL.value, dsn=_results_dsn(),
                                           dag_id=context["dag"].dag_id, ssh_overrides=ssh(key), kube=kube(key))
         except LeaseBusy as busy:
-            spec = pipeline.Run.open(key).cfg.lease
+            spec = Run.open(key).cfg.lease
             if spec.on_busy is OnBusy.FAIL:
                 raise
             deadline = deadline if deadline is not None else time.time() + spec.wait_s

@@ -32,18 +32,16 @@ def _base_url() -> str:
 
 def publish(name: str, asset: Any) -> dict[str, Any]:
     """The asset event of a stored run: its key, status, logical date, software and report link."""
-    from deploybench.pipeline import Run
+    from deploybench.run import Run, run_status
 
     ctx = get_current_context()
     key = run_key(ctx)
     run = Run.open_if_validated(key)
-    stored = (run.stage_record("store") or {}) if run else {}
-    if run is None or stored.get("status") != "success":
-        raise AirflowSkipException(f"run {key} was not stored (store: {stored.get('status', 'did not run')}); "
+    stored = run.stage("store") if run else None
+    if run is None or stored is None or stored.status != "success":
+        raise AirflowSkipException(f"run {key} was not stored (store: {stored.status if stored else 'did not run'}); "
                                    f"no results to announce")
-    from deploybench.report import run_status
-
-    extra = {"benchmark": name, "run_key": key, "status": run_status(run.stage_records()),
+    extra = {"benchmark": name, "run_key": key, "status": run_status(run.stages()),
              "logical_date": run.meta.get("logical_date"), "software": run.cfg.tags.get(regression.TAG_SOFTWARE),
              "report_url": regression.report_url(_base_url(), key)}
     ctx["outlet_events"][asset].extra = extra

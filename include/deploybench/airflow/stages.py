@@ -48,7 +48,7 @@ def run_key(context: Any = None) -> str:
 def ssh(key: str) -> dict | None:
     """SSH settings from the inventory's Airflow SSH connection (None before validate or without one)."""
     from deploybench.airflow.connections import ssh_overrides
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
     run = Run.open_if_validated(key)
     return ssh_overrides(run.inventory.ssh.conn_id) if run else None
@@ -57,7 +57,7 @@ def ssh(key: str) -> dict | None:
 def kube(key: str) -> Any:
     """Kubernetes API clients when the run's rollout backend is kubernetes, else None."""
     from deploybench.airflow.connections import kube_clients
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
     run = Run.open_if_validated(key)
     r = run.cfg.rollout if run else None

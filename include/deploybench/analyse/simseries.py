@@ -71,8 +71,8 @@ def run_series(dsn: str, prefix: str, n_runs: int, workdir: Path, *, change_at: 
                 current = factor
             key = f"{prefix}/run_{i:02d}"
             started = datetime.now(UTC)
-            res = run_load(eps, spec, slo, workdir / f"run_{i:02d}", phase="sustained", tags={"run": key}).model_dump(
-                mode="json")
+            got = run_load(eps, spec, slo, workdir / f"run_{i:02d}", phase="sustained", tags={"run": key})
+            res = got.model_dump(mode="json")
             # the prefix names the cluster: two series of the same setup stay two series
             cfg = {"inventory": f"sim-{prefix}", "nodes": nodes, "model": {"name": MODEL},
                    "engine": {"profile": "sim", "max_num_seqs": 8, "sim": {"slowdown": factor}},
@@ -81,7 +81,7 @@ def run_series(dsn: str, prefix: str, n_runs: int, workdir: Path, *, change_at: 
             record = RunRecord(run_key=key, dag_id="simseries", status="success", started_at=started,
                                finished_at=datetime.now(UTC), config=cfg, fingerprint=prefix,
                                inventory=f"sim-{prefix}", node_count=nodes, trigger="cli", tags={"series": prefix})
-            write_run(dsn, record, [], phase_records(res), res["samples_path"], facts=facts)
+            write_run(dsn, record, [], phase_records(got), got.samples_path, facts=facts)
             log.info("series %s run %d (slowdown %.2f): P50 %.1f ms P99 %.1f ms", prefix, i, factor,
                      res["latency_p50_ms"] or -1, res["latency_p99_ms"] or -1)
             keys.append(key)

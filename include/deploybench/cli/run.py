@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from deploybench import paths, pipeline
 from deploybench.airflow.home import airflow_env, metadata_db_ready
 from deploybench.errors import ConfigError, DeploybenchError, StageFailed
-from deploybench.report import run_status, summary_text
+from deploybench.report import summary_text
+from deploybench.run import STAGES, Run, read_record, run_status
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     except StageFailed as exc:
         if (paths.run_dir(key) / "run.json").exists():
-            print(summary_text(pipeline.Run.open(key)))
+            print(summary_text(Run.open(key)))
         print(f"deploybench: {exc}", file=sys.stderr)
         return 1
 
@@ -157,24 +158,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if key is None:
         print(f"[demo] the DAG run did not start; see {logf}", file=sys.stderr)
         return 1
-    run = pipeline.Run.open(key)
+    run = Run.open(key)
     print()
     print(summary_text(run))
     print(f"\n[demo] wall time {time.monotonic() - t_all:.0f} s (Airflow log: {logf})")
-    return 0 if run_status(run.stage_records()) == "success" else 1
+    return 0 if run_status(run.stages()) == "success" else 1
 
 
 def _print_progress(key: str | None, seen: set[str]) -> None:
     if key is None:
         return
-    stages = paths.run_dir(key) / "stages"
-    for s in pipeline.STAGES:
-        f = stages / f"{s}.json"
-        if s in seen or not f.is_file():
+    for s in STAGES:
+        rec = None if s in seen else read_record(paths.run_dir(key), s)
+        if rec is None:
             continue
-        rec = json.loads(f.read_text())
         seen.add(s)
-        print(f"[demo]   {s:<10} {rec['status']:<8} {rec.get('seconds', 0):6.1f} s  {rec.get('summary', '')}",
-              flush=True)
+        print(f"[demo]   {s:<10} {rec.status:<8} {rec.seconds or 0:6.1f} s  {rec.summary}", flush=True)
 
 

@@ -420,8 +420,15 @@ def _share(cells: list[Cell], configs: dict[str, RunConfig], reuse_s: float) -> 
 
 
 def _tasks(cfg: RunConfig) -> list[str]:
-    return ["validate", "lease", "preflight", "fanout", "rollout", *[p.value for p in cfg.load.phases], "teardown",
-            "lease", "store", "report", "finish"]
+    """A cell's tasks in the order they run: the stages, the load stage as one task per phase, the lease taken
+    before preflight and released after teardown, then the run's verdict."""
+    from deploybench.run import STAGES
+
+    out: list[str] = []
+    for s in STAGES:
+        out += [p.value for p in cfg.load.phases] if s == "load" else [s]
+        out += ["lease"] if s == "teardown" else []
+    return [*out, "finish"]
 
 
 def deploy_s(cfg: RunConfig, nodes: int) -> float:

@@ -43,7 +43,7 @@ from deploybench.errors import ConfigError
 
 if TYPE_CHECKING:
     from deploybench.config import RunConfig
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _unhealthy(dep: Any, nodes: list[str]) -> list[str]:
 
 def stop(owner_key: str, nodes: list[str], ssh_overrides: dict | None = None) -> dict[str, str]:
     """Stop ``owner_key``'s engines on ``nodes`` (command line checked; idempotent): node -> stopped | error."""
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
     owner = Run.open(owner_key)
     cluster, dep = _deployer(owner_key, owner.cfg, owner.inventory, nodes, ssh_overrides)
@@ -147,30 +147,30 @@ def keep(run: Run, ssh_overrides: dict | None = None) -> dict:
     """At teardown, for a run with ``deployment.keep_for``: leave the engines running for that run if they are
     worth reusing. Returns ``{"kept": bool, "why" | record...}``; writes ``deployment.json`` when kept."""
     taker = run.cfg.deployment.keep_for
-    recs = run.stage_records()
+    recs = run.stages()
     why = None
     if run.cfg.rollout.backend.value != "ssh":
         why = f"the {run.cfg.rollout.backend.value} backend does not share deployments"
-    elif (recs.get("rollout") or {}).get("status") != "success":
+    elif "rollout" not in recs or recs["rollout"].status != "success":
         why = "the rollout did not succeed"
-    elif (recs.get("load") or {}).get("status") != "success":
+    elif "load" not in recs or recs["load"].status != "success":
         why = "the load stage did not succeed (the engines may be unhealthy)"
     if why:
         return {"kept": False, "why": why}
     owner = adopted_owner(run) or run.key
     source = run if owner == run.key else None
     if source is None:
-        from deploybench.pipeline import Run
+        from deploybench.run import Run
 
         source = Run.open(owner)
-    endpoints = ((source.stage_record("rollout") or {}).get("result") or {}).get("endpoints") or []
+    endpoints = source.result("rollout").get("endpoints") or []
     nodes = [e["node"] for e in endpoints if isinstance(e, dict) and e.get("node") in source.nodes]
     cluster, dep = _deployer(owner, source.cfg, source.inventory, nodes, ssh_overrides)
     with cluster:
         failures = _unhealthy(dep, nodes)
     if failures or not nodes:
         return {"kept": False, "why": "engines no longer answer: " + ("; ".join(failures) or "no endpoints")}
-    stamps = {s: (source.stage_record(s) or {}).get("finished_at") for s in REUSED_STAGES}
+    stamps = {s: rec.finished_at if (rec := source.stage(s)) else None for s in REUSED_STAGES}
     record = {"kept": True, "kept_by": run.key, "kept_for": taker, "owner": owner, "cluster": run.inventory.name,
               "nodes": nodes, "deployment": fingerprint(run.cfg), "kept_at": _now().isoformat(),
               "preflight_at": stamps["preflight"], "fanout_at": stamps["fanout"], "deployed_at": stamps["rollout"]}
@@ -194,7 +194,7 @@ def _verify(run: Run, giver: str, ssh_overrides: dict | None) -> dict:
 
     from deploybench.config import RUN_KEY_PATTERN
     from deploybench.errors import DeploybenchError
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
     spec = run.cfg.deployment
     if run.cfg.rollout.backend.value != "ssh":
@@ -223,17 +223,17 @@ def _verify(run: Run, giver: str, ssh_overrides: dict | None) -> dict:
     if mine != theirs or owner.inventory.name != run.inventory.name:
         raise refused(f"run {owner_key} deployed another configuration (deployment {theirs[:12]}, this run "
                    f"needs {mine[:12]})")
-    pf = owner.stage_record("preflight") or {}
-    age = _age_s(pf.get("finished_at"))
-    if pf.get("status") != "success" or age is None:
+    pf = owner.stage("preflight")
+    age = _age_s(pf.finished_at) if pf else None
+    if pf is None or pf.status != "success" or age is None:
         raise refused(f"run {owner_key} has no successful preflight to rely on")
     if age > spec.max_reuse_s:
         raise refused(f"the preflight of run {owner_key} is {age:.0f} s old, past deployment.max_reuse_s="
                    f"{spec.max_reuse_s:g}")
-    ro = owner.stage_record("rollout") or {}
-    if ro.get("status") != "success":
+    ro = owner.stage("rollout")
+    if ro is None or ro.status != "success":
         raise refused(f"run {owner_key} has no successful rollout")
-    served = [e.get("node") for e in (ro.get("result") or {}).get("endpoints") or [] if isinstance(e, dict)]
+    served = [e.get("node") for e in owner.result("rollout").get("endpoints") or [] if isinstance(e, dict)]
     nodes = [n for n in served if isinstance(n, str) and n in run.nodes]
     if not served or len(nodes) != len(served):
         raise refused(f"run {owner_key} served on {served}, not among this run's nodes {run.nodes}")
@@ -245,7 +245,7 @@ def _verify(run: Run, giver: str, ssh_overrides: dict | None) -> dict:
         raise refused("kept engines no longer answer: " + "; ".join(failures))
     return {"adopted": True, "giver": giver, "owner": owner_key, "nodes": nodes, "endpoints": endpoints,
             "deployment": mine, "age_s": round(age, 1), "max_reuse_s": spec.max_reuse_s,
-            "records": {s: owner.stage_record(s) for s in REUSED_STAGES}}
+            "records": {s: r.model_dump(mode="json") if (r := owner.stage(s)) else None for s in REUSED_STAGES}}
 
 
 def adopt(run: Run, ssh_overrides: dict | None = None) -> dict:
@@ -315,7 +315,7 @@ def cleanup(run_keys: list[str], dsn: str | None, ssh_for: Any = None) -> list[d
     """After a matrix's cells: stop every kept deployment that its taker did not take over, and release a lease
     handed to a cell that never took it. ``ssh_for(run_key)``: the SSH overrides of a run. Idempotent."""
     from deploybench.lease import LeaseStore
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
     done = []
     for key in run_keys:

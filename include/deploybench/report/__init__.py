@@ -13,37 +13,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deploybench.engines import profile_name
+from deploybench.run import STAGES, run_status
 
 if TYPE_CHECKING:
     from deploybench.analyse.history import History
-    from deploybench.pipeline import Run
+    from deploybench.run import Run
 
 log = logging.getLogger(__name__)
 
-ORDER = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
-
-
-def run_status(records: dict[str, dict]) -> str:
-    """failed if any stage failed or a work stage never ran; else success."""
-    if any(r.get("status") == "failed" for r in records.values()):
-        return "failed"
-    if not all(s in records for s in ("validate", "preflight", "fanout", "rollout", "load")):
-        return "failed"
-    return "success"
-
 
 def summary_text(run: Run) -> str:
-    recs = run.stage_records()
+    recs = run.stages()
     lines = [f"deploybench run {run.key}: {run_status(recs).upper()}",
              f"  config {run.cfg.fingerprint()[:12]}  nodes {len(run.nodes)}  engine {profile_name(run.cfg.engine)}",
              "", f"  {'stage':<10} {'status':<8} {'seconds':>8}  what happened"]
-    for s in ORDER:
+    for s in STAGES:
         r = recs.get(s)
         if r is None:
             lines.append(f"  {s:<10} {'skipped':<8} {'':>8}")
             continue
-        lines.append(f"  {s:<10} {r['status']:<8} {r.get('seconds', 0):>8.1f}  {r.get('summary', '')}")
-    ld = (recs.get("load") or {}).get("result") or {}
+        lines.append(f"  {s:<10} {r.status:<8} {r.seconds or 0:>8.1f}  {r.summary}")
+    ld = run.result("load")
     if ld:
         lines += ["", f"  load result, phase {ld.get('phase')} (warm-up of {ld.get('warmup_s', 0):g} s excluded; "
                   "end-to-end latency measured by k6 on the client):",
@@ -60,7 +50,7 @@ def summary_text(run: Run) -> str:
     if truth:
         lines += [f"    ground truth   the simulated engine saturates at {truth[0]:.2f} req/s per node, "
                   f"{truth[0] * truth[1]:.1f} req/s for {truth[1]} nodes (closed form; SLO not considered)"]
-    rep = (recs.get("report") or {}).get("result") or {}
+    rep = run.result("report")
     if rep.get("path"):
         lines += ["", f"  report: {rep['path']}"]
     return "\n".join(lines)
@@ -72,7 +62,7 @@ def sim_capacity(run: Run) -> tuple[float, int] | None:
         return None
     from deploybench.sim.service_model import ServiceParams, capacity
 
-    endpoints = ((run.stage_record("rollout") or {}).get("result") or {}).get("endpoints") or []
+    endpoints = run.result("rollout").get("endpoints") or []
     cap = capacity(ServiceParams.from_config(run.cfg.engine), run.cfg.load.prompt_tokens, run.cfg.load.output_tokens)
     return cap.requests_per_s, len(endpoints) or len(run.nodes)
 

@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from deploybench.engines import profile_name
-from deploybench.report import ORDER, plots, run_status
+from deploybench.report import plots
 from deploybench.report.html import document, esc, figure, fmt_util, table
+from deploybench.run import STAGES, run_status
 
 if TYPE_CHECKING:
     from deploybench.analyse.history import History
-    from deploybench.pipeline import Run
+    from deploybench.records import LoadStageResult
+    from deploybench.run import Run
 
 log = logging.getLogger(__name__)
 
 
-def _samples(load: dict[str, Any]) -> pd.DataFrame:
+def _samples(load: LoadStageResult) -> pd.DataFrame:
     from deploybench.store.ingest import samples_source as sample_source
     from deploybench.store.writer import read_samples
 
@@ -43,10 +45,10 @@ def _gpu_row(phase: dict[str, Any], node: dict[str, Any]) -> list[Any]:
             "absent" if mem is None else mem, g.get("source") or f"absent: {g.get('reason') or 'not sampled'}"]
 
 
-def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
-    from deploybench.store.ingest import capacity_steps, load_phases
+def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
+    from deploybench.store.ingest import capacity_steps
 
-    phases = load_phases(ld)
+    phases = [p.model_dump(mode="json") for p in ld.ran()]
     parts = ["<h2>Load</h2>", table(
         ["phase", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "P50 ms", "P90 ms", "P99 ms",
          "P99.9 ms", "TTFT P99 ms", "errors", "dropped", "SLO"],
@@ -58,7 +60,7 @@ def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
          for p in phases])]
     samples = _samples(ld)
     steps = [s.model_dump() for s in capacity_steps(ld)]
-    cap = (ld.get("capacity") or {}).get("capacity_rps") if isinstance(ld.get("capacity"), dict) else None
+    cap = ld.capacity.capacity_rps
     parts.append("<h3>Throughput and latency</h3>")
     curve = [(s["achieved_rps"], s["latency_p99_ms"]) for s in steps
              if s.get("achieved_rps") is not None and s.get("latency_p99_ms") is not None]
@@ -68,8 +70,7 @@ def _load_sections(ld: dict[str, Any], slo_ms: float) -> list[str]:
                         "throughput-latency curve (capacity-search steps, else the phases)"))
     parts.append("<h3>Capacity search</h3>")
     parts.append(figure(plots.capacity_steps(steps, cap), "capacity-search steps (green: SLO held)"))
-    probe_steps = (((ld.get("phases") or {}).get("probe") or {}).get("analysis") or {}).get("steps") or [] if (
-        isinstance(ld.get("phases"), dict)) else []
+    probe_steps = [s.model_dump(mode="json") for s in ld.phases["probe"].probe_steps()] if "probe" in ld.phases else []
     if probe_steps:
         parts.append(table(["step", "kind", "offered req/s", "achieved req/s", "GPU util %", "passed", "why"],
                            [[s.get("step"), s.get("kind", "constant"),
@@ -123,21 +124,21 @@ def history_section(hist: History, heading: str = "History of this series") -> l
 
 
 def render(run: Run, history: History | None = None) -> str:
-    recs = run.stage_records()
+    recs = run.stages()
     status = run_status(recs)
     parts = [f"<h1>deploybench run <code>{esc(run.key)}</code></h1>",
              f"<p class='{status}'>Status: <b>{status}</b> &middot; {len(run.nodes)} nodes &middot; engine "
              f"{esc(profile_name(run.cfg.engine))} &middot; config {run.cfg.fingerprint()[:12]}</p>",
              "<h2>Stages</h2>",
              table(["stage", "status", "seconds", "what happened"],
-                   [[s, recs[s]["status"], recs[s].get("seconds"), recs[s].get("summary")]
-                    for s in ORDER if s in recs])]
-    ld = (recs.get("load") or {}).get("result") or {}
-    if ld:
+                   [[s, recs[s].status, recs[s].seconds, recs[s].summary]
+                    for s in STAGES if s in recs])]
+    ld = run.load_result()
+    if ld is not None:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
     if history is not None:
         parts += history_section(history)
-    pf = (recs.get("preflight") or {}).get("result") or {}
+    pf = run.result("preflight")
     if pf.get("links"):
         parts += ["<h2>Preflight links</h2>", f"<p>{esc(pf.get('decision', ''))}</p>",
                   figure(plots.bandwidth_matrix(pf["links"]), "preflight bandwidth matrix"),
@@ -145,19 +146,19 @@ def render(run: Run, history: History | None = None) -> str:
                         [[lt["src"], lt["dst"], lt.get("mbit"), lt.get("nominal_mbit"), lt.get("ratio"),
                           lt.get("retransmits"), lt.get("rtt_ms"), lt.get("ok"), lt.get("error")]
                          for lt in pf["links"]])]
-    fo = (recs.get("fanout") or {}).get("result") or {}
+    fo = run.result("fanout")
     if fo.get("nodes"):
         parts += ["<h2>Fan-out</h2>", figure(plots.fanout_timeline(fo["nodes"]), "fan-out timeline"),
                   table(["node", "status", "MiB", "seconds", "verified", "error"],
                         [[c["node"], c["status"], (c.get("bytes") or 0) / 2**20, c.get("seconds"), c.get("verified"),
                           c.get("error")] for c in fo["nodes"]])]
-    ro = (recs.get("rollout") or {}).get("result") or {}
+    ro = run.result("rollout")
     if ro.get("steps"):
         parts += ["<h2>Rollout</h2>", table(
             ["step", "nodes", "added", "slowest ready s", "seconds"],
             [[s["step"], s["nodes"], ", ".join(s["added"]), max(s["ready_s"].values() or [0]), s["seconds"]]
              for s in ro["steps"]])]
-    errors = [(s, r["error"]) for s, r in recs.items() if r.get("error")]
+    errors = [(s, r.error) for s, r in recs.items() if r.error]
     if errors:
         parts += ["<h2>Errors</h2>"] + [f"<h3>{esc(s)}</h3><pre>{esc(e)}</pre>" for s, e in errors]
     return document(f"deploybench {run.key}", parts)

@@ -5,15 +5,10 @@ phases per node, capacity-search steps, server metrics and the raw samples).
 Called by the store stage whatever failed before, so a failed run is stored with the
 results measured up to its failure and the reason it stopped.
 
-Load-stage shapes read here (LoadResult dumps, see deploybench.load): a single phase (the
-foundation's ``{"phase": ..., "nodes": [...], "samples_path": ...}``), or several under
-``"phases"`` — a dict ``{name: {"status", "result": LoadResult, "analysis", "series"}}`` (the
-load stage's three phases) or a list of LoadResults; the capacity search under ``"capacity"``
-(or ``"capacity_search"``, or the probe phase's ``"analysis"``) as ``{"capacity_rps", "steps":
-[{"step", "rate" | "offered_rps", "achieved_rps", "latency_p99_ms", "ttft_p99_ms",
-"error_rate", "dropped_iterations", "passed" | "slo_ok", ...}]}``; server metrics as paths of
-NDJSON/CSV files (ts, node, metric, value[, phase, labels]) under ``"series"`` or a phase's
-``"metrics_path"``, or inline rows under ``"server_metrics"``. What is absent is skipped.
+The load stage is read in the one shape it is written (deploybench.records.LoadStageResult): every
+phase's LoadResult under ``phases``, the capacity search's steps under ``capacity.steps``, the scraped
+/metrics and GPU series under ``series``. A record that does not match is refused (RecordError names
+the stage, the field and the run folder), never skipped.
 """
 
 from __future__ import annotations
@@ -23,15 +18,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deploybench.report import run_status
+from deploybench.run import STORED_STAGES, run_status
 
 if TYPE_CHECKING:
-    from deploybench.pipeline import Run
+    from deploybench.load.results import LoadResult
+    from deploybench.records import LoadStageResult, StageRecord
+    from deploybench.run import Run
 
 log = logging.getLogger(__name__)
 
-# stages whose records go into stage_results (store and report describe the storing itself)
-STORED_STAGES = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown")
 _TRIGGERS = ("manual", "scheduled", "backfill", "asset_triggered", "dataset_triggered", "matrix")  # matrix: a cell
 
 
@@ -50,68 +45,45 @@ def trigger_of(meta: dict[str, Any]) -> str:
     return prefix if prefix in _TRIGGERS else "api"
 
 
-def phase_records(load: dict[str, Any]) -> list[Any]:
-    """One PhaseRecord for the whole cluster ('*') and one per node, from a LoadResult dump."""
+_FIGURES = ("achieved_rps", "output_tps", "requests", "errors", "error_rate", "latency_p50_ms", "latency_p90_ms",
+            "latency_p99_ms", "latency_p999_ms", "ttft_p50_ms", "ttft_p99_ms")
+
+
+def phase_records(load: LoadResult) -> list[Any]:
+    """One PhaseRecord for the whole cluster ('*') and one per node, from a phase's LoadResult."""
     from deploybench.store import PhaseRecord
 
-    started = load["started_at"]
-    common = {"phase": load["phase"], "duration_s": load["duration_s"], "started_at": started}
-    keys = ("achieved_rps", "output_tps", "requests", "errors", "error_rate", "latency_p50_ms", "latency_p90_ms",
-            "latency_p99_ms", "latency_p999_ms", "ttft_p50_ms", "ttft_p99_ms")
-    out = [PhaseRecord(node="*", offered_rps=load["offered_rps"], dropped_iterations=load["dropped_iterations"],
-                       **common, **{k: load.get(k) for k in keys})]
-    per_node_offered = load["offered_rps"] / max(1, len(load.get("nodes") or []))
-    for n in load.get("nodes") or []:
-        out.append(PhaseRecord(node=n["node"], offered_rps=per_node_offered, **common, **{k: n.get(k) for k in keys}))
+    common = {"phase": load.phase, "duration_s": load.duration_s, "started_at": load.started_at}
+    out = [PhaseRecord(node="*", offered_rps=load.offered_rps, dropped_iterations=load.dropped_iterations,
+                       **common, **{k: getattr(load, k) for k in _FIGURES})]
+    per_node_offered = load.offered_rps / max(1, len(load.nodes))
+    for n in load.nodes:
+        out.append(PhaseRecord(node=n.node, offered_rps=per_node_offered, **common,
+                               **{k: getattr(n, k) for k in _FIGURES}))
     return out
 
 
-def load_phases(load: dict[str, Any]) -> list[dict[str, Any]]:
-    """The LoadResult dumps of a load stage result: ``phases`` if present, else the result itself."""
-    raw = load.get("phases") or []
-    if isinstance(raw, dict):  # {name: {"status", "result", "analysis", "series"}}
-        raw = [(v or {}).get("result") for v in raw.values()]
-    phases = [p for p in raw if isinstance(p, dict) and p.get("phase")]
-    if phases:
-        return phases
-    return [load] if load.get("phase") else []
+_STEP_FIGURES = ("achieved_rps", "latency_p99_ms", "ttft_p99_ms", "error_rate", "dropped_iterations")
 
 
-def capacity_steps(load: dict[str, Any]) -> list[Any]:
+def capacity_steps(load: LoadStageResult) -> list[Any]:
+    """The capacity search's steps (the last of each step number: a retried step is listed twice)."""
     from deploybench.store.facts import CapacityStepRow
 
-    search = load.get("capacity") or load.get("capacity_search")
-    if not (isinstance(search, dict) and search.get("steps")) and isinstance(load.get("phases"), dict):
-        search = ((load["phases"].get("probe") or {}).get("analysis")) or search
-    steps = (search or {}).get("steps") if isinstance(search, dict) else search
-    steps = list({s.get("step", i): s for i, s in enumerate(steps or []) if isinstance(s, dict)}.values())
-    out = []
-    known = ("achieved_rps", "latency_p99_ms", "ttft_p99_ms", "error_rate", "dropped_iterations")
-    for i, s in enumerate(steps or []):
-        offered = s.get("offered_rps", s.get("rate"))
-        if offered is None:
-            continue
-        ok = s.get("slo_ok", s.get("passed", s.get("ok", False)))
-        detail = {k: v for k, v in s.items() if k not in (*known, "offered_rps", "rate", "slo_ok", "passed", "ok",
-                                                         "step")}
-        out.append(CapacityStepRow(step=int(s.get("step", i)), offered_rps=float(offered), slo_ok=bool(ok),
-                                   detail=detail, **{k: s.get(k) for k in known}))
-    return out
+    steps = list({s.step: s for s in load.capacity.steps}.values())
+    return [CapacityStepRow(step=s.step, offered_rps=s.rate, slo_ok=s.passed,
+                            detail=s.model_dump(mode="json", exclude={*_STEP_FIGURES, "rate", "passed", "step"}),
+                            **{k: getattr(s, k) for k in _STEP_FIGURES})
+            for s in steps]
 
 
-def _server_metrics(load: dict[str, Any]) -> Any:
+def _server_metrics(load: LoadStageResult) -> Any:
     import pandas as pd
 
     from deploybench.store.writer_facts import prepare_metrics
 
-    sources: list[Any] = []
-    if load.get("server_metrics"):
-        sources.append(pd.DataFrame(load["server_metrics"]))
-    paths = list(load.get("series") or [])
-    if not paths:
-        paths = [p.get("metrics_path") for p in load_phases(load)]
-    frames = [prepare_metrics(s) for s in sources]
-    for path in dict.fromkeys(p for p in paths if p):
+    frames = []
+    for path in dict.fromkeys(load.series):
         if not Path(path).is_file():
             log.warning("server metrics file %s is missing; the run is stored without it", path)
             continue
@@ -119,8 +91,9 @@ def _server_metrics(load: dict[str, Any]) -> Any:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def samples_source(load: dict[str, Any]) -> Any:
-    paths = load_sample_paths(load)
+def samples_source(load: LoadStageResult) -> Any:
+    """The samples of every phase and capacity-search step: one file's path, or their rows together."""
+    paths = load.sample_paths()
     if len(paths) <= 1:
         return paths[0] if paths else None
     import pandas as pd
@@ -130,8 +103,8 @@ def samples_source(load: dict[str, Any]) -> Any:
     return pd.concat([read_samples(p) for p in paths], ignore_index=True)
 
 
-def run_facts(run: Run, recs: dict[str, dict[str, Any]]) -> Any:
-    """Identities and the facts of every stage, from the stage records."""
+def run_facts(run: Run, load: LoadStageResult | None) -> Any:
+    """Identities and the facts of every stage, from the stage records (``load``: the load stage's, typed)."""
     from deploybench.store.facts import (
         FanoutNodeRow,
         PreflightLinkRow,
@@ -141,14 +114,11 @@ def run_facts(run: Run, recs: dict[str, dict[str, Any]]) -> Any:
     )
     from deploybench.store.identity import identity_of
 
-    def result(stage: str) -> dict[str, Any]:
-        return (recs.get(stage) or {}).get("result") or {}
-
     def unique(rows: list[dict[str, Any]] | None, *key: str) -> list[dict[str, Any]]:
         """The last row per key: a stage that retried an item lists it twice; the store keeps one."""
         return list({tuple(r.get(k) for k in key): r for r in rows or [] if isinstance(r, dict)}.values())
 
-    pf, fo, ro, ld = result("preflight"), result("fanout"), result("rollout"), result("load")
+    pf, fo, ro = run.result("preflight"), run.result("fanout"), run.result("rollout")
     identity = identity_of(run.cfg.model_dump(mode="json"), run.nodes, run.inventory.model_dump(mode="json"), fo, ro)
     return RunFacts(
         identity=identity,
@@ -162,24 +132,17 @@ def run_facts(run: Run, recs: dict[str, dict[str, Any]]) -> Any:
                       for c in unique(fo.get("nodes"), "node")],
         rollout_steps=[RolloutStepRow(**{k: s[k] for k in RolloutStepRow.model_fields if k in s})
                        for s in unique(ro.get("steps"), "step")],
-        capacity_steps=capacity_steps(ld) if ld else [],
-        server_metrics=_server_metrics(ld) if ld else None,
+        capacity_steps=capacity_steps(load) if load else [],
+        server_metrics=_server_metrics(load) if load else None,
     )
 
 
-def load_sample_paths(load: dict[str, Any]) -> list[str]:
-    """Every samples file of the load stage: each phase's, and each step's of the capacity search."""
-    found = [p.get("samples_path") for p in load_phases(load)]
-    raw = load.get("phases")
-    for ph in raw.values() if isinstance(raw, dict) else []:
-        found += [s.get("samples_path") for s in ((ph or {}).get("analysis") or {}).get("steps") or []]
-    return list(dict.fromkeys(p for p in found if p))
-
-
 def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
-    from deploybench.store import RunRecord, StageRecord, write_run
+    from deploybench.store import RunRecord, write_run
+    from deploybench.store import StageRecord as StageRow
 
-    recs = run.stage_records()
+    recs = run.stages()
+    load = run.load_result()  # refused here, before anything is written, if it does not match the contract
     record = RunRecord.from_config(
         run.key,
         run.cfg,
@@ -192,23 +155,18 @@ def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
         trigger=trigger_of(run.meta),
         logical_date=_when(run.meta.get("logical_date")),
     )
-    stages = [
-        StageRecord(
-            stage=s,
-            status=r["status"] if r["status"] in ("success", "failed") else "failed",
-            started_at=_when(r.get("started_at")),
-            seconds=r.get("seconds"),
-            summary={"summary": r.get("summary", ""), "result": r.get("result")},
-            error=r.get("error"),
-        )
-        for s, r in recs.items()
-        if s in STORED_STAGES
-    ]
-    load = (recs.get("load") or {}).get("result") or None
-    phases = [rec for p in load_phases(load) for rec in phase_records(p)] if load else []
+    stages = [_stage_row(StageRow, r) for s, r in recs.items() if s in STORED_STAGES]
+    phases = [row for p in load.ran() for row in phase_records(p)] if load else []
     samples = samples_source(load) if load else None
-    res = write_run(dsn, record, stages, phases, samples, facts=run_facts(run, recs))
+    res = write_run(dsn, record, stages, phases, samples, facts=run_facts(run, load))
     log.info("stored run %s: %d stages, %d phases, %d samples (replaced: %s)", run.key, res.stages, res.phases,
              res.samples, res.replaced)
     return {"stages": res.stages, "phases": res.phases, "samples": res.samples, "replaced": int(res.replaced),
             **{k: v for k, v in (res.facts or {}).items() if v}}
+
+
+def _stage_row(row: Any, r: StageRecord) -> Any:
+    """The store's row of a stage record (a record still 'running' was cut short: stored as failed)."""
+    return row(stage=r.stage, status=r.status if r.status in ("success", "failed") else "failed",
+               started_at=_when(r.started_at), seconds=r.seconds,
+               summary={"summary": r.summary, "result": r.result}, error=r.error)

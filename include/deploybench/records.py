@@ -1,0 +1,126 @@
+"""The typed stage records and results: the one contract between the stages that write a run's folder
+(deploybench.pipeline) and what reads it (the store's ingest, the reports, the pages).
+
+On disk a record is ``<run folder>/stages/<stage>.json`` with the keys of ``StageRecord``; the load
+stage's ``result`` is a ``LoadStageResult`` (deploybench.load.phases.assemble writes it). A record that
+does not match is refused with ``RecordError`` naming the stage, the field and the run folder: readers
+never guess between shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from deploybench.errors import DeploybenchError
+from deploybench.load.probe import ProbeStep
+from deploybench.load.results import LoadResult
+
+
+class RecordError(DeploybenchError):
+    """A stage record in a run's folder does not match the contract of this module."""
+
+
+def refused(where: Path | str, stage: str, exc: ValidationError, under: tuple[str, ...] = ()) -> RecordError:
+    """The RecordError of a record that failed validation (``under``: where the model sits in the record):
+    every wrong field with its value."""
+    wrong = "; ".join(f"field {'.'.join(str(p) for p in (*under, *e['loc'])) or '(record)'}: {e['msg']}"
+                      + (f" (got {str(e['input'])[:80]!r})" if e["type"] != "missing" else "")
+                      for e in exc.errors()[:5])
+    return RecordError(f"run folder {where}: the {stage!r} stage record does not match deploybench.records: "
+                       f"{wrong}; re-run the stage to rewrite it (a record written by hand or by an older "
+                       "deploybench is not read)")
+
+
+class StageRecord(BaseModel):
+    """One stage's record: written when the stage ends, success or failure (a retried stage overwrites it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    status: Literal["running", "success", "failed"]
+    started_at: str  # ISO 8601, UTC
+    finished_at: str | None = None
+    seconds: float | None = None
+    summary: str = ""  # one line for people
+    result: Any = None  # what the stage measured (its own result's dump; the load stage: LoadStageResult)
+    error: str | None = None  # why it failed
+
+
+class PhaseOutcome(BaseModel):
+    """One load phase as run (``<run folder>/load/<phase>.result.json``): its LoadResult (for the probe: the
+    best passed step's), and its analysis (the probe's CapacityResult, sustained's Drift, overload's analysis)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: Literal["probe", "sustained", "overload"]
+    status: Literal["success", "failed"]
+    result: LoadResult | None = None
+    error: str | None = None
+    analysis: dict[str, Any] | None = None
+    series: list[str] = []  # scraped /metrics and GPU series of every k6 run of the phase
+
+    def probe_steps(self) -> list[ProbeStep]:
+        """Every step of the capacity search (probe phase; none for the others)."""
+        steps = (self.analysis or {}).get("steps") if self.phase == "probe" else None
+        return TypeAdapter(list[ProbeStep]).validate_python(steps or [])
+
+
+class Capacity(BaseModel):
+    """The capacity the load stage worked from: the probe's search (CapacityResult), the probe's failure
+    (``capacity_rps`` None, ``reason``), or ``load.rate`` when the probe did not run (``source`` "config")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capacity_rps: float | None
+    steps: list[ProbeStep] = []
+    bracket: tuple[float | None, float | None] | None = None
+    converged: bool | None = None
+    reason: str | None = None
+    seconds: float | None = None
+    source: Literal["config"] | None = None
+
+
+class LoadStageResult(BaseModel):
+    """The load stage's result: the headline phase's LoadResult fields (sustained, else overload, else the
+    probe's; none when every phase failed) beside ``phases``, ``capacity`` and ``series``."""
+
+    model_config = ConfigDict(extra="allow")  # the headline LoadResult's fields, typed by ``headline``
+
+    phases: dict[str, PhaseOutcome]
+    capacity: Capacity
+    series: list[str]
+
+    @classmethod
+    def of(cls, record: StageRecord, where: Path | str) -> LoadStageResult:
+        try:
+            got = cls.model_validate(record.result)
+            got.headline()
+        except ValidationError as exc:
+            raise refused(where, record.stage, exc, ("result",)) from exc
+        for name, ph in got.phases.items():
+            try:
+                ph.probe_steps()
+            except ValidationError as exc:
+                raise refused(where, record.stage, exc, ("result", "phases", name, "analysis", "steps")) from exc
+            if name != ph.phase:
+                raise RecordError(f"run folder {where}: the 'load' stage record: field result.phases.{name} holds "
+                                  f"phase {ph.phase!r}; re-run the load stage to rewrite it")
+        return got
+
+    def headline(self) -> LoadResult | None:
+        extra = self.model_extra or {}
+        return LoadResult.model_validate(extra) if extra else None
+
+    def ran(self) -> list[LoadResult]:
+        """The LoadResult of every phase that produced one, in the order the phases ran."""
+        return [ph.result for ph in self.phases.values() if ph.result is not None]
+
+    def sample_paths(self) -> list[str]:
+        """Every samples file: each phase's, and each capacity-search step's."""
+        found = [r.samples_path for r in self.ran()]
+        found += [s.samples_path for ph in self.phases.values() for s in ph.probe_steps()]
+        return list(dict.fromkeys(p for p in found if p))
+
