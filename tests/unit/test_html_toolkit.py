@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import numpy as np
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from deploybench.report import compare_html
+from deploybench.report import compare_html, run_html
 from deploybench.report.html import esc, fmt, fmt_change, fmt_num, fmt_p, fmt_pct, fmt_util, table
 from deploybench.store import StageRecord
 from deploybench.web import app as webapp
@@ -23,6 +24,8 @@ from deploybench.web import markup as html_view
 from deploybench.web.access import AllowAll
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the builders of the page and report tests
+from test_report_plots import make_run_folder  # noqa: E402
+
 from test_webapp import make_phase, make_run, stored  # noqa: E402
 from test_webapp_pages import _comparison, _history_view  # noqa: E402
 
@@ -161,3 +164,23 @@ def test_error_page_escapes_the_message_once(monkeypatch):
     assert r.status_code == 404 and "no run" in r.text
     assert "<script" not in r.text and "&lt;script&gt;alert(\\&#x27;x\\&#x27;)" in r.text
     assert not [d for d in DOUBLE if d in r.text]
+
+
+def test_run_report_escapes_once(tmp_path):
+    """A hostile run key, node name, stage summary and error in the run folder: the report escapes each once."""
+    from deploybench.records import StageRecord as FolderRecord
+    from deploybench.run import read_record, save_record
+
+    run = replace(make_run_folder(tmp_path), key=HOSTILE, nodes=["n1", HOSTILE])
+    for stage, edit in (("preflight", lambda r: (r.update(decision=HOSTILE), r["links"][0].update(src=HOSTILE,
+                                                                                                  error=HOSTILE))),
+                        ("fanout", lambda r: r["nodes"][0].update(node=HOSTILE, error=HOSTILE))):
+        rec = read_record(tmp_path, stage)
+        assert rec is not None and isinstance(rec.result, dict)
+        edit(rec.result)
+        save_record(tmp_path, rec)
+    save_record(tmp_path, FolderRecord(stage="rollout", status="failed", started_at="2026-12-02T10:00:00+00:00",
+                                       seconds=1.0, summary=HOSTILE, error=HOSTILE))
+    doc = run_html.render(run)
+    assert_escaped_once(doc)
+    assert doc.count(esc(HOSTILE)) >= 7  # key (heading, title), decision, link src and error, node, error, summary

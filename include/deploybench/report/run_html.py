@@ -12,7 +12,7 @@ import pandas as pd
 
 from deploybench.engines import profile_name
 from deploybench.report import plots
-from deploybench.report.html import document, esc, figure, fmt_util, table
+from deploybench.report.html import document, esc, figure, fmt_change, fmt_p, fmt_pct, fmt_util, table
 from deploybench.run import STAGES, run_status
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
         [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), fmt_util(p.get("gpu_util_pct")),
           p.get("output_tps"), p.get("latency_p50_ms"),
           p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"), p.get("ttft_p99_ms"),
-          f"{p.get('error_rate', 0):.2%}", p.get("dropped_iterations"),
+          fmt_pct(p.get("error_rate", 0)), p.get("dropped_iterations"),
           "met" if p.get("slo_ok") else "not met: " + "; ".join((p.get("slo") or {}).get("reasons") or [])]
          for p in phases])]
     samples = _samples(ld)
@@ -110,14 +110,13 @@ def history_section(hist: History, heading: str = "History of this series") -> l
              f"<p>Series <code>{esc(hist.fingerprint[:12])}</code>: {len(hist.runs)} runs (excluded and failed runs "
              f"left out); method {esc(hist.params)}.</p>",
              table(["metric", "verdict on the newest run", "magnitude", "p-value", "against"],
-                   [[m, v["verdict"], f"{v['magnitude']:+.1%}",
-                     "n/a" if v["p_value"] is None else f"{v['p_value']:.3g}",
-                     v["against"]] for m, v in hist.verdicts.items()],
+                   [[m, v["verdict"], fmt_change(v["magnitude"]), fmt_p(v["p_value"]), v["against"]]
+                    for m, v in hist.verdicts.items()],
                    [v["verdict"] for v in hist.verdicts.values()])]
     if hist.changes:
         parts.append(table(["metric", "change point at run", "direction", "before", "after", "magnitude", "p-value"],
-                           [[c.metric, c.run_key, c.direction, c.mean_before, c.mean_after, f"{c.magnitude:+.1%}",
-                             f"{c.p_value:.3g}"] for c in hist.changes]))
+                           [[c.metric, c.run_key, c.direction, c.mean_before, c.mean_after,
+                             fmt_change(c.magnitude), fmt_p(c.p_value)] for c in hist.changes]))
     else:
         parts.append("<p>No change point in this series.</p>")
     return parts
