@@ -33,9 +33,8 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def report(tmp_path) -> Path:
-    from test_report_plots import make_run_folder
-
     from deploybench.report import write_html
+    from run_folders import make_run_folder
 
     return write_html(make_run_folder(tmp_path))
 

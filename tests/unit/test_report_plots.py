@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 
-import numpy as np
 import pandas as pd
 
-from deploybench.config import RunConfig
 from deploybench.report import plots, write_html
-
-T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-
-
-def _samples(n: int = 300, phase: str = "sustained") -> pd.DataFrame:
-    rng = np.random.default_rng(1)
-    return pd.DataFrame({"ts": [T0 + timedelta(seconds=i / 20) for i in range(n)], "phase": phase, "node": "n1",
-                         "status": [200] * (n - 10) + [503] * 10, "error_kind": None,
-                         "latency_ms": rng.lognormal(6, 0.2, n), "ttft_ms": None, "prompt_tokens": 32,
-                         "output_tokens": 8})
+from run_folders import make_run_folder, window_samples
 
 
 def test_windows_count_requests_and_errors_per_second():
-    w = plots.windows(_samples())
+    w = plots.windows(window_samples())
     assert len(w) == 15 and (w["rps"] == 20).all()
     assert w["error_rate"].iloc[-1] == 0.5 and w["error_rate"].iloc[0] == 0
 
@@ -43,26 +31,6 @@ def test_plots_are_inline_svg_with_readable_text_and_empty_when_no_data():
                                                       {"offered_rps": 8, "achieved_rps": 6, "slo_ok": False}], 4)
     assert plots.bandwidth_matrix([]) == "" and plots.over_time(pd.DataFrame(), "x") == ""
     assert plots.throughput_latency({}, "x") == "" and plots.per_node_bars([]) == ""
-
-
-def make_run_folder(tmp_path):
-    """A run with every stage's record in ``tmp_path`` (also used by the Chromium render test)."""
-    from deploybench.records import StageRecord
-    from deploybench.run import Run, save_record
-    from load_records import write_load_stage
-
-    samples = pd.concat([_samples(), _samples(200, "overload")])
-    samples.to_csv(tmp_path / "samples.csv", index=False)
-    results = {"validate": {"nodes": ["n1", "n2"]},
-               "preflight": {"decision": "all healthy", "links": [
-                   {"src": "n1", "dst": "n2", "mbit": 950, "nominal_mbit": 1000, "ratio": 0.95, "ok": True}]},
-               "fanout": {"nodes": [{"node": "n2", "status": "copied", "bytes": 2**20, "seconds": 1.0,
-                                     "verified": True, "started_at": 0.1}]},
-               "load": write_load_stage(tmp_path / "load", str(tmp_path / "samples.csv"))}
-    for stage, result in results.items():
-        save_record(tmp_path, StageRecord(stage=stage, status="success", started_at=T0.isoformat(), seconds=0.1,
-                                          summary="ok", result=result))
-    return Run("deploybench_run/r1", tmp_path, RunConfig(inventory="lab"), None, ["n1", "n2"], {})  # type: ignore[arg-type]
 
 
 def test_run_report_has_every_section_from_the_run_folder(tmp_path):
