@@ -143,7 +143,6 @@ def test_the_deferrable_trigger_fires_when_the_lease_is_free_and_times_out_namin
                                                                                              monkeypatch):
     import asyncio
 
-    pytest.importorskip("airflow")
     from deploybench.airflow import lease as trig
 
     monkeypatch.setattr(trig, "_results_dsn", lambda: dsn)
