@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from deploybench.config import LoadPhase
 from deploybench.errors import DeploybenchError
 from deploybench.load.probe import ProbeStep
 from deploybench.load.results import LoadResult
@@ -55,7 +56,7 @@ class PhaseOutcome(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    phase: Literal["probe", "sustained", "overload"]
+    phase: LoadPhase
     status: Literal["success", "failed"]
     result: LoadResult | None = None
     error: str | None = None
@@ -64,7 +65,7 @@ class PhaseOutcome(BaseModel):
 
     def probe_steps(self) -> list[ProbeStep]:
         """Every step of the capacity search (probe phase; none for the others)."""
-        steps = (self.analysis or {}).get("steps") if self.phase == "probe" else None
+        steps = (self.analysis or {}).get("steps") if self.phase is LoadPhase.PROBE else None
         return TypeAdapter(list[ProbeStep]).validate_python(steps or [])
 
 

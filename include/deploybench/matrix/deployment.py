@@ -305,10 +305,12 @@ def reused_record(got: dict, stage: str) -> tuple[dict, str]:
 # -- the matrix's cleanup ----------------------------------------------------------------------------------------
 def _finished(run_key: str) -> bool:
     """The run never started, or is past its teardown (its engines and lease are no longer its own business)."""
+    from deploybench.run import STAGES, record_path
+
     d = paths.run_dir(run_key)
     if not (d / "run.json").is_file():
         return True
-    return any((d / "stages" / f"{s}.json").is_file() for s in ("teardown", "store", "report"))
+    return any(record_path(d, s).is_file() for s in STAGES[STAGES.index("teardown"):])
 
 
 def cleanup(run_keys: list[str], dsn: str | None, ssh_for: Any = None) -> list[dict]:
