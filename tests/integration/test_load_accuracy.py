@@ -11,15 +11,11 @@ lambda_max x nodes, for two engine configurations. Small decode times keep every
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
 from deploybench.load import load_samples, phases, run_load
-from deploybench.manifest import seed_model
-from deploybench.sim.local import LocalEngines
 from deploybench.sim.service_model import ServiceParams, capacity
 
 pytestmark = pytest.mark.integration
@@ -35,20 +31,6 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model")
-    seed_model(path, total_mb=1)
-    return path
-
-
-@pytest.fixture
-def engines(model_dir, tmp_path):
-    """start(engine, n, *extra_args) -> [Endpoint]; every engine started here is stopped at the end."""
-    with LocalEngines(model_dir, tmp_path) as local:
-        yield lambda engine, n, *extra: local.start(n, *extra, engine=engine)
-
-
 def truth(cfg: dict) -> float:
     """lambda_max of the whole cluster, requests/s."""
     cap = capacity(ServiceParams.from_config(cfg["engine"]), cfg["prompt_tokens"], cfg["output_tokens"])
@@ -56,9 +38,9 @@ def truth(cfg: dict) -> float:
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_probe_finds_the_closed_form_capacity(name, engines, tmp_path):
+def test_probe_finds_the_closed_form_capacity(name, local_engines, tmp_path):
     cfg = CONFIGS[name]
-    eps = engines(cfg["engine"], cfg["nodes"])
+    eps = local_engines.start(cfg["nodes"], engine=cfg["engine"])
     lam = truth(cfg)
     b, q = cfg["engine"].max_num_seqs, cfg["engine"].sim.queue_limit
     loose = SLO(p99_latency_ms=4 * 1000 * (b + q) * cfg["nodes"] / lam, max_error_rate=0.01)  # never binds
@@ -89,9 +71,9 @@ def test_probe_finds_the_closed_form_capacity(name, engines, tmp_path):
     assert df["ttft_ms"].notna().any()  # the SSE sampler's rows
 
 
-def test_below_capacity_achieved_is_within_one_percent_of_offered(engines, tmp_path):
+def test_below_capacity_achieved_is_within_one_percent_of_offered(local_engines, tmp_path):
     cfg = CONFIGS["batch4-2nodes"]
-    eps = engines(cfg["engine"], cfg["nodes"])
+    eps = local_engines.start(cfg["nodes"], engine=cfg["engine"])
     rate = round(0.7 * truth(cfg), 1)
     spec = LoadSpec(rate=rate, duration_s=8, warmup_s=1, prompt_tokens=cfg["prompt_tokens"],
                     output_tokens=cfg["output_tokens"], request_timeout_s=10, ttft_sample_rps=1, scrape_interval_s=1)
@@ -101,7 +83,7 @@ def test_below_capacity_achieved_is_within_one_percent_of_offered(engines, tmp_p
     assert res.sent_rps == pytest.approx(rate, rel=0.01)
 
 
-def test_light_load_ttft_and_e2e_match_the_service_times(engines, tmp_path):
+def test_light_load_ttft_and_e2e_match_the_service_times(local_engines, tmp_path):
     """Alone in the engine, a request's TTFT is prefill + one decode step and its e2e prefill + O steps.
 
     Service times of tens of ms (not the few ms of the capacity tests), so that 5 % is more than the
@@ -110,7 +92,7 @@ def test_light_load_ttft_and_e2e_match_the_service_times(engines, tmp_path):
                                                      prefill_per_token_ms=0.25, queue_limit=8))
     P, O = 40, 2
     cap = capacity(ServiceParams.from_config(engine), P, O)
-    eps = engines(engine, 1)
+    eps = local_engines.start(1, engine=engine)
     # 1.2 req/s x 0.21 s: the engine is busy a quarter of the time, so most requests find it idle; k6's
     # 0.7 req/s and the sampler's 0.5 req/s have different periods, so their requests do not lock in step
     spec = LoadSpec(rate=1.2, duration_s=10, warmup_s=1, prompt_tokens=P, output_tokens=O, ttft_sample_rps=0.5,
