@@ -24,8 +24,7 @@ from deploybench.web import markup as html_view
 from deploybench.web.access import AllowAll
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the builders of the page and report tests
-from test_report_plots import make_run_folder  # noqa: E402
-
+from run_folders import make_run_folder  # noqa: E402
 from test_webapp import make_phase, make_run, stored  # noqa: E402
 from test_webapp_pages import _comparison, _history_view  # noqa: E402
 
