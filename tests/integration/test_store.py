@@ -20,7 +20,7 @@ from deploybench import cli
 from deploybench.store import (
     PhaseRecord,
     RunRecord,
-    StageRecord,
+    StageRow,
     StoreError,
     count_samples,
     db,
@@ -71,8 +71,8 @@ def make_samples(n: int, seed: int = 0) -> pd.DataFrame:
     })
 
 
-STAGES = [StageRecord(stage="preflight", status="success", started_at=T0, seconds=2.5, summary={"nodes": 4}),
-          StageRecord(stage="load", status="success", started_at=T0, seconds=60.0, summary={"rps": 8.0})]
+STAGES = [StageRow(stage="preflight", status="success", started_at=T0, seconds=2.5, summary={"nodes": 4}),
+          StageRow(stage="load", status="success", started_at=T0, seconds=60.0, summary={"rps": 8.0})]
 
 
 def test_migrate_twice_is_a_no_op(dsn):

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from deploybench import paths
-from deploybench.store import PhaseRecord, RunRecord, StageRecord, load_run, write_run
+from deploybench.store import PhaseRecord, RunRecord, StageRow, load_run, write_run
 from deploybench.web import app as webapp
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90)]  # a lock never released, a server that never answers
@@ -92,14 +92,14 @@ def runs(dsn):
         dsn,
         old,
         [
-            StageRecord(
+            StageRow(
                 stage="preflight",
                 status="success",
                 started_at=T0,
                 seconds=2.5,
                 summary={"summary": "2/2 nodes healthy, 2 links tested"},
             ),
-            StageRecord(
+            StageRow(
                 stage="load", status="success", started_at=T0, seconds=31.0, summary={"summary": "7.84 req/s"}
             ),
         ],
@@ -110,7 +110,7 @@ def runs(dsn):
         dsn,
         new,
         [
-            StageRecord(
+            StageRow(
                 stage="rollout",
                 status="failed",
                 started_at=T0,

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from deploybench.report import compare_html, run_html
 from deploybench.report.html import esc, fmt, fmt_change, fmt_num, fmt_p, fmt_pct, fmt_util, table
-from deploybench.store import StageRecord
+from deploybench.store import StageRow
 from deploybench.web import app as webapp
 from deploybench.web import compare_page, history_page, matrix_page
 from deploybench.web import markup as html_view
@@ -117,7 +117,7 @@ def test_table_escapes_cells_and_classes_once():
 def test_run_list_and_run_page_escape_once():
     run = make_run(HOSTILE, fingerprint=HOSTILE, tags={HOSTILE: HOSTILE}, dag_id=HOSTILE,
                    config={"engine": {"profile": HOSTILE}}, inventory=HOSTILE)
-    stage = StageRecord(stage="load", status="failed", seconds=1.5, summary={"summary": HOSTILE}, error=HOSTILE)
+    stage = StageRow(stage="load", status="failed", seconds=1.5, summary={"summary": HOSTILE}, error=HOSTILE)
     listing = html_view.render_run_list([html_view.RunRow(run, make_phase(phase=HOSTILE))], ROOT,
                                         fingerprint=HOSTILE, note=HOSTILE)
     page = html_view.render_run_page(stored(run, [make_phase(node=HOSTILE)], [stage]), ROOT, f"/r/{HOSTILE}")
@@ -167,7 +167,7 @@ def test_error_page_escapes_the_message_once(monkeypatch):
 
 def test_run_report_escapes_once(tmp_path):
     """A hostile run key, node name, stage summary and error in the run folder: the report escapes each once."""
-    from deploybench.records import StageRecord as FolderRecord
+    from deploybench.records import StageRecord
     from deploybench.run import read_record, save_record
 
     run = replace(make_run_folder(tmp_path), key=HOSTILE, nodes=["n1", HOSTILE])
@@ -178,7 +178,7 @@ def test_run_report_escapes_once(tmp_path):
         assert rec is not None and isinstance(rec.result, dict)
         edit(rec.result)
         save_record(tmp_path, rec)
-    save_record(tmp_path, FolderRecord(stage="rollout", status="failed", started_at="2026-12-02T10:00:00+00:00",
+    save_record(tmp_path, StageRecord(stage="rollout", status="failed", started_at="2026-12-02T10:00:00+00:00",
                                        seconds=1.0, summary=HOSTILE, error=HOSTILE))
     doc = run_html.render(run)
     assert_escaped_once(doc)

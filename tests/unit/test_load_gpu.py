@@ -245,10 +245,10 @@ def test_report_shows_utilisation_per_node_and_phase_and_absent_as_absent(tmp_pa
 def test_run_page_shows_utilisation_beside_achieved_rate(tmp_path):
     from datetime import datetime
 
-    from deploybench.store.records import PhaseRecord, StageRecord
+    from deploybench.store.rows import PhaseRecord, StageRow
     from deploybench.web.markup import PHASE_COLUMNS, _phase_rows, gpu_utilisation
 
-    stages = [StageRecord(stage="load", status="success", summary={"summary": "", "result": _load_stage(tmp_path)})]
+    stages = [StageRow(stage="load", status="success", summary={"summary": "", "result": _load_stage(tmp_path)})]
     got = gpu_utilisation(stages)
     assert got == {("probe", "*"): None, ("sustained", "*"): 83.5, ("sustained", "n1"): 83.5,
                    ("sustained", "n2"): None}  # the probe's best step measured no GPU: absent

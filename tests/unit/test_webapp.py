@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from deploybench.store import PhaseRecord, RunRecord, StageRecord, StoredRun, StoreError
+from deploybench.store import PhaseRecord, RunRecord, StageRow, StoredRun, StoreError
 from deploybench.web import app as webapp
 from deploybench.web import markup as html_view
 
@@ -55,7 +55,7 @@ def make_phase(node: str = "*", phase: str = "sustained", latency: float | None 
     )
 
 
-def stored(run: RunRecord, phases: list[PhaseRecord], stages: list[StageRecord] | None = None) -> StoredRun:
+def stored(run: RunRecord, phases: list[PhaseRecord], stages: list[StageRow] | None = None) -> StoredRun:
     return StoredRun(
         run=run, stages=stages or [], phases=phases, sample_count=1500, created_at=T0, updated_at=T0
     )
@@ -86,7 +86,7 @@ def test_escaping_covers_attributes_and_none():
 def test_run_key_with_script_is_escaped_in_list_and_run_page():
     key = f"cli/{EVIL}'\"&"
     run = make_run(key, fingerprint=f"fp{EVIL}", tags={"who": EVIL}, config={"engine": {"profile": EVIL}})
-    stage = StageRecord(stage="load", status="failed", seconds=1.5, summary={"summary": EVIL}, error=EVIL)
+    stage = StageRow(stage="load", status="failed", seconds=1.5, summary={"summary": EVIL}, error=EVIL)
     listing = html_view.render_run_list([html_view.RunRow(run, make_phase())], "/deploybench", fingerprint=EVIL)
     page = html_view.render_run_page(stored(run, [make_phase(node=EVIL)], [stage]), "/deploybench", None)
     for doc in (listing, page):
@@ -128,14 +128,14 @@ def test_headline_phase_prefers_the_cluster_sustained_phase():
 
 def test_stage_summary_uses_the_pipeline_line_else_json():
     assert (
-        html_view.stage_summary(StageRecord(stage="s", status="success", summary={"summary": "4 nodes"}))
+        html_view.stage_summary(StageRow(stage="s", status="success", summary={"summary": "4 nodes"}))
         == "4 nodes"
     )
     assert (
-        html_view.stage_summary(StageRecord(stage="s", status="success", summary={"b": 1, "a": 2}))
+        html_view.stage_summary(StageRow(stage="s", status="success", summary={"b": 1, "a": 2}))
         == '{"a": 2, "b": 1}'
     )
-    assert html_view.stage_summary(StageRecord(stage="s", status="success")) == ""
+    assert html_view.stage_summary(StageRow(stage="s", status="success")) == ""
 
 
 # -- which database --------------------------------------------------------------------------

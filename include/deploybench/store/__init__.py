@@ -2,7 +2,7 @@
 
 Public API (what the DAG's store task and the report call)::
 
-    from deploybench.store import RunRecord, StageRecord, PhaseRecord, write_run, load_run
+    from deploybench.store import RunRecord, StageRow, PhaseRecord, write_run, load_run
 
     write_run(dsn_or_engine_or_None, run, stages, phases, samples_frame_or_path, facts=RunFacts(...))
 
@@ -31,12 +31,12 @@ _EXPORTS = {
     "latest_runs": "reader",
     "load_run": "reader",
     "load_samples": "reader",
-    "CLUSTER": "records",
-    "SAMPLE_COLUMNS": "records",
-    "PhaseRecord": "records",
-    "RunRecord": "records",
-    "StageRecord": "records",
-    "StoredRun": "records",
+    "CLUSTER": "rows",
+    "SAMPLE_COLUMNS": "rows",
+    "PhaseRecord": "rows",
+    "RunRecord": "rows",
+    "StageRow": "rows",
+    "StoredRun": "rows",
     "WriteResult": "writer",
     "write_run": "writer",
     "RunFacts": "facts",
@@ -56,12 +56,12 @@ if TYPE_CHECKING:
     from deploybench.store.identity import RunIdentity, identity_of
     from deploybench.store.query import EmptySelection, RunFilter, UnknownRuns, select_runs, set_excluded
     from deploybench.store.reader import count_samples, latest_runs, load_run, load_samples
-    from deploybench.store.records import (
+    from deploybench.store.rows import (
         CLUSTER,
         SAMPLE_COLUMNS,
         PhaseRecord,
         RunRecord,
-        StageRecord,
+        StageRow,
         StoredRun,
     )
     from deploybench.store.writer import WriteResult, write_run
@@ -89,7 +89,7 @@ __all__ = [
     "SAMPLE_COLUMNS",
     "PhaseRecord",
     "RunRecord",
-    "StageRecord",
+    "StageRow",
     "StoreError",
     "StoredRun",
     "WriteResult",

@@ -138,8 +138,7 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
 
 
 def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
-    from deploybench.store import RunRecord, write_run
-    from deploybench.store import StageRecord as StageRow
+    from deploybench.store import RunRecord, StageRow, write_run
 
     recs = run.stages()
     load = run.load_result()  # refused here, before anything is written, if it does not match the contract

@@ -16,10 +16,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from deploybench.store.db import open_store, redact
 from deploybench.store.errors import StoreError
 from deploybench.store.models import LoadPhase, RequestSample, Run, Series, StageResult
-from deploybench.store.records import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord, StoredRun
+from deploybench.store.rows import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRow, StoredRun
 
 _RUN_FIELDS = tuple(RunRecord.model_fields)
-_STAGE_FIELDS = tuple(StageRecord.model_fields)
+_STAGE_FIELDS = tuple(StageRow.model_fields)
 _PHASE_FIELDS = tuple(PhaseRecord.model_fields)
 
 
@@ -62,7 +62,7 @@ def load_run(target: Engine | str | None, run_key: str) -> StoredRun | None:
         raise _fail(engine, f"run {run_key!r}", exc) from exc
     return StoredRun(
         run=_run(row),
-        stages=[StageRecord(**dict(s)) for s in stages],
+        stages=[StageRow(**dict(s)) for s in stages],
         phases=[PhaseRecord(**dict(p)) for p in phases],
         sample_count=n,
         created_at=row["created_at"],

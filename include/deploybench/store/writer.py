@@ -30,7 +30,7 @@ from deploybench.store.db import open_store
 from deploybench.store.errors import StoreError
 from deploybench.store.facts import RunFacts
 from deploybench.store.models import LoadPhase, RequestSample, Run, StageResult
-from deploybench.store.records import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord
+from deploybench.store.rows import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRow
 from deploybench.store.writer_facts import prepare_metrics, write_facts
 
 log = logging.getLogger(__name__)
@@ -168,11 +168,11 @@ def _copy_samples(sa_conn, samples: pd.DataFrame, run_key: str) -> int:
     return len(samples)
 
 
-def _check_unique(stages: Sequence[StageRecord], phases: Sequence[PhaseRecord], run_key: str) -> None:
+def _check_unique(stages: Sequence[StageRow], phases: Sequence[PhaseRecord], run_key: str) -> None:
     seen: set[object] = set()
     for stage in stages:
         if stage.stage in seen:
-            raise StoreError(f"run {run_key!r}: stage {stage.stage!r} appears twice; one StageRecord per stage")
+            raise StoreError(f"run {run_key!r}: stage {stage.stage!r} appears twice; one StageRow per stage")
         seen.add(stage.stage)
     seen = set()
     for phase in phases:
@@ -188,7 +188,7 @@ def _check_unique(stages: Sequence[StageRecord], phases: Sequence[PhaseRecord], 
 def write_run(
     target: Engine | str | None,
     run: RunRecord,
-    stages: Sequence[StageRecord] = (),
+    stages: Sequence[StageRow] = (),
     phases: Sequence[PhaseRecord] = (),
     samples: Samples = None,
     facts: RunFacts | None = None,

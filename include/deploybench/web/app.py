@@ -67,7 +67,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deploybench import paths, store
 from deploybench.errors import DeploybenchError
 from deploybench.store.errors import StoreError
-from deploybench.store.records import RunStatus  # pydantic only: no database, no SQLAlchemy
+from deploybench.store.rows import RunStatus  # pydantic only: no database, no SQLAlchemy
 from deploybench.web import compare_page, history_page
 from deploybench.web.access import (  # noqa: F401 - require_airflow_user: what the plugin imports
     AccessUnavailable,

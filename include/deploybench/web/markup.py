@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import quote, urlencode
 
 from deploybench.report.html import Html, document, esc, fmt_ms, fmt_num, fmt_pct, fmt_time, fmt_util, table
-from deploybench.store.records import CLUSTER, RunStatus
+from deploybench.store.rows import CLUSTER, RunStatus
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 DEFAULT_LIMIT = 25
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from deploybench.store import PhaseRecord, RunRecord, StageRecord, StoredRun
+    from deploybench.store import PhaseRecord, RunRecord, StageRow, StoredRun
 
 
 # -- links (the page paths documented in deploybench.web.app) ---------------------------------
@@ -57,7 +57,7 @@ def headline_phase(phases: list[PhaseRecord]) -> PhaseRecord | None:
     return next((p for p in cluster if p.phase == "sustained"), cluster[-1] if cluster else None)
 
 
-def stage_summary(stage: StageRecord) -> str:
+def stage_summary(stage: StageRow) -> str:
     """The one-line summary the pipeline wrote, else the summary dict as compact JSON."""
     text = stage.summary.get("summary")
     if isinstance(text, str):
@@ -204,7 +204,7 @@ def render_run_list(
 
 
 # -- one run ---------------------------------------------------------------------------------
-def gpu_utilisation(stages: list[StageRecord]) -> dict[tuple[str, str], float | None]:
+def gpu_utilisation(stages: list[StageRow]) -> dict[tuple[str, str], float | None]:
     """{(phase, node or '*'): mean GPU utilisation %} from the stored load stage's result (its LoadResults
     carry ``gpu_util_pct`` and ``gpu``; see deploybench.load.gpu). A pair missing, or None: not measured."""
     load = next((s for s in stages if s.stage == "load"), None)

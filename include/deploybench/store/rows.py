@@ -1,7 +1,7 @@
 """What one run leaves in the results store, as typed records.
 
 These are the store's input boundary: the DAG's store task (or the CLI runner) builds
-one RunRecord, a StageRecord per pipeline stage and a PhaseRecord per load phase and
+one RunRecord, a StageRow per pipeline stage and a PhaseRecord per load phase and
 node, and hands them with the raw samples to ``write_run``. Unknown keys are refused
 and every timestamp must carry a time zone, so a typo or a naive local time fails
 here, before anything touches the database.
@@ -80,7 +80,7 @@ class RunRecord(_Record):
         )
 
 
-class StageRecord(_Record):
+class StageRow(_Record):
     """The outcome of one pipeline stage (preflight, fanout, rollout, load, ...) in one run."""
 
     stage: str = Field(min_length=1, max_length=200)
@@ -136,7 +136,7 @@ class StoredRun(_Record):
     """A run as read back from the store, with its stages and phases."""
 
     run: RunRecord
-    stages: list[StageRecord]
+    stages: list[StageRow]
     phases: list[PhaseRecord]
     sample_count: int
     created_at: datetime

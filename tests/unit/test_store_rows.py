@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from deploybench.config import RunConfig
-from deploybench.store import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRecord, StoreError
+from deploybench.store import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRow, StoreError
 from deploybench.store.writer import prepare_samples, read_samples
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -80,11 +80,11 @@ def test_phase_record_defaults_to_cluster_and_checks_coherence():
 
 
 def test_stage_record():
-    assert StageRecord(stage="preflight", status="success", seconds=1.5).summary == {}
+    assert StageRow(stage="preflight", status="success", seconds=1.5).summary == {}
     with pytest.raises(ValidationError):
-        StageRecord(stage="preflight", status="ok")
+        StageRow(stage="preflight", status="ok")
     with pytest.raises(ValidationError):
-        StageRecord(stage="preflight", status="success", seconds=-1)
+        StageRow(stage="preflight", status="success", seconds=-1)
 
 
 def test_prepare_samples_coerces_types():
