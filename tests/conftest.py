@@ -180,9 +180,11 @@ def needs_netns() -> str | None:
 
 @pytest.fixture(scope="module")
 def netns_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Lab]]:
-    """``netns_lab(prefix, nodes=, link_mbit=, model_mb=, mode="netns")`` -> Lab: a lab for this module (own
-    name, own DEPLOYBENCH_HOME), brought down after the module's last test whatever happened, also when
-    bringing it up failed half-way. Skips where a netns lab cannot run."""
+    """``netns_lab(prefix, nodes=, link_mbit=, model_mb=, mode="netns", own_home=True)`` -> Lab: a lab for this
+    module (own name, own DEPLOYBENCH_HOME), brought down after the module's last test whatever happened, also
+    when bringing it up failed half-way. Skips where a netns lab cannot run. ``own_home=False`` keeps the
+    session's DEPLOYBENCH_HOME: for a module that runs the DAG through dag.test(), whose Airflow home, runs
+    and embedded PostgreSQL are the session's (and stopped at its end)."""
     from deploybench.lab import cluster
     from deploybench.lab.state import LabFiles
 
@@ -190,9 +192,11 @@ def netns_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...
         pytest.skip(why)
     names: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DEPLOYBENCH_HOME", str(tmp_path_factory.mktemp("lab-home")))
 
-        def up(prefix: str, *, nodes: int, link_mbit: float, model_mb: int, mode: str = "netns") -> Lab:
+        def up(prefix: str, *, nodes: int, link_mbit: float, model_mb: int, mode: str = "netns",
+               own_home: bool = True) -> Lab:
+            if own_home and not names:  # the module's first lab decides where its state lives
+                mp.setenv("DEPLOYBENCH_HOME", str(tmp_path_factory.mktemp("lab-home")))
             name = _lab_name(prefix)
             names.append(name)
             inv = cluster.up(name, nodes=nodes, link_mbit=link_mbit, mode=mode, model_mb=model_mb)

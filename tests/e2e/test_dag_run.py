@@ -20,16 +20,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
-LAB = "e2e4"
-
 
 @pytest.fixture(scope="module")
-def lab():
-    from deploybench.lab import cluster
-
-    inv = cluster.up(LAB, nodes=4, link_mbit=200, model_mb=8)
-    yield inv
-    cluster.down(LAB)
+def lab(netns_lab):
+    """A 4-node lab (conftest's Lab: name, inv, files) in the session's home, where dag.test()'s Airflow
+    and the embedded PostgreSQL live."""
+    return netns_lab("e2e", nodes=4, link_mbit=200, model_mb=8, own_home=False)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +37,9 @@ def dag(airflow_db):
     return bag.dags["deploybench_run"]
 
 
-def _conf(inv: Inventory, **extra) -> dict:
+def _conf(lab, **extra) -> dict:
     return {
-        "inventory": str(paths.lab_dir(LAB) / "inventory.json"),
+        "inventory": str(lab.files.inventory),
         "nodes": 4,
         "canary_nodes": 1,
         "iperf_seconds": 1,
@@ -87,16 +83,16 @@ def test_full_run_succeeds_and_lands_in_postgres(lab, dag):
     # open model at 6 req/s for 8 s: about 48 requests measured (warm-up excluded)
     assert 36 <= ph.requests <= 60, ph
     assert ph.output_tps > 0
-    assert {p.node for p in stored.phases if p.node != "*"} == {n.name for n in lab.nodes}
+    assert {p.node for p in stored.phases if p.node != "*"} == {n.name for n in lab.inv.nodes}
     assert count_samples(None, key) >= ph.requests
 
     pre = stages["preflight"]["result"]
     assert len(pre["links"]) == 4 and all(lt["ok"] for lt in pre["links"])
     fan = stages["fanout"]["result"]
-    assert sorted(fan["verified_nodes"]) == sorted(n.name for n in lab.nodes)
+    assert sorted(fan["verified_nodes"]) == sorted(n.name for n in lab.inv.nodes)
     report = Path(stages["report"]["result"]["path"])
     assert report.is_file() and "success" in report.read_text()
-    assert _engines_down(lab), "teardown left an engine running"
+    assert _engines_down(lab.inv), "teardown left an engine running"
     # only sustained was asked for: the other phases show as skipped, not as green
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert states["load.probe"] == "skipped" and states["load.overload"] == "skipped", states
@@ -128,13 +124,13 @@ def test_unreachable_node_fails_the_run_and_everything_is_cleaned(lab, dag):
     from deploybench.lab import cluster
     from deploybench.store import load_run
 
-    victim = lab.nodes[2].name
-    cluster.kill_node(LAB, victim)
+    victim = lab.inv.nodes[2].name
+    cluster.kill_node(lab.name, victim)
     try:
         dr = dag.test(run_conf=_conf(lab))
     finally:
-        cluster.down(LAB)
-        cluster.up(LAB, nodes=4, link_mbit=200, model_mb=8)
+        cluster.down(lab.name)
+        cluster.up(lab.name, nodes=4, link_mbit=200, model_mb=8)
     assert dr.state == "failed"
     key = _key(dr)
     pre = json.loads((paths.run_dir(key) / "stages" / "preflight.json").read_text())
@@ -143,7 +139,7 @@ def test_unreachable_node_fails_the_run_and_everything_is_cleaned(lab, dag):
     stored = load_run(None, key)
     assert stored is not None and stored.run.status == "failed"
     assert {s.stage: s.status for s in stored.stages}["preflight"] == "failed"
-    assert _engines_down(lab)
+    assert _engines_down(lab.inv)
 
 
 def test_form_refuses_values_outside_the_schema(lab, dag):
@@ -177,7 +173,8 @@ def test_a_run_waits_deferred_for_a_busy_cluster_or_fails_naming_the_holder(lab,
     from deploybench.lease import Holder, LeaseStore
 
     store, holder = LeaseStore(None), Holder("someone-else__manual_1", dag_id="deploybench_run", pid=4242)
-    got = store.try_acquire(lab.name, holder, ttl_s=300)
+    cluster = lab.inv.name  # the lease is the inventory's
+    got = store.try_acquire(cluster, holder, ttl_s=300)
     assert not hasattr(got, "holder"), f"the lab's lease was not free: {got}"
     try:
         dr = dag.test(run_conf=_conf(lab, lease_on_busy="fail", load_duration_s=3))
@@ -192,7 +189,7 @@ def test_a_run_waits_deferred_for_a_busy_cluster_or_fails_naming_the_holder(lab,
 
         def let_go() -> None:
             released.append(time.time())
-            store.release(lab.name, holder.run_key)
+            store.release(cluster, holder.run_key)
 
         timer = threading.Timer(6.0, let_go)
         timer.start()
@@ -204,6 +201,6 @@ def test_a_run_waits_deferred_for_a_busy_cluster_or_fails_naming_the_holder(lab,
         pre = json.loads((paths.run_dir(_key(dr)) / "stages" / "preflight.json").read_text())
         # preflight started only after the other holder let go
         assert datetime.fromisoformat(pre["started_at"]).timestamp() >= released[0], (pre["started_at"], released)
-        assert store.status(lab.name).free
+        assert store.status(cluster).free
     finally:
-        store.release(lab.name, holder.run_key)
+        store.release(cluster, holder.run_key)

@@ -18,16 +18,13 @@ from deploybench.sim.service_model import ServiceParams, capacity
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.netns]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-LAB = "l6dag"
 
 
 @pytest.fixture(scope="module")
-def lab():
-    from deploybench.lab import cluster
-
-    inv = cluster.up(LAB, nodes=2, link_mbit=200, model_mb=4)
-    yield inv
-    cluster.down(LAB)
+def lab(netns_lab):
+    """A 2-node lab (conftest's Lab: name, inv, files) in the session's home, where dag.test()'s Airflow
+    and the embedded PostgreSQL live."""
+    return netns_lab("ldag", nodes=2, link_mbit=200, model_mb=4, own_home=False)
 
 
 def test_three_phases_run_and_are_stored(lab, airflow_db):
@@ -40,7 +37,7 @@ def test_three_phases_run_and_are_stored(lab, airflow_db):
 
     dag = DagBag(dag_folder=str(DAGS)).dags["deploybench_run"]
     conf = {
-        "inventory": str(paths.lab_dir(LAB) / "inventory.json"), "nodes": 2, "canary_nodes": 1, "iperf_seconds": 1,
+        "inventory": str(lab.files.inventory), "nodes": 2, "canary_nodes": 1, "iperf_seconds": 1,
         "link_threshold": 0.5, "prompt_tokens": 32, "output_tokens": 8, "max_num_seqs": 4,
         "sim_decode_base_ms": 8, "sim_decode_per_seq_ms": 1, "sim_prefill_per_token_ms": 0.01,
         "load_phases": ["probe", "sustained", "overload"], "probe_start_rps": 30, "probe_step_s": 2,
@@ -64,7 +61,7 @@ def test_three_phases_run_and_are_stored(lab, airflow_db):
     stored = load_run(None, key)
     cluster = {p.phase for p in stored.phases if p.node == "*"}
     assert cluster == {"probe", "sustained", "overload"}
-    assert {p.node for p in stored.phases if p.node != "*"} == {n.name for n in lab.nodes}
+    assert {p.node for p in stored.phases if p.node != "*"} == {n.name for n in lab.inv.nodes}
     steps = len(res["capacity"]["steps"])
     assert len(table(None, CapacityStep, key)) == steps
     assert len(table(None, ServerMetric, key)) > 0
