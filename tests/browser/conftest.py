@@ -2,12 +2,17 @@
 
 ``airflow`` is ``airflow standalone`` (scheduler, dag-processor, api-server, triggerer, LocalExecutor)
 with a throwaway AIRFLOW_HOME, this checkout's dags/ and plugins/ (as ``deploybench.airflow.home``
-sets them), on a free loopback port, in its own session. The Airflow connection
-``deploybench_results`` names a throwaway database, so the DAG's tasks and the results pages
-read and write the same one. Stopping notes every process Airflow started (its descendants, its
-session, and any process with the fixture's marker in its environment: task processes run in
-process groups of their own, k6 in a session of its own), sends SIGTERM to the process group, then
-SIGKILL to what is left, and fails if anything is still running.
+sets them), on a free loopback port, in its own session: ONE for the whole test session (starting
+one took about a minute per module), on a throwaway PostgreSQL metadata database (with SQLite a
+CLI's "database is locked" made Airflow delete a half-made backfill's runs under the scheduler, which
+then died on the missing row). The Airflow connection ``deploybench_results`` names a throwaway
+database, so the DAG's tasks and the results pages read and write the same one. Modules keep to
+their own DAG runs (run ids they triggered, their own lab: ``LAB`` in the module, see
+``lab_inventory``, and their own benchmark files in ``benchmarks_dir``). Stopping notes every
+process Airflow started (its descendants, its session, and any process with the fixture's marker in
+its environment: task processes run in process groups of their own, k6 in a session of its own),
+sends SIGTERM to the process group, then SIGKILL to what is left, and fails if anything is still
+running.
 
 ``browser`` is Debian's chromium driven by Debian's chromedriver through Selenium, with a fresh
 profile and no network beyond what the pages ask of loopback; it is logged in to Airflow once.
@@ -31,24 +36,27 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from sqlalchemy.engine import make_url
 
 # the store tests' helpers: a throwaway database, and an Airflow connection that names it
 import store_fixtures  # tests/conftest.py puts tests/integration on sys.path
-from deploybench import paths
+from deploybench import paths, regression
 from deploybench.airflow.home import airflow_env
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-LAB = "lbui"
+LAB = "lbui"  # the lab of a module that names none (``LAB = "..."`` in the module)
 LAB_NODES = 2
 DAG_ID = "deploybench_run"
 
-START_TIMEOUT_S = 240  # standalone: migrate a fresh SQLite DB, start four components, parse the DAG
+START_TIMEOUT_S = 300  # standalone: migrate a fresh PostgreSQL database, start four components, parse the DAG
+QUIET_TIMEOUT_S = 600  # a module's last DAG runs finishing before its lab goes down
 STOP_TIMEOUT_S = 30
 HTTP_TIMEOUT_S = 30
 PAGE_TIMEOUT_S = 60
@@ -217,7 +225,7 @@ class Airflow:
         pytest.fail(f"{what}: not within {timeout_s:.0f} s (last: {last!r}); Airflow log:\n{self.log_tail()}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def results_dsn() -> Iterator[str]:
     """A throwaway results database on DEPLOYBENCH_DSN's server, else the embedded PostgreSQL; dropped after."""
     dsn, _ = store_fixtures.make_database()
@@ -225,15 +233,48 @@ def results_dsn() -> Iterator[str]:
     store_fixtures.drop_database(dsn)
 
 
-@pytest.fixture(scope="module")
-def airflow(results_dsn, lab_inventory, request) -> Iterator[Airflow]:
-    """``airflow standalone`` on a free loopback port; deploybench_run parsed and unpaused. It depends
-    on the lab so that it stops first: no task of an interrupted run touches a lab being taken down.
+def _own_temp_dir(prefix: str) -> Iterator[Path]:
+    """A temp folder removed after use. Not tmp_path_factory's: pytest keeps only the newest three
+    basetemps, so other pytest sessions on the machine delete a long session's folders under it."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
-    The metadata database is SQLite, or, in a module that sets ``AIRFLOW_METADATA = "postgres"``, a
-    throwaway PostgreSQL database: a module whose CLI writes while the scheduler runs needs a database
-    with real concurrency (with SQLite a CLI's "database is locked" made Airflow delete the half-made
-    backfill's runs under the scheduler, which then died on the missing row)."""
+
+@pytest.fixture(scope="session")
+def benchmarks_dir() -> Iterator[Path]:
+    """The folder Airflow reads benchmark files from ($DEPLOYBENCH_BENCHMARKS_DIR in its environment, so
+    its tasks find them too); empty at start, a module writes its own benchmarks into it."""
+    yield from _own_temp_dir("deploybench-browser-benchmarks-")
+
+
+@pytest.fixture(scope="session")
+def shared_airflow(results_dsn, benchmarks_dir) -> Iterator[Airflow]:
+    """The session's ``airflow standalone``, on a throwaway PostgreSQL metadata database."""
+    with _standalone(results_dsn, benchmarks_dir, "postgres") as af:
+        yield af
+
+
+@pytest.fixture(scope="module")
+def airflow(request, results_dsn, benchmarks_dir) -> Iterator[Airflow]:
+    """``airflow standalone`` on a free loopback port; deploybench_run parsed and unpaused. The session's
+    one (PostgreSQL metadata), unless the module sets ``AIRFLOW_METADATA = "sqlite"``: then one of its
+    own on SQLite, stopped after the module. Each module's ``lab_inventory`` waits for the module's DAG
+    runs to end before its lab goes down, so no task touches a lab being taken down."""
+    metadata = getattr(request.module, "AIRFLOW_METADATA", "postgres")
+    if metadata == "postgres":
+        yield request.getfixturevalue("shared_airflow")
+        return
+    with _standalone(results_dsn, benchmarks_dir, metadata) as af:
+        yield af
+
+
+@contextmanager
+def _standalone(results_dsn: str, benchmarks_dir: Path, metadata: str) -> Iterator[Airflow]:
+    """Start ``airflow standalone`` (metadata: "postgres", a throwaway database, or "sqlite", a file in
+    its home), wait until deploybench_run is parsed and unpaused; stop everything it started after."""
     home = Path(tempfile.mkdtemp(prefix="deploybench-browser-airflow-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -242,7 +283,7 @@ def airflow(results_dsn, lab_inventory, request) -> Iterator[Airflow]:
     tmpdir.mkdir()
     env = airflow_env({k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")})
     metadata_dsn = None
-    if getattr(request.module, "AIRFLOW_METADATA", "sqlite") == "postgres":
+    if metadata == "postgres":
         metadata_dsn, _ = store_fixtures.make_database()
         db_url = str(make_url(metadata_dsn).set(drivername="postgresql+psycopg2").render_as_string(
             hide_password=False))
@@ -260,6 +301,7 @@ def airflow(results_dsn, lab_inventory, request) -> Iterator[Airflow]:
         "AIRFLOW__CORE__PARALLELISM": "4",  # LocalExecutor workers: 4, not 32, on a 2-core machine
         "AIRFLOW_CONN_DEPLOYBENCH_RESULTS": store_fixtures.airflow_connection(results_dsn),
         "DEPLOYBENCH_BROWSER_TEST": marker,
+        regression.ENV_DIR: str(benchmarks_dir),
         # deploybench hands k6 a minimal environment, TMPDIR included: the marker reaches it this way
         "TMPDIR": str(tmpdir),
     })
@@ -303,21 +345,54 @@ def _dag_is_parsed(af: Airflow) -> bool:
 
 # -- the lab ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def lab_inventory() -> Iterator[Path]:
-    """A 2-node lab with a small model; its inventory.json is what the form is pointed at."""
+def lab_inventory(airflow, request) -> Iterator[Path]:
+    """A 2-node lab of the module's own (``LAB`` in the module, else lbui) with a small model; its
+    inventory.json is what the form is pointed at. Before it goes down, the module's DAG runs end."""
     from deploybench.lab import cluster
 
-    cluster.up(LAB, nodes=LAB_NODES, link_mbit=200, model_mb=4)
+    lab = getattr(request.module, "LAB", LAB)
+    cluster.up(lab, nodes=LAB_NODES, link_mbit=200, model_mb=4)
     try:
-        yield paths.lab_dir(LAB) / "inventory.json"
+        yield paths.lab_dir(lab) / "inventory.json"
     finally:
-        cluster.down(LAB)
+        try:
+            _wait_quiet(airflow)
+        finally:
+            cluster.down(lab)
+
+
+def _active_runs(af: Airflow) -> list[dict]:
+    got = af.request("GET", "/api/v2/dags/~/dagRuns?state=queued&state=running&limit=100")
+    return got["dag_runs"]
+
+
+def _wait_quiet(af: Airflow) -> None:
+    """Wait until no DAG run is queued or running; after QUIET_TIMEOUT_S mark what is left failed (its
+    teardowns still run), wait for that, and fail naming the runs."""
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
+    while (active := _active_runs(af)) and time.monotonic() < deadline:
+        time.sleep(2)
+    if not active:
+        return
+    for run in active:
+        af.request("PATCH", f"/api/v2/dags/{run['dag_id']}/dagRuns/{quote(run['dag_run_id'], safe='')}",
+                   {"state": "failed"})
+    af.wait_for("the teardowns of runs marked failed", lambda: not _active_runs(af), 300, every_s=2)
+    pytest.fail(f"DAG runs still active {QUIET_TIMEOUT_S} s after the module's tests (marked failed): "
+                f"{[(r['dag_id'], r['dag_run_id'], r['state']) for r in active]}")
 
 
 # -- the browser -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser(airflow, tmp_path_factory):
-    """Headless Chromium, logged in to ``airflow`` as admin; every chromium process gone afterwards."""
+@pytest.fixture(scope="session")
+def chromium_profile() -> Iterator[Path]:
+    yield from _own_temp_dir("deploybench-browser-chromium-")
+
+
+@pytest.fixture(scope="session")
+def browser(shared_airflow, chromium_profile):
+    """Headless Chromium, logged in to the session's Airflow as admin (a module with an Airflow of its
+    own does not use it); every chromium process gone afterwards."""
+    airflow = shared_airflow
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -326,7 +401,7 @@ def browser(airflow, tmp_path_factory):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    profile = tmp_path_factory.mktemp("chromium-profile")
+    profile = chromium_profile
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--no-proxy-server", "--window-size=1400,1000", f"--user-data-dir={profile}"):
@@ -390,7 +465,7 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shot(browser):
     """``shot(name)`` saves what the browser shows now, when $DEPLOYBENCH_BROWSER_SHOTS is set."""
     return lambda name: screenshot(browser, name)

