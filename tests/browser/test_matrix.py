@@ -31,10 +31,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 MATRIX = "deploybench_matrix"
 RUN = "deploybench_run"
 LAB = "lm2"  # conftest's lab_inventory brings it up for this module
-# An Airflow of its own on SQLite, not the session's on PostgreSQL: there a run's conf is stored as JSONB,
-# which orders an object's keys by length then name, so the plan reads the axes as load_rate, max_num_seqs
-# and not in the order written (cell labels, which cells share a rollout). A matrix bug under a
-# PostgreSQL metadata database, reported; back to the shared Airflow once the axes keep their order.
+# An Airflow of its own on SQLite, not the session's on PostgreSQL. There a run's conf is stored as JSONB,
+# which orders an object's keys by length then name; the plan used to take the axes' order from the conf
+# (fixed: the form's order, tests/unit/test_matrix.py). Back to the shared Airflow once it has run green there.
 AIRFLOW_METADATA = "sqlite"
 TIMEOUT_S = 1500
 TIMES: dict[str, float] = {}

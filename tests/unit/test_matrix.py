@@ -87,16 +87,32 @@ def test_expansion_refuses_empty_clashing_and_exploding_matrices():
 # -- the plan -------------------------------------------------------------------------------------
 def test_plan_orders_cells_sharing_a_deployment_together_with_readable_labels():
     p = _plan(GRID)
-    assert [c.label for c in p.cells] == ["load_rate=2 max_num_seqs=8", "load_rate=4 max_num_seqs=8",
-                                          "load_rate=2 max_num_seqs=16", "load_rate=4 max_num_seqs=16"]
+    assert [c.label for c in p.cells] == ["max_num_seqs=8 load_rate=2", "max_num_seqs=8 load_rate=4",
+                                          "max_num_seqs=16 load_rate=2", "max_num_seqs=16 load_rate=4"]
     assert [c.deployment for c in p.cells] == ["d1", "d1", "d2", "d2"]
     assert p.deployments == {"d1": ["c01", "c02"], "d2": ["c03", "c04"]}
     assert [c.trigger_run_id for c in p.cells] == [f"matrix__manual__1__c0{i}" for i in range(1, 5)]
     assert p.cells[0].run_key == "deploybench_run__matrix__manual__1__c01"
     assert p.cells[0].conf["tags"] == {"matrix": "deploybench_matrix__manual__1",
-                                       "matrix_cell": "load_rate=2 max_num_seqs=8", "matrix_deployment": "d1"}
+                                       "matrix_cell": "max_num_seqs=8 load_rate=2", "matrix_deployment": "d1"}
     assert p.cells[0].conf["max_num_seqs"] == 8 and p.cells[0].conf["inventory"] == "demo"
     assert matrix.label_of({"max_num_seqs": 64, "tensor_parallel_size": 2}) == "max_num_seqs=64 tp=2"
+    assert matrix.label_of({"load_rate": 2, "tensor_parallel_size": 2}) == "tp=2 load_rate=2"  # the form's order
+
+
+def test_the_plan_does_not_depend_on_the_order_the_conf_keeps():
+    """Airflow's metadata database on PostgreSQL keeps a run's conf as JSONB, which gives an object's keys
+    back by length, then name: axes written max_num_seqs, load_rate come back load_rate, max_num_seqs. The
+    cells, their labels and ids are the same either way (the trigger form's order of fields)."""
+    written = _plan({"base": BASE, "axes": {"max_num_seqs": [8, 16], "load_rate": [2, 4]},
+                     "treatments": [{"output_tokens": 32, "tensor_parallel_size": 1}]})
+    jsonb = _plan({"base": BASE, "axes": {"load_rate": [2, 4], "max_num_seqs": [8, 16]},
+                   "treatments": [{"tensor_parallel_size": 1, "output_tokens": 32}]})
+    assert [(c.cell_id, c.label, c.deployment) for c in written.cells] == \
+           [(c.cell_id, c.label, c.deployment) for c in jsonb.cells]
+    assert written.cells[0].label == "max_num_seqs=8 tp=1 load_rate=2 output_tokens=32"
+    assert [c.label for c in written.cells][:2] == ["max_num_seqs=8 tp=1 load_rate=2 output_tokens=32",
+                                                    "max_num_seqs=8 tp=1 load_rate=4 output_tokens=32"]
 
 
 def test_measured_cell_is_skipped_with_the_run_that_measured_it():
@@ -239,8 +255,8 @@ def test_cells_of_one_deployment_are_chained_onto_one_rollout():
     assert c4.conf["deployment"] == {"adopt": c3.run_key, "max_reuse_s": 900.0}
     assert [c.rollout_of for c in p.cells] == ["", "c01", "", "c03"]
     assert p.shared_rollouts() == {"c01": ["c01", "c02"], "c03": ["c03", "c04"]}
-    assert [m["cell_label"] for m in p.mapped()][:2] == ["load_rate=2 max_num_seqs=8",
-                                                         "load_rate=4 max_num_seqs=8 (on c01's rollout)"]
+    assert [m["cell_label"] for m in p.mapped()][:2] == ["max_num_seqs=8 load_rate=2",
+                                                         "max_num_seqs=8 load_rate=4 (on c01's rollout)"]
     assert "cells c01, c02 run on the rollout of c01" in p.summary() and "15.0 min old" in p.summary()
     # the hidden section reaches the run's config but not its fingerprint: a shared cell is the same measurement
     cfg = form.to_config(c2.conf)

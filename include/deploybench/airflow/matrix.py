@@ -67,7 +67,8 @@ def matrix_params() -> dict[str, Param]:
                       additionalProperties={"type": "array", "minItems": 1, "maxItems": 64},
                       title="Axes (full grid)",
                       description="Parameter -> values, e.g. {\"max_num_seqs\": [8, 16], \"load_rate\": [2, 4]}; every "
-                                  "combination is a cell (crossed with the treatments)."),
+                                  "combination is a cell (crossed with the treatments); labels list parameters in "
+                                  "this form's order."),
         "treatments": Param(None, type=["null", "array"], maxItems=256, items={"type": "object", "maxProperties": 32},
                             title="Treatments",
                             description="Explicit combinations, e.g. [{\"max_num_seqs\": 64, \"tensor_parallel_size\": "

@@ -42,7 +42,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -64,6 +64,14 @@ RUN_DAG_ID = "deploybench_run"
 _NOT_DEPLOYMENT = {f.name for f in form.FIELDS if f.section in ("Load", "SLO")} | {
     "lease_on_busy", "lease_wait_s", "lease_ttl_s", "lease_heartbeat_s", "tags"}
 _SHORT = {"tensor_parallel_size": "tp"}  # label abbreviations a serving engineer reads at a glance
+_FORM_ORDER = {f.name: i for i, f in enumerate(form.FIELDS)}
+
+
+def in_form_order(names: Iterable[str]) -> list[str]:
+    """Parameter names in the trigger form's order (what is deployed before how it is loaded). The order a
+    matrix was written in does not survive Airflow's metadata database on PostgreSQL, which keeps a run's
+    conf as JSONB (an object's keys come back by length, then name), so no order is taken from it."""
+    return sorted(names, key=lambda n: (_FORM_ORDER.get(n, len(_FORM_ORDER)), n))
 _DERIVED = ("replicas", "gpus_per_node", "gpus")
 
 
@@ -198,7 +206,7 @@ def label_of(values: dict[str, Any]) -> str:
     """``max_num_seqs=64 tp=2``: the cell's own values, as the Grid shows them."""
     def show(v: Any) -> str:
         return ",".join(map(str, v)) if isinstance(v, list) else str(v)
-    return " ".join(f"{_SHORT.get(k, k)}={show(v)}" for k, v in values.items()) or "base"
+    return " ".join(f"{_SHORT.get(k, k)}={show(values[k])}" for k in in_form_order(values)) or "base"
 
 
 def deployment_key(flat: dict[str, Any]) -> str:
@@ -219,7 +227,8 @@ def measure_key(cfg: RunConfig) -> str:
 
 # -- expansion ----------------------------------------------------------------------------------------
 def combinations(spec: MatrixSpec) -> list[dict[str, Any]]:
-    """treatments x the full grid of the axes (either may be absent), in the order written."""
+    """treatments x the full grid of the axes (either may be absent): treatments in the order given, the
+    grid with its axes in the form's order (``in_form_order``), the last varying fastest."""
     if not spec.axes and not spec.treatments:
         raise MatrixError("the matrix has no axes and no treatments; give axes such as "
                           "{\"max_num_seqs\": [32, 64], \"load_rate\": [2, 4]} or a list of treatments")
@@ -230,7 +239,8 @@ def combinations(spec: MatrixSpec) -> list[dict[str, Any]]:
     if size > MAX_CELLS:
         raise MatrixError(f"the matrix has {size} cells (treatments x axes x repeats), at most {MAX_CELLS}; "
                           "use treatments or constraints to keep the combinations that matter")
-    grid = [dict(zip(spec.axes, vals)) for vals in itertools.product(*spec.axes.values())]
+    names = in_form_order(spec.axes)
+    grid = [dict(zip(names, vals)) for vals in itertools.product(*(spec.axes[n] for n in names))]
     out = []
     for t in spec.treatments or [{}]:
         for g in grid:
@@ -238,7 +248,8 @@ def combinations(spec: MatrixSpec) -> list[dict[str, Any]]:
             if clash:
                 raise MatrixError(f"treatment {label_of(t)!r} and the axes both set {clash}; set each parameter "
                                   "in one place")
-            out.append({**t, **g})
+            cell = {**t, **g}
+            out.append({k: cell[k] for k in in_form_order(cell)})
     return out
 
 
