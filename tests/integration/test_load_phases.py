@@ -1,27 +1,29 @@
 """The load phases against simulated engines on 127.0.0.1: sustained with windows and drift, overload
 with its break points and recovery, one load-balanced URL, and an endpoint that dies mid-phase.
 
-Engines come from test_load_accuracy's helper (small decode times, so every phase is a few seconds).
+Engines from conftest's local_engines (small decode times, so every phase is a few seconds).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
 from deploybench.load import Endpoint, load_samples, phases
 from deploybench.load.scrape import read_series
+from deploybench.sim.service_model import ServiceParams, capacity
 
 pytestmark = pytest.mark.integration
 
-_spec = importlib.util.spec_from_file_location("load_accuracy", Path(__file__).with_name("test_load_accuracy.py"))
-acc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(acc)
-model_dir, engines = acc.model_dir, acc.engines  # fixtures
+
+
+@pytest.fixture
+def engines(local_engines):
+    """start(engine, n, *extra_args) -> [Endpoint], each call naming its engines n1..n<n>."""
+    return lambda engine, n, *extra: local_engines.start(n, *extra, engine=engine)
+
 
 # 8 x (8 / 4 + 1) + 0.01 x 32 ms = 24.3 ms per request: about 41 req/s per node
 ENGINE = EngineSpec(max_num_seqs=4, sim=SimKnobs(decode_base_ms=8.0, decode_per_seq_ms=1.0,
@@ -31,7 +33,7 @@ WORK = dict(prompt_tokens=32, output_tokens=8, request_timeout_s=5, ttft_sample_
 
 def test_sustained_then_overload_on_two_nodes(engines, tmp_path):
     eps = engines(ENGINE, 2)
-    cap = acc.capacity(acc.ServiceParams.from_config(ENGINE), 32, 8).requests_per_s * 2
+    cap = capacity(ServiceParams.from_config(ENGINE), 32, 8).requests_per_s * 2
     # the probe did not run: load.rate is taken as the capacity
     spec = LoadSpec(rate=round(cap, 2), phases=["sustained", "overload"], duration_s=6, warmup_s=1, window_s=2,
                     sustained_fraction=0.5, overload_factor=2.0, overload_ramp_s=6, recovery_s=4,
