@@ -258,7 +258,7 @@ def test_a_killed_controller_is_cleaned_up_by_the_next_run_on_its_first_try(lab_
     t_kill = time.monotonic()
     time.sleep(0.3)
     left_nodes, left_k6 = left_on_nodes(lab_a), k6_of(dead.key)
-    assert [x for x in left_nodes if "lab.engine" in x], f"nothing left after the kill? {left_nodes}"
+    assert [x for x in left_nodes if "sim.engine" in x], f"nothing left after the kill? {left_nodes}"
     # k6 dies with its controller (PR_SET_PDEATHSIG, load.runner); its pid file is left for the cleaner
     k6_files = sorted(str(p) for p in paths.run_dir(dead.key).rglob("*.k6.pid"))
     if phase == "load":
@@ -277,7 +277,7 @@ def test_a_killed_controller_is_cleaned_up_by_the_next_run_on_its_first_try(lab_
     killed = [f for found in mine["nodes"].values() if isinstance(found, list) for f in found
               if f["action"] == "killed"]
     engines_killed = [f for f in killed if "/engine-" in f["file"]]
-    assert len(engines_killed) == sum("lab.engine" in x for x in left_nodes), (mine, left_nodes)
+    assert len(engines_killed) == sum("sim.engine" in x for x in left_nodes), (mine, left_nodes)
     controller = {f["file"]: f["action"] for f in mine["controller"]}
     assert sorted(controller) == k6_files, mine["controller"]
     assert sorted(controller.values()) == sorted(["killed"] * len(left_k6) + ["gone"] * (len(k6_files) - len(left_k6)))
