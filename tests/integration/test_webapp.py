@@ -9,30 +9,24 @@ everything talks to loopback or a Unix socket only.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
-import textwrap
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
+from airflow_python import PLUGINS, fresh_python
 from deploybench import paths
 from deploybench.store import PhaseRecord, RunRecord, StageRow, load_run, write_run
 from deploybench.web import app as webapp
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90)]  # a lock never released, a server that never answers
 
-PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-SUBPROCESS_TIMEOUT_S = 80
 EVIL = "<script>alert(1)</script>"
 
 
@@ -256,23 +250,8 @@ def test_unreachable_store_is_503_with_the_reason(runs):
 
 
 # -- inside Airflow --------------------------------------------------------------------------
-def _python(code: str, **env: str) -> dict:
-    """Run code in a fresh interpreter with Airflow's test environment; it prints one JSON line last."""
-    full_env = {**os.environ, "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS), **env}
-    res = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        check=False,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
 def test_airflow_plugins_manager_loads_the_plugin():
-    out = _python("""
+    out = fresh_python("""
         import json
         from airflow import plugins_manager
         info = [p for p in plugins_manager.get_plugin_info() if p["name"] == "deploybench_results"]
@@ -291,7 +270,7 @@ def test_airflow_plugins_manager_loads_the_plugin():
 
 
 def test_importing_the_plugin_opens_no_connection_and_starts_nothing():
-    out = _python(f"""
+    out = fresh_python(f"""
         import importlib.util, json, sys
         import airflow.plugins_manager  # Airflow's own import-time work is not the plugin's
         before = set(sys.modules)
@@ -317,7 +296,7 @@ def test_importing_the_plugin_opens_no_connection_and_starts_nothing():
 def test_inside_airflows_api_server_the_pages_need_an_airflow_user(dsn, runs, airflow_db):
     """Airflow's real FastAPI app, with this plugin mounted: no token -> 401; a token -> the pages."""
     old, _ = runs
-    out = _python(
+    out = fresh_python(
         f"""
         import json
         from airflow.api_fastapi.app import create_app, get_auth_manager
@@ -372,7 +351,7 @@ def test_inside_airflows_api_server_each_user_sees_the_runs_of_the_dags_they_may
     leaves the DAG's run out and its page is 403; a user without access to all DAGs loses the CLI run."""
     old, new = runs
     (tmp_path / "deploybench_test_auth.py").write_text(AUTH_MANAGER)
-    out = _python(
+    out = fresh_python(
         f"""
         import json
         from airflow.api_fastapi.app import create_app, get_auth_manager

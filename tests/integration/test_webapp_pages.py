@@ -252,11 +252,11 @@ class NoSecretDag(SimpleAuthManager):
 def test_inside_airflows_api_server_the_comparison_and_history_pages_answer_per_user(stored, airflow_db,
                                                                                     tmp_path):
     """Airflow's real app, its JWT cookie (what the UI's iframe sends) and matplotlib in the api-server."""
-    from test_webapp import _python  # the helper that runs code in a fresh interpreter with Airflow's env
+    from airflow_python import fresh_python
 
     dsn, k, history, series = stored
     (tmp_path / "deploybench_test_auth2.py").write_text(SECRET_AUTH_MANAGER)
-    out = _python(
+    out = fresh_python(
         f"""
         import json
         from airflow.api_fastapi.app import create_app, get_auth_manager
