@@ -64,8 +64,9 @@ def chain_paths(order: list[str], verified: set[str], pending: list[str],
                 repair_only: AbstractSet[str] = frozenset()) -> list[list[str]]:
     """Paths ``[feeder, node, node, ...]`` for one chain round.
 
-    Nodes that only need a few files of an otherwise verified copy get a one-hop path from
-    their nearest verified neighbour; the others form one chain, in ``order``, fed by the
+    Nodes in ``repair_only`` (those that only need a few files of an otherwise verified copy, and
+    those whose relay did not start last time, so that they hold up nobody behind them) get a
+    one-hop path from their nearest verified neighbour; the others form one chain, in ``order``, fed by the
     nearest verified node before the first of them (the source on a first run; after a
     failure, the node just upstream of the gap, so the chain routes around a dead node).
     """

@@ -16,11 +16,18 @@ Commands (each prints one JSON object on stdout):
     and the free bytes. Good files of a published copy are hard-linked into staging, so a
     repair or an upgrade re-fetches only the files that differ.
 ``serve ...``
-    Accept one stream from the expected upstream address carrying this transfer's token;
+    Listen (then say so in the ``--ready`` file), accept one stream from the expected upstream
+    address carrying this transfer's token;
     write every needed file into staging while hashing it, forward the same bytes to the
     downstream node as they arrive, publish (atomic rename) when every file verified.
 ``send ...``
-    Feed a stream (header + file slices) from a verified folder to the first node.
+    Feed a stream (header + file slices) from a verified folder to the first node (the ``--ready``
+    file appears once its token is read).
+
+The ``--ready`` file is how the starter knows a relay started: it is written only after the
+relay read its token from stdin (and, for ``serve``, listens), so whoever holds the relay's
+stdin must keep it until the file appears: input that reaches a node after the command that
+started the relay ended is dropped by sshd, and the relay would then exit with no token.
 
 The stream: one JSON header line ``{"token", "manifest", "files": [{path, size, sha256,
 offset}]}`` then, per listed file, its bytes from ``offset`` to its end.
@@ -420,11 +427,26 @@ def _held(staging: str, cache: HashCache):
     return held
 
 
-def _accept(a: argparse.Namespace, st: dict, cache: HashCache) -> tuple[socket.socket, dict, bytes]:
+def _ready(a: argparse.Namespace, **facts: Any) -> None:
+    """Tell the starter this relay started (``--ready``): written whole (rename), after the token was read."""
+    if a.ready:
+        _write_status(a.ready, {"pid": os.getpid(), **facts})
+
+
+def _listen(a: argparse.Namespace) -> socket.socket:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((a.listen, a.port))
-    srv.listen(4)
+    try:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((a.listen, a.port))
+        srv.listen(4)
+    except OSError as exc:
+        srv.close()
+        raise OSError(f"cannot listen on {a.listen}:{a.port}: {exc}") from exc
+    return srv
+
+
+def _accept(a: argparse.Namespace, srv: socket.socket, st: dict, cache: HashCache) -> tuple[socket.socket, dict,
+                                                                                               bytes]:
     deadline = min(time.monotonic() + a.accept_timeout, a.deadline_at)
     try:
         while True:
@@ -550,7 +572,9 @@ def cmd_serve(a: argparse.Namespace) -> dict:
     down = Downstream(None)
     try:
         os.makedirs(a.staging, exist_ok=True)
-        conn, header, raw = _accept(a, st, cache)
+        srv = _listen(a)
+        _ready(a, listening=f"{a.listen}:{a.port}")
+        conn, header, raw = _accept(a, srv, st, cache)
         st["first_byte"] = time.time()
         if a.downstream:
             host, _, port = a.downstream.rpartition(":")
@@ -593,6 +617,7 @@ def cmd_send(a: argparse.Namespace) -> dict:
           "role": "feeder", "pid": os.getpid(), "started": time.time(), "first_byte": None, "finished": None,
           "bytes_sent": 0, "error": None}
     try:
+        _ready(a)
         with open(a.plan) as f:
             header = json.load(f)
         why = next((w for f in header["manifest"]["files"] if (w := entry_problem(f))), None)
@@ -654,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--accept-timeout", type=float, default=30.0)
         s.add_argument("--deadline-s", type=float, default=3600.0, help="the whole transfer ends within this")
         s.add_argument("--downstream", default="")
+        s.add_argument("--ready", default="", help="written once the relay read its token (serve: and listens)")
     s = sub.choices["serve"]
     s.add_argument("--listen", required=True)
     s.add_argument("--port", type=int, required=True)

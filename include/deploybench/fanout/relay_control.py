@@ -1,10 +1,15 @@
 """The controller's side of the relay: install it on nodes, call it, run one round of streams.
 
-A round is a set of paths ``[feeder, node1, node2, ...]``. For each path the relays are
-started detached on every receiving node (listening on its backend address, accepting only
-the previous node of the path with this round's token and the manifest digest the controller
-gives it), then the feeder. The token reaches each relay on its stdin, never on a command line
-or in a file name (files are named by a separate round id). The relay program is checked
+A round is a set of paths ``[feeder, node1, node2, ...]``. The relays are started detached on
+every receiving node (listening on its backend address, accepting only the previous node of
+the path with this round's token and the manifest digest the controller gives it), then, once
+every receiver of a path listens, its feeder. The token reaches each relay on its stdin, never
+on a command line or in a file name (files are named by a separate round id). A start is
+confirmed, not assumed: the command that starts a relay waits until the relay wrote its ready
+file (token read; a receiver also listens), because sshd drops input that arrives after the
+command it was meant for has ended: a token sent a few milliseconds late (a busy controller, a
+distant node) left a relay without one, and the round waited for its timeout. A relay that
+did not start is known at once, by node and why, and its path is not fed. The relay program is checked
 against its sha256 before every run: a truncated or altered copy is replaced, never run. The
 controller watches the last node of each path, collects every node's status, and always stops
 every relay it started, whatever happened.
@@ -33,6 +38,8 @@ from deploybench.transport import Cluster, alive_script, spawn_script, stop_scri
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
+START_S = 15.0  # a relay that has not read its token (a receiver: and listened) by then did not start
+START_TICK_S = 0.02
 DEAD_AFTER = 2  # consecutive failed polls (each bounded) before a node counts as dead
 
 
@@ -141,7 +148,7 @@ class Relays:
         started: list[tuple[str, str, list[str]]] = []
         port = self.spec.port
         try:
-            spawns = []
+            listeners, feeders = [], []  # (node, round id, token, argv)
             for path in paths:
                 # the token authenticates the stream and travels on stdin only; the id names the files
                 token, rid = secrets.token_hex(16), secrets.token_hex(6)
@@ -159,19 +166,23 @@ class Relays:
                         "--upstream", up.data_address, "--staging", self.staging(node), "--final", self.final(node),
                         "--cache", self.cache(node), "--expect", manifest.digest] + self._timeouts(rid, node, down,
                                                                                                    deadline)
-                    spawns.append((node, rid, token, argv))
-                first = self.inv.node(receivers[0])
+                    listeners.append((node, rid, token, argv))
+                first = self.inv.node(path[1])
                 argv = self._common(feeder) + [
                     "send", "--plan", self._file(feeder, rid, "plan.json"), "--dir", self.final(feeder),
                     "--bind", self.inv.node(feeder).data_address] + self._timeouts(rid, feeder, first, deadline)
-                spawns.append((feeder, rid, token, argv))
+                feeders.append((feeder, rid, token, argv))
                 jobs.append((rid, path))
             t0 = time.monotonic()
-            with ThreadPoolExecutor(max_workers=min(16, len(spawns))) as pool:
-                list(pool.map(lambda s: self._spawn(s[0], s[1], s[2], s[3], started), spawns))
+            # every receiver listens before any feeder connects; a path with a relay that did not start is not fed
+            failed = self._start(listeners, started)
+            failed.update(self._start([f for f in feeders if not any(r == f[1] for r, _ in failed)], started))
             t1 = time.monotonic()
-            out = self._watch(jobs, deadline)
-            log.debug("round: %d relays started in %.2f s, streams done after %.2f s", len(spawns), t1 - t0,
+            out = self._watch([(rid, path) for rid, path in jobs if not any(r == rid for r, _ in failed)], deadline)
+            out.update(self._not_started([(rid, path) for rid, path in jobs if any(r == rid for r, _ in failed)],
+                                         failed))
+            self._dead.update({n: st["dead"] for (_, n), st in failed.items() if "dead" in st})
+            log.debug("round: %d relays started in %.2f s, streams done after %.2f s", len(started), t1 - t0,
                       time.monotonic() - t1)
             return out
         finally:
@@ -199,18 +210,82 @@ class Relays:
             f"{left:.0f}",
             "--downstream",
             f"{down.data_address}:{self.spec.port}" if down else "",
+            "--ready",
+            self._file(node, rid, "ready"),
         ]
 
-    def _spawn(self, node: str, rid: str, token: str, argv: list[str], started: list) -> None:
-        script = spawn_script(argv, self._file(node, rid, "log"), self._file(node, rid, "pid"),
-                              run_key=self.cluster.run_key, stdin=True)
+    def _start(self, spawns: list[tuple[str, str, str, list[str]]],
+               started: list[tuple[str, str, list[str]]]) -> dict[tuple[str, str], dict]:
+        """Start relays at once; returns ``{(round id, node): status}`` for each that did not start
+        (``{"dead": why}`` for a node that no longer answers, else ``{"error": why, "not_started": True}``)."""
+        def one(s: tuple[str, str, str, list[str]]) -> tuple[tuple[str, str], dict | None]:
+            node, rid, token, argv = s
+            try:
+                why = self._spawn(node, rid, token, argv, started)
+            except NodeUnreachable as exc:
+                return (rid, node), {"dead": str(exc)}
+            if why is None:
+                return (rid, node), None
+            log.warning("node %s: the relay did not start: %s", node, why)
+            return (rid, node), {"error": f"node {node}: the relay did not start: {why}", "not_started": True}
+
+        if not spawns:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(16, len(spawns))) as pool:
+            return {key: st for key, st in pool.map(one, spawns) if st is not None}
+
+    def _spawn(self, node: str, rid: str, token: str, argv: list[str], started: list) -> str | None:
+        """Start one relay detached, its token on stdin, and wait until it wrote its ready file (at most START_S).
+        None when it did; else why not, from its status or log (text from the node: only ever shown)."""
+        log_path, pid_path = self._file(node, rid, "log"), self._file(node, rid, "pid")
+        script = spawn_script(argv, log_path, pid_path, run_key=self.cluster.run_key, stdin=True)
+        ready, status, logq = (shlex.quote(self._file(node, rid, x)) for x in ("ready", "status.json", "log"))
+        # This shell holds the relay's stdin until the relay has read it: sshd drops input that arrives after
+        # the command has ended, and a relay given no token exits without a status.
+        # The wait forks nothing but sleep ($! is the relay; /proc/<pid>/stat, read by the shell itself, says a
+        # zombie or a reaped pid: it exited); the verdict uses the full liveness test.
+        wait = (f"p=$!; i=0; while [ ! -e {ready} ] && [ $i -lt {int(START_S / START_TICK_S)} ]; do "
+                f"{{ read -r s < /proc/$p/stat; }} 2>/dev/null || break; case \"$s\" in *') '[ZX]' '*) break;; esac; "
+                f"sleep {START_TICK_S:g}; i=$((i+1)); done; "
+                f"if [ -e {ready} ]; then echo READY; elif {alive_script(pid_path)}; then echo SLOW; "
+                f"else echo GONE; cat {status} 2>/dev/null || tail -c 1000 {logq}; fi")
         started.append((node, rid, argv))
-        res = self.cluster[node].run(f"{self.verified(node)} || exit {NOT_INSTALLED}; {script}",
-                                     stdin=f"{token}\n".encode(), timeout=30)
+        try:
+            res = self.cluster[node].run(f"{self.verified(node)} || exit {NOT_INSTALLED}; {script}; {wait}",
+                                         stdin=f"{token}\n".encode(), timeout=START_S + 30)
+        except NodeUnreachable:
+            raise
+        except TransportError as exc:
+            return str(exc)
         if res.rc == NOT_INSTALLED:
             raise TransportError(f"node {node}: the relay program {self.program(node)} no longer has sha256 "
                                  f"{relay_digest()[:16]}... (changed since it was installed); not run")
-        res.check()
+        lines = res.stdout.splitlines()
+        verdict = next((i for i, line in enumerate(lines) if line in ("READY", "SLOW", "GONE")), None)
+        if res.rc != 0 or verdict is None:
+            return f"the start command exited {res.rc} without a verdict: {(res.stderr or res.stdout).strip()[-300:]}"
+        if lines[verdict] == "READY":
+            return None
+        if lines[verdict] == "SLOW":
+            return (f"it has not read its token or listened after {START_S:g} s (a stalled node?); it is stopped, "
+                    f"see {log_path}")
+        return f"it exited at once: {_exit_reason(chr(10).join(lines[verdict + 1:]))} (log {log_path})"
+
+    def _not_started(self, jobs: list[tuple[str, list[str]]], failed: dict[tuple[str, str], dict]
+                     ) -> dict[str, dict]:
+        """Statuses of the paths that were not fed: the node whose relay did not start says why, the others
+        name it."""
+        out: dict[str, dict] = {}
+        for rid, path in jobs:
+            culprit = next(n for n in path if (rid, n) in failed)
+            cause = failed[(rid, culprit)]
+            cause_text = cause.get("dead") or cause.get("error")
+            for i, n in enumerate(path[1:], start=1):
+                st = dict(failed.get((rid, n)) or {
+                    "error": f"node {n}: nothing was sent on {'->'.join(path)}: {cause_text}"})
+                st["feeder"], st["upstream_node"] = path[0], path[i - 1]
+                out[n] = st
+        return out
 
     def _poll(self, node: str, rid: str) -> dict:
         s, pid = shlex.quote(self._file(node, rid, "status.json")), self._file(node, rid, "pid")
@@ -285,7 +360,8 @@ class Relays:
                 return
             try:
                 pid, wd = self._file(node, rid, "pid"), self.workdir(node)
-                rm = " ".join(shlex.quote(f"{wd}/{rid}.{x}") for x in ("plan.json", "status.json", "status.json.tmp"))
+                rm = " ".join(shlex.quote(f"{wd}/{rid}.{x}")
+                              for x in ("plan.json", "status.json", "status.json.tmp", "ready", "ready.tmp"))
                 warn_left_alone(self.cluster[node].run(stop_script(pid, 2, argv) + f"; rm -f {rm}", timeout=15))
             except DeploybenchError as exc:
                 log.warning("node %s: could not stop relay %s: %s", node, rid, exc)
@@ -293,3 +369,15 @@ class Relays:
         if started:
             with ThreadPoolExecutor(max_workers=min(16, len(started))) as pool:
                 list(pool.map(stop, started))
+
+
+def _exit_reason(text: str) -> str:
+    """What a relay that exited at start said: its status's error, else the end of its log; one line, bounded."""
+    try:
+        st = json.loads(text)
+    except ValueError:
+        st = None
+    if isinstance(st, dict):
+        text = str(st.get("error") or st.get("upstream_error") or text)
+    text = " ".join(text.split())
+    return (text[-300:] if text else "no status, an empty log")

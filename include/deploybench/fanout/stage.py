@@ -105,6 +105,7 @@ class _Fanout:
         self.verified = {source}
         self.failed_files: dict[str, set[str]] = {}
         self.last_problem: dict[str, str] = {}
+        self.not_started: set[str] = set()  # nodes whose relay did not start: fed alone, the chain goes around them
 
     # -- before anything is sent -------------------------------------------------------------
     def inspect(self, nodes: list[str], manifest: Manifest) -> dict[str, str]:
@@ -145,7 +146,7 @@ class _Fanout:
         if self.spec.strategy is FanoutStrategy.TREE:
             holders = [n for n in self.order if n in self.verified]
             return tree_paths(holders, pending)
-        repair_only = {n for n in pending if self.states[n].bad}
+        repair_only = {n for n in pending if self.states[n].bad or n in self.not_started}
         return chain_paths(self.order, self.verified, pending, repair_only)
 
     def account(self, node: str, st: dict[str, Any], manifest: Manifest) -> None:
@@ -171,6 +172,8 @@ class _Fanout:
             self.failed_files.setdefault(node, set()).add(f)
         if "dead" in st:
             c.error = f"node lost during the transfer: {st['dead']}"
+        if st.get("not_started"):
+            self.not_started.add(node)
         problems: list[str] = [st[k] for k in ("error", "upstream_error", "downstream_error") if st.get(k)]
         if st.get("files_bad"):
             problems.append(f"sha256 mismatch in {', '.join(st['files_bad'])} (re-fetched next attempt)")
