@@ -107,3 +107,43 @@ def test_inspect_reports_bad_files_and_links_the_good_ones_into_staging(tmp_path
 
 def test_manifest_of_a_missing_folder_says_so(tmp_path):
     assert call("manifest", str(tmp_path / "nope"))["error"] == "missing"
+
+
+def test_the_ready_file_means_the_token_was_read_and_the_relay_listens(tmp_path, wait_for):
+    """What the controller's start confirmation rests on (relay_control._spawn waits for this file)."""
+    port = free_port("127.0.0.2")
+
+    def serve(tag: str) -> tuple[subprocess.Popen, Path, Path]:
+        ready, status = tmp_path / f"{tag}.ready", tmp_path / f"{tag}.status"
+        proc = subprocess.Popen(RELAY + [
+            "serve", "--status", str(status), "--ready", str(ready), "--listen", "127.0.0.2", "--port", str(port),
+            "--upstream", "127.0.0.1", "--staging", str(tmp_path / tag / ".staging"), "--final", str(tmp_path / tag),
+            "--expect", "0" * 64, "--accept-timeout", "20"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE)
+        return proc, ready, status
+
+    # no token (its input ended first, as when sshd dropped it): no ready file, no status, and it says why
+    proc, ready, status = serve("none")
+    _, err = proc.communicate(b"", timeout=30)
+    assert proc.returncode != 0 and b"no transfer token" in err
+    assert not ready.exists() and not status.exists()
+
+    # the token: the ready file appears, and by then the relay listens (a connection is accepted at once)
+    proc, ready, status = serve("ok")
+    try:
+        assert not ready.exists()
+        proc.stdin.write(b"t0k\n")
+        proc.stdin.close()
+        info = json.loads(wait_for(lambda: ready.exists() and ready.read_text(), 20, "the ready file"))
+        assert info == {"pid": proc.pid, "listening": f"127.0.0.2:{port}"}
+        with socket.create_connection(("127.0.0.2", port), timeout=5):
+            pass
+
+        # a second relay on the same address and port cannot listen: it exits with a status saying so, never ready
+        other, ready2, status2 = serve("taken")
+        other.communicate(b"t0k\n", timeout=30)
+        assert not ready2.exists()
+        assert f"cannot listen on 127.0.0.2:{port}" in json.loads(status2.read_text())["error"]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

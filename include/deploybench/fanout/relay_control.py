@@ -274,7 +274,8 @@ class Relays:
     def _not_started(self, jobs: list[tuple[str, list[str]]], failed: dict[tuple[str, str], dict]
                      ) -> dict[str, dict]:
         """Statuses of the paths that were not fed: the node whose relay did not start says why, the others
-        name it."""
+        name it; when that node is a receiver, the others were not tried at all (``not_fed``: no attempt of
+        theirs is spent; the next round feeds that node alone)."""
         out: dict[str, dict] = {}
         for rid, path in jobs:
             culprit = next(n for n in path if (rid, n) in failed)
@@ -282,7 +283,8 @@ class Relays:
             cause_text = cause.get("dead") or cause.get("error")
             for i, n in enumerate(path[1:], start=1):
                 st = dict(failed.get((rid, n)) or {
-                    "error": f"node {n}: nothing was sent on {'->'.join(path)}: {cause_text}"})
+                    "error": f"node {n}: nothing was sent on {'->'.join(path)}: {cause_text}",
+                    "not_fed": culprit != path[0]})
                 st["feeder"], st["upstream_node"] = path[0], path[i - 1]
                 out[n] = st
         return out

@@ -151,6 +151,9 @@ class _Fanout:
 
     def account(self, node: str, st: dict[str, Any], manifest: Manifest) -> None:
         c = self.copies[node]
+        if st.get("not_fed"):  # another node's relay did not start: nothing was tried for this one
+            log.warning("fanout: %s waits for the next round: %s", node, st.get("error"))
+            return
         c.attempts += 1
         c.upstream.append(st.get("upstream_node", ""))
         if st.get("first_byte"):
