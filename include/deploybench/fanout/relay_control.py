@@ -9,9 +9,9 @@ confirmed, not assumed: the command that starts a relay waits until the relay wr
 file (token read; a receiver also listens), because sshd drops input that arrives after the
 command it was meant for has ended: a token sent a few milliseconds late (a busy controller, a
 distant node) left a relay without one, and the round waited for its timeout. A relay that
-did not start is known at once, by node and why, and its path is not fed. The relay program is checked
-against its sha256 before every run: a truncated or altered copy is replaced, never run. The
-controller watches the last node of each path, collects every node's status, and always stops
+did not start is known at once, by node and why, and its path is not fed. The relay program
+is checked against its sha256 before every run: a truncated or altered copy is replaced, never
+run. The controller watches the last node of each path, collects every node's status, and always stops
 every relay it started, whatever happened.
 """
 
@@ -142,7 +142,9 @@ class Relays:
     def run_round(self, paths: list[list[str]], manifest: Manifest, states: dict[str, NodeState],
                   deadline: float) -> dict[str, dict]:
         """Stream to every path at once; returns each receiver's status (``{"dead": why}`` for a lost node,
-        ``{"error": ...}`` for a relay that ended without one). Every relay started here is stopped."""
+        ``{"error": ...}`` for a relay that ended without one, ``"not_started"`` for a relay that did not start,
+        ``"not_fed"`` for a node of a path that was not fed because of another). Every relay started here is
+        stopped."""
         jobs = []  # (round id, path)
         self._dead = {}
         started: list[tuple[str, str, list[str]]] = []
@@ -167,7 +169,7 @@ class Relays:
                         "--cache", self.cache(node), "--expect", manifest.digest] + self._timeouts(rid, node, down,
                                                                                                    deadline)
                     listeners.append((node, rid, token, argv))
-                first = self.inv.node(path[1])
+                first = self.inv.node(receivers[0])
                 argv = self._common(feeder) + [
                     "send", "--plan", self._file(feeder, rid, "plan.json"), "--dir", self.final(feeder),
                     "--bind", self.inv.node(feeder).data_address] + self._timeouts(rid, feeder, first, deadline)

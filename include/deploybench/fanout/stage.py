@@ -10,7 +10,8 @@
    forwards as the bytes pass); ``tree`` runs doubling rounds of one-hop streams. After a
    round every receiver is inspected again; nodes still incomplete (a dead upstream, a
    file that failed its hash) go again from their nearest verified neighbour, resuming
-   what they already hold, up to ``1 + retries`` attempts. Dead nodes are left out.
+   what they already hold, up to ``1 + retries`` attempts. Dead nodes are left out; a node whose
+   relay did not start is fed alone next time, so that nobody behind it waits.
 4. A node that still failed is excluded or fails the run, by the preflight policy.
 """
 
