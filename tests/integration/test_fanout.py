@@ -155,7 +155,8 @@ def test_a_relay_whose_token_reaches_its_node_late_still_starts(lab, monkeypatch
     """sshd drops input that arrives after its command ended. The command that starts a relay used to end a few
     milliseconds after forking it, so a token sent a little late (a busy controller: 1 fresh-lab fan-out in 6 in
     the suite) left the relay with none; it exited without a status and the round waited for its timeout. Every
-    input to n04 is held back here for longer than that command used to live: the relay must still start."""
+    input to n04 is held back here for longer than that command used to live (in the controller: this kernel has
+    no netem to delay n04's link instead): the relay must still start."""
     name, inv, files = lab
     lab.wipe(inv.names[1:])
     src = manifest.Manifest.read(copy_of(files, "n01"))
