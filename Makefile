@@ -14,9 +14,15 @@ setup:
 demo: setup
 	$(BIN)/deploybench demo --nodes $(NODES)
 
-## test: the whole test suite (unit, integration on real PostgreSQL/sshd/iperf3/k6, dag.test, a real Airflow in Chromium)
+## test: the whole test suite (unit, integration on real PostgreSQL/sshd/iperf3/k6, dag.test, a real Airflow in Chromium):
+## first in parallel on TEST_WORKERS workers (pytest-xdist; tests/conftest.py says how tests are grouped), then the
+## tests marked quiet (they measure speed) alone; both parts always run, and it fails if either failed
+TEST_WORKERS ?= 4
 test: setup
-	$(BIN)/python -m pytest -q tests
+	@rc=0; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not quiet" tests || rc=$$?; \
+	$(BIN)/python -m pytest -q -m quiet tests || rc=$$((rc ? rc : $$?)); \
+	exit $$rc
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit

@@ -3,6 +3,7 @@ per session unless a test needs the real one."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import shutil
@@ -28,9 +29,14 @@ sys.path.append(str(Path(__file__).resolve().parent / "integration"))  # last: i
 # Every test session gets its own deploybench home (lab state, runs, embedded PostgreSQL,
 # Airflow's metadata DB), so tests never touch the user's demo state. This must happen
 # before anything imports Airflow, which reads its configuration at import time.
-_OWN_HOME = "DEPLOYBENCH_HOME" not in os.environ
+# Under pytest-xdist every worker is a session of its own and inherits the controller's environment: a home
+# the controller made for itself (DEPLOYBENCH_TEST_HOME) is not the user's, and each worker makes its own
+# (a shared one would share an embedded PostgreSQL that one worker's test restarts under another's feet).
+_OWN_HOME = os.environ.get("DEPLOYBENCH_HOME", "") in ("", os.environ.get("DEPLOYBENCH_TEST_HOME"))
 if _OWN_HOME:
-    os.environ["DEPLOYBENCH_HOME"] = tempfile.mkdtemp(prefix="deploybench-test-")
+    os.environ["DEPLOYBENCH_HOME"] = os.environ["DEPLOYBENCH_TEST_HOME"] = tempfile.mkdtemp(prefix="deploybench-test-")
+    # the controller of a parallel run never starts anything in it: its (empty) home goes at exit
+    atexit.register(shutil.rmtree, os.environ["DEPLOYBENCH_HOME"], ignore_errors=True)
 from deploybench.airflow.home import airflow_env  # noqa: E402
 
 os.environ.update(airflow_env())
@@ -48,14 +54,6 @@ def _leave_nothing_running():
     shutil.rmtree(os.environ["DEPLOYBENCH_HOME"], ignore_errors=True)
 
 
-def is_root() -> bool:
-    return os.geteuid() == 0
-
-
-def have(binary: str) -> bool:
-    return shutil.which(binary) is not None
-
-
 @pytest.fixture(scope="session")
 def airflow_db():
     """Airflow's metadata DB (SQLite, in the session's home), migrated once."""
@@ -66,6 +64,45 @@ def airflow_db():
         res = subprocess.run(["airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-2000:]
     return env
+
+
+# -- how `make test` runs the suite: in parallel (pytest-xdist), then the quiet part alone ------------------
+# `make test` runs pytest twice: `-n N -m "not quiet"`, then `-m quiet` with no other test beside it. `quiet`
+# marks tests whose assertions compare a measured speed with a model (capacity, latency, throughput, a 10 %
+# slowdown): on 2 shared cores, a neighbour's CPU would be measured with them. In the parallel part the
+# tests of one module stay together on one worker (they share the module's lab, database or Airflow), all
+# of tests/browser share one (one Airflow per session), and unit tests are spread one by one. Each worker
+# is a session of its own: its own DEPLOYBENCH_HOME, embedded PostgreSQL and Airflow metadata database
+# (the top of this file runs in every worker).
+PARALLEL = "PYTEST_XDIST_WORKER" in os.environ
+TIME_LIMIT_FACTOR = 2 if PARALLEL else 1  # time_limit bounds a hang; on shared cores a test is slower
+
+
+def work_unit(nodeid: str) -> str:
+    """The tests that must run on one worker, one after another, named by what they share."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/unit/"):
+        return nodeid
+    return "tests/browser" if path.startswith("tests/browser/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scheduler of work units (its --dist loadscope), grouped by ``work_unit``. Not --dist loadgroup:
+    with pytest 9.2, xdist 3.8's group marks leave the test ids, which that scheduler reads, unchanged."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("netns") and (why := needs_netns()):
+            item.add_marker(pytest.mark.skip(reason=why))  # the one place a lab test is skipped: not root
 
 
 def run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -81,10 +118,11 @@ def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
     if marker is None:
         yield
         return
-    seconds = int(marker.args[0])
+    seconds = int(marker.args[0]) * TIME_LIMIT_FACTOR
 
     def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"{request.node.nodeid} exceeded its {seconds} s bound (time_limit)")
+        scaled = f", {marker.args[0]} s x {TIME_LIMIT_FACTOR} in a parallel run" if TIME_LIMIT_FACTOR > 1 else ""
+        raise TimeoutError(f"{request.node.nodeid} exceeded its {seconds} s bound (time_limit{scaled})")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.alarm(seconds)

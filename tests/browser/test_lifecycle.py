@@ -47,6 +47,15 @@ def _tis(airflow, run_id: str) -> dict[str, dict]:
     return {ti["task_id"]: ti for ti in got["task_instances"]}
 
 
+def _why(airflow, run_id: str) -> str:
+    """For a failed assertion: each task's state, and the error of every stage the run recorded as failed."""
+    states = {tid: ti["state"] for tid, ti in _tis(airflow, run_id).items()}
+    stages = paths.run_dir(paths.dag_run_key(DAG_ID, run_id)) / "stages"
+    errors = {f.stem: rec.get("error") for f in sorted(stages.glob("*.json"))
+              if (rec := json.loads(f.read_text())).get("status") == "failed"} if stages.is_dir() else {}
+    return f"tasks {states}; failed stages {errors}"
+
+
 def _wait_done(airflow, run_id: str, timeout_s: float = RUN_TIMEOUT_S) -> str:
     state = airflow.wait_for(f"run {run_id} to finish",
                              lambda: (s := _run(airflow, run_id)["state"]) in ("success", "failed") and s,
@@ -72,7 +81,7 @@ def _lease_free(inv: Inventory, dsn: str) -> bool:
 def test_clearing_a_load_phase_redeploys_before_it_and_tears_down_after(airflow, lab_inventory, results_dsn):
     inv = Inventory.load(lab_inventory)
     run_id = _trigger(airflow, _conf(lab_inventory))
-    assert _wait_done(airflow, run_id) == "success", _tis(airflow, run_id)
+    assert _wait_done(airflow, run_id) == "success", _why(airflow, run_id)
     first_rollout = _stage(run_id, "rollout")
     first_sustained = _stage(run_id, "load")
     assert _serving(inv) == [] and _lease_free(inv, results_dsn)
@@ -85,7 +94,7 @@ def test_clearing_a_load_phase_redeploys_before_it_and_tears_down_after(airflow,
     assert cleared == {"load.sustained", "rollout.canary_then_scale", "teardown", "lease.acquire", "lease.release"}, \
         cleared
     airflow.request("POST", f"/api/v2/dags/{DAG_ID}/clearTaskInstances", {**body, "dry_run": False})
-    assert _wait_done(airflow, run_id) == "success", _tis(airflow, run_id)
+    assert _wait_done(airflow, run_id) == "success", _why(airflow, run_id)
 
     tis = _tis(airflow, run_id)
     for tid in ("rollout.canary_then_scale", "load.sustained", "teardown", "lease.acquire", "lease.release"):

@@ -11,15 +11,13 @@ operator's allow-list, or on a node that is not the run's, is refused at validat
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from deploybench import http, paths
 from deploybench.errors import ConfigError
 
-pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420),
-              pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH")]
+pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(420)]
 
 LAB = "lxext"
 PORT = 8040  # the external_engines fixture (conftest.py) starts the engines on LAB's nodes at PORT

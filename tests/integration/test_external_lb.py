@@ -27,9 +27,7 @@ from deploybench import http, paths
 from deploybench.errors import ConfigError
 
 HAPROXY = shutil.which("haproxy") or shutil.which("/usr/sbin/haproxy")
-pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420),
-              pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH"),
-              pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed (.ci/bootstrap installs it)")]
+pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(420)]
 
 LAB = "lxlb"
 PORT = 8044  # the engines' port on each node's address (the external_engines fixture)
@@ -61,6 +59,7 @@ backend engines
   balance roundrobin
 {servers}
 """)
+    assert HAPROXY, "haproxy is not installed: .ci/bootstrap installs it (the Debian package haproxy)"
     with open(d / "haproxy.log", "wb") as log:
         proc = subprocess.Popen([HAPROXY, "-f", str(d / "haproxy.cfg"), "-db"], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)

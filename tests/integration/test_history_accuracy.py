@@ -17,7 +17,7 @@ from deploybench.store.models import ChangePoint, Verdict
 from deploybench.store.query import set_excluded
 
 # 16 k6 runs of ~2.5 s plus engine starts; the bound is generous for a loaded 2-core machine
-pytestmark = [pytest.mark.integration, pytest.mark.time_limit(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.quiet, pytest.mark.time_limit(240)]
 RUNS, CHANGE_AT = 8, 4
 
 

@@ -56,10 +56,14 @@ def start_relay(c: Cluster, relays: Relays, node: str, upstream: str, expect: st
     argv = [inv.python, relays.program(node), "serve", "--listen", inv.node(node).address, "--port", str(PORT),
             "--upstream", upstream, "--staging", relays.staging(node), "--final", relays.final(node),
             "--cache", relays.cache(node), "--expect", expect, "--status", f"{wd}/{tag}.status.json",
-            "--io-timeout", "5", "--accept-timeout", "20", "--deadline-s", "40"]
+            "--io-timeout", "5", "--accept-timeout", "20", "--deadline-s", "40", "--ready", f"{wd}/{tag}.ready"]
     relays.install(node)
-    c[node].run(spawn_script(argv, f"{wd}/{tag}.log", f"{wd}/{tag}.pid", stdin=True), stdin=f"{token}\n".encode(),
-                timeout=20).check()
+    # the command holds the relay's stdin until the relay has read its token and listens (sshd drops input
+    # that arrives after its command ended; fanout.relay_control waits the same way)
+    ready = f"{wd}/{tag}.ready"
+    wait = f"i=0; while [ ! -e {ready} ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done; [ -e {ready} ]"
+    c[node].run(spawn_script(argv, f"{wd}/{tag}.log", f"{wd}/{tag}.pid", stdin=True) + "; " + wait,
+                stdin=f"{token}\n".encode(), timeout=30).check()
     return {"argv": argv, "pid": f"{wd}/{tag}.pid", "status": f"{wd}/{tag}.status.json"}
 
 

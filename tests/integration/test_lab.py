@@ -8,7 +8,6 @@ namespaces the test created. Every test is bounded in time (time_limit).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -179,7 +178,6 @@ class TestNetnsLab:
 
 
 @pytest.mark.netns
-@pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root")
 def test_stale_lab_is_rebuilt_and_down_leaves_nothing(home, lab_name):
     name = lab_name("st")
     cluster.up(name, nodes=2, link_mbit=NOMINAL, mode="netns", model_mb=1)

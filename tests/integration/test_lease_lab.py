@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,10 +34,6 @@ from deploybench.lab.naming import NetnsNames
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(300), pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
-    pytest.mark.skipif(shutil.which("k6") is None and not (Path(sys.executable).parent / "k6").exists(),
-                       reason="k6 not installed"),
-    pytest.mark.skipif(shutil.which("iperf3") is None, reason="no iperf3"),
 ]
 
 TTL_S, HEARTBEAT_S = 6, 1

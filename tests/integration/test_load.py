@@ -17,7 +17,7 @@ from deploybench.config import SLO, LoadSpec
 from deploybench.load import Endpoint, EndpointNotReady, load_samples, run_load
 from deploybench.sim.local import MODEL, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 def test_sustained_phase_on_two_nodes(local_engines, tmp_path):
     eps = local_engines.start(2)

@@ -18,7 +18,7 @@ from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
 from deploybench.load import load_samples, phases, run_load
 from deploybench.sim.service_model import ServiceParams, capacity
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 # two engine configurations (times in ms), with the workload they are probed with
 CONFIGS = {

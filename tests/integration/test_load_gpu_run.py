@@ -17,7 +17,7 @@ from deploybench import paths
 from deploybench.store import db
 from deploybench.store.models import ServerMetric
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 LAB = "lgrun"
 B, D_MS, O = 4, 10.0, 8  # 80 ms in the batch per request, 50 req/s per node at saturation

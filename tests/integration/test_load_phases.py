@@ -15,7 +15,7 @@ from deploybench.load import Endpoint, load_samples, phases
 from deploybench.load.scrape import read_series
 from deploybench.sim.service_model import ServiceParams, capacity
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 
 

@@ -13,11 +13,7 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -29,10 +25,6 @@ from deploybench.run import Run
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(300), pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns lab needs root"),
-    pytest.mark.skipif(shutil.which("k6") is None and not (Path(sys.executable).parent / "k6").exists(),
-                       reason="k6 not installed"),
-    pytest.mark.skipif(shutil.which("iperf3") is None, reason="no iperf3"),
 ]
 
 LAB = "lm3"

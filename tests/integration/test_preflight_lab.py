@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.netns,
     pytest.mark.time_limit(120),
-    pytest.mark.skipif(shutil.which("iperf3") is None, reason="no iperf3"),
 ]
 NOMINAL = 200.0
 VICTIM = "n03"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import statistics
 import time
 import urllib.request
@@ -37,8 +36,7 @@ import pytest
 from deploybench import paths, pipeline
 from deploybench.lab.state import LabFiles
 
-pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420),
-              pytest.mark.skipif(shutil.which("k6") is None, reason="k6 not on PATH")]
+pytestmark = [pytest.mark.integration, pytest.mark.quiet, pytest.mark.time_limit(420)]
 
 LAB = "lx3p"
 MODEL = "tiny-llama"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -139,7 +138,6 @@ def test_parse_facts_lists_gpus_and_binaries():
     assert f["bins"] == {"rsync": "missing"} and f["mem_bytes"] == 2**20
 
 
-@pytest.mark.skipif(shutil.which("iperf3") is None, reason="no iperf3")
 def test_the_sweep_stops_a_left_iperf3_server_and_nothing_else(tmp_path, wait_for):
     """Pid files of a killed run: the iperf3 server is stopped, a reused pid (here: sleep) is not."""
     server = subprocess.Popen(["timeout", "30", "iperf3", "-s", "-B", "127.0.0.1", "-p", "5299"],

@@ -11,7 +11,7 @@ import pytest
 @pytest.mark.time_limit(1)
 def test_time_limit_interrupts_a_blocking_call():
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"exceeded its 1 s bound \(time_limit\)"):
+    with pytest.raises(TimeoutError, match=r"exceeded its (1 s bound \(time_limit\)|2 s bound \(time_limit, 1 s x 2)"):
         time.sleep(10)
     assert time.monotonic() - t0 < 5
 
