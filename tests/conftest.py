@@ -71,11 +71,15 @@ def airflow_db():
 # marks tests whose assertions compare a measured speed with a model (capacity, latency, throughput, a 10 %
 # slowdown): on 2 shared cores, a neighbour's CPU would be measured with them. In the parallel part the
 # tests of one module stay together on one worker (they share the module's lab, database or Airflow), all
-# of tests/browser share one (one Airflow per session), and unit tests are spread one by one. Each worker
-# is a session of its own: its own DEPLOYBENCH_HOME, embedded PostgreSQL and Airflow metadata database
-# (the top of this file runs in every worker).
+# of tests/browser share one (one Airflow per session) but for the modules with an Airflow of their own,
+# and unit tests are spread one by one. Each worker is a session of its own: its own DEPLOYBENCH_HOME,
+# embedded PostgreSQL and Airflow metadata database (the top of this file runs in every worker).
 PARALLEL = "PYTEST_XDIST_WORKER" in os.environ
 TIME_LIMIT_FACTOR = 2 if PARALLEL else 1  # time_limit bounds a hang; on shared cores a test is slower
+
+
+# browser modules that start an Airflow of their own (AIRFLOW_METADATA = "sqlite" in the module): a unit each
+OWN_AIRFLOW = {"tests/browser/test_matrix.py"}
 
 
 def work_unit(nodeid: str) -> str:
@@ -83,7 +87,7 @@ def work_unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/unit/"):
         return nodeid
-    return "tests/browser" if path.startswith("tests/browser/") else path
+    return "tests/browser" if path.startswith("tests/browser/") and path not in OWN_AIRFLOW else path
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,11 +1,16 @@
 """The shared helpers of tests/conftest.py that every other test leans on: a time limit that really
-interrupts, and a wait that returns what it waited for or names what never came."""
+interrupts, a wait that returns what it waited for or names what never came, and the work units of a
+parallel run."""
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.time_limit(1)
@@ -31,3 +36,24 @@ def test_wait_for_returns_the_value_it_waited_for(wait_for):
 def test_wait_for_names_what_never_came(wait_for):
     with pytest.raises(AssertionError, match=r"not within 0.2 s: the pid file"):
         wait_for(lambda: False, 0.2, "the pid file")
+
+
+def _root_conftest(config: pytest.Config):
+    return next(p for p in config.pluginmanager.get_plugins()
+                if str(getattr(p, "__file__", "")).endswith("tests/conftest.py"))
+
+
+def test_parallel_work_units_keep_what_shares_state_on_one_worker(request):
+    conftest = _root_conftest(request.config)
+    unit = conftest.work_unit
+    # a module's tests share its lab/database: one unit; unit tests go one by one
+    assert unit("tests/integration/test_fanout.py::test_a") == unit("tests/integration/test_fanout.py::test_b[x]")
+    assert unit("tests/integration/test_fanout.py::test_a") != unit("tests/integration/test_lab.py::test_a")
+    assert unit("tests/unit/test_config.py::test_a") != unit("tests/unit/test_config.py::test_b")
+    # the browser modules share the session's Airflow, but for those that start their own
+    assert unit("tests/browser/test_ui.py::test_a") == unit("tests/browser/test_lifecycle.py::test_b")
+    own = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "browser").glob("test_*.py")
+           if re.search(r"^AIRFLOW_METADATA = \"sqlite\"", p.read_text(), re.M)}
+    assert own == conftest.OWN_AIRFLOW, "tests/conftest.py's OWN_AIRFLOW must list the modules with their own Airflow"
+    for path in own:
+        assert unit(f"{path}::test_a") == path != unit("tests/browser/test_ui.py::test_a")
