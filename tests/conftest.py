@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -183,9 +182,10 @@ def fresh_dsn() -> Iterator[str]:
 
 
 def _lab_name(prefix: str) -> str:
-    """A lab name nobody else uses: $DEPLOYBENCH_TEST_LAB_PREFIX (so that concurrent sessions on one machine
-    keep to their own names) + ``prefix`` + random hex, within the 12 characters a lab name may have."""
-    return (os.environ.get("DEPLOYBENCH_TEST_LAB_PREFIX", "") + prefix + secrets.token_hex(6))[:12]
+    """A lab name nobody else uses (tests/integration/lab_names.py)."""
+    import lab_names
+
+    return lab_names.unique(prefix)
 
 
 @pytest.fixture

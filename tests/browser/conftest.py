@@ -44,6 +44,8 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy.engine import make_url
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
+
 # the store tests' helpers: a throwaway database, and an Airflow connection that names it
 import store_fixtures  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths, regression
@@ -51,7 +53,7 @@ from deploybench.airflow.home import airflow_env
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-LAB = "lbui"  # the lab of a module that names none (``LAB = "..."`` in the module)
+LAB = lab_names.unique("lbui")  # the lab of a module that names none (``LAB = "..."`` in the module)
 LAB_NODES = 2
 DAG_ID = "deploybench_run"
 

@@ -18,13 +18,14 @@ from urllib.parse import quote
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.inventory import Inventory
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 DAG_ID = "deploybench_run"
-LAB = "t3lc"  # conftest's lab_inventory brings it up; the UI module's lab is another (own series, own lease)
+LAB = lab_names.unique("t3lc")  # lab_inventory brings it up; not the UI module's lab (own series, own lease)
 RUN_TIMEOUT_S = 480
 
 

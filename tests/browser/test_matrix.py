@@ -24,13 +24,14 @@ from urllib.parse import quote
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 MATRIX = "deploybench_matrix"
 RUN = "deploybench_run"
-LAB = "lm2"  # conftest's lab_inventory brings it up for this module
+LAB = lab_names.unique("lm2")  # conftest's lab_inventory brings it up for this module
 # An Airflow of its own on SQLite, not the session's on PostgreSQL. There a run's conf is stored as JSONB,
 # which orders an object's keys by length then name; the plan used to take the axes' order from the conf
 # (fixed: the form's order, tests/unit/test_matrix.py). Back to the shared Airflow once it has run green there.

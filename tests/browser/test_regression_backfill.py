@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths, regression
 from deploybench.airflow.home import airflow_env
 from deploybench.sim.local import free_port
@@ -38,7 +39,7 @@ pytestmark = [
 ]
 pytest.importorskip("aiosmtpd", reason="needs aiosmtpd (requirements.txt)")
 
-LAB = "lbrg"  # conftest's lab_inventory brings it up for this module
+LAB = lab_names.unique("lbrg")  # conftest's lab_inventory brings it up for this module
 FIRST = date(2026, 3, 1)
 # 6 dates, 12 runs in all (was 8, 16 runs; each run costs about a minute here, one at a time on the lab):
 # - 4 before the slow date: the judge needs min_baseline = 3 earlier runs to know the noise at all, and

@@ -14,12 +14,13 @@ import json
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.errors import ConfigError
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(420)]
 
-LAB = "lxext"
+LAB = lab_names.unique("lxext")
 PORT = 8040  # the external_engines fixture (conftest.py) starts the engines on LAB's nodes at PORT
 KNOBS = {"max_num_seqs": 4, "sim_decode_base_ms": 8, "sim_decode_per_seq_ms": 1, "sim_prefill_per_token_ms": 0.01}
 

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.errors import ConfigError
 
 HAPROXY = shutil.which("haproxy") or shutil.which("/usr/sbin/haproxy")
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(420)]
 
-LAB = "lxlb"
+LAB = lab_names.unique("lxlb")
 PORT = 8044  # the engines' port on each node's address (the external_engines fixture)
 LB_PORT = 8045  # HAProxy's, on 127.0.0.1
 LB_URL = f"http://127.0.0.1:{LB_PORT}"

@@ -27,6 +27,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
 from deploybench.lab import cluster as lab_cluster
 from deploybench.lab import netns
@@ -37,7 +38,7 @@ pytestmark = [
 ]
 
 TTL_S, HEARTBEAT_S = 6, 1
-LAB_A, LAB_B = f"lza{os.getpid() % 10000}", f"lzb{os.getpid() % 10000}"
+LAB_A, LAB_B = lab_names.unique("lza"), lab_names.unique("lzb")
 # fast settings: iperf3 --bidir hangs with -t under 1 s, so 1 s tests
 FAST = {"canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.3, "load_rate": 4, "load_duration_s": 3,
         "warmup_s": 1, "output_tokens": 8, "prompt_tokens": 32, "gate_rate_per_node": 2, "gate_duration_s": 3,

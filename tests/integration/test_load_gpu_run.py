@@ -13,13 +13,14 @@ import re
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
 from deploybench.store import db
 from deploybench.store.models import ServerMetric
 
 pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
-LAB = "lgrun"
+LAB = lab_names.unique("lgrun")
 B, D_MS, O = 4, 10.0, 8  # 80 ms in the batch per request, 50 req/s per node at saturation
 RATE = 40.0  # the cluster's load rate; sustained offers 0.8 x it: 16 req/s per node -> 32 % of the slots
 

@@ -17,6 +17,7 @@ import subprocess
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths, pipeline
 from deploybench.lab import cluster as lab_cluster
 from deploybench.lease import LeaseStore
@@ -27,7 +28,7 @@ pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(300), pytest.mark.netns,
 ]
 
-LAB = "lm3"
+LAB = lab_names.unique("lm3")
 FAST = {"nodes": 2, "canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.3, "load_duration_s": 3,
         "warmup_s": 1, "output_tokens": 8, "prompt_tokens": 32, "gate_rate_per_node": 2, "gate_duration_s": 3,
         "gate_min_requests": 5, "ready_timeout_s": 30, "ttft_sample_rps": 0, "scrape_interval_s": 0}

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths, pipeline
 from deploybench.errors import StageFailed
 from deploybench.lab.state import LabFiles
@@ -23,7 +24,7 @@ pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(150), pytest.mark.netns,
 ]
 
-LAB = "lxr5"  # lab names are global on the machine: one prefix per suite
+LAB = lab_names.unique("lxr5")
 PORT = 8000
 
 

@@ -33,12 +33,13 @@ from pathlib import Path
 
 import pytest
 
+import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths, pipeline
 from deploybench.lab.state import LabFiles
 
 pytestmark = [pytest.mark.integration, pytest.mark.quiet, pytest.mark.time_limit(420)]
 
-LAB = "lx3p"
+LAB = lab_names.unique("lx3p")
 MODEL = "tiny-llama"
 PORT = 8060
 OUT_TOKENS = 16
