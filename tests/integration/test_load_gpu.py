@@ -23,7 +23,7 @@ from deploybench.manifest import seed_model
 from deploybench.sim import metrics as em
 from deploybench.sim.local import LocalEngines
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # utilisation against the closed form
 
 B, D_MS, P, O = 8, 10.0, 16, 20  # in service 200 ms per request; saturation 40 req/s
 RATE = 20.0  # half of it
