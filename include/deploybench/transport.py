@@ -403,6 +403,9 @@ def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[st
     ``DEPLOYBENCH_RUN=<key>`` in its environment, so a later run can stop exactly the processes
     of a run that died (deploybench.leftovers), and never a reused pid. ``stdin``: the process
     reads the script's own stdin (a secret it must not get on its command line), else /dev/null.
+    Over SSH that input only arrives while the command still runs (sshd drops what comes after it
+    ended): the caller's command must wait until the process has read it (fanout.relay_control
+    waits for the relay's --ready file).
     """
     env = {**(env or {}), **({RUN_ENV: run_key} if run_key else {})}
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
