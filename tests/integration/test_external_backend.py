@@ -18,7 +18,7 @@ import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.errors import ConfigError
 
-pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420)]  # a loopback lab: no root needed
 
 LAB = lab_names.unique("lxext")
 PORT = 8040  # the external_engines fixture (conftest.py) starts the engines on LAB's nodes at PORT

@@ -28,7 +28,7 @@ from deploybench import http, paths
 from deploybench.errors import ConfigError
 
 HAPROXY = shutil.which("haproxy") or shutil.which("/usr/sbin/haproxy")
-pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420)]  # a loopback lab: no root needed
 
 LAB = lab_names.unique("lxlb")
 PORT = 8044  # the engines' port on each node's address (the external_engines fixture)
