@@ -232,9 +232,13 @@ def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchma
     summary = {dag_id: {str(d): (states[dag_id][d], v.get("verdict"), regression.describe(v) if v else None)
                         for d, v in vs.items()} for dag_id, vs in verdicts.items()}
     assert sorted(states[slowed]) == DATES and sorted(states[steady]) == DATES, summary
+    unexpected = [(dag_id, r) for dag_id, rs in runs.items() for r in rs
+                  if r["state"] != ("failed" if (dag_id, _day(r)) == (slowed, SLOW_FROM) else "success")]
+    why = "\n".join(_why_failed(af, dag_id, r) for dag_id, r in unexpected)
+    print(why or "every run ended as expected")  # whole in the captured output (pytest shortens the message)
 
     # slowed: the first date of the slow software fails with a regression of the latency, no other date does
-    assert {d for d, s in states[slowed].items() if s == "failed"} == {SLOW_FROM}, summary
+    assert {d for d, s in states[slowed].items() if s == "failed"} == {SLOW_FROM}, why
     bad = verdicts[slowed][SLOW_FROM]
     assert bad["verdict"] == "regression" and bad["software"] == "sim 1.1 (10 % slower)", summary
     p50 = bad["metrics"]["latency_p50_ms"]
@@ -245,7 +249,7 @@ def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchma
         if d != SLOW_FROM:
             assert verdicts[slowed][d]["verdict"] in ("no change", "suspect", "improvement"), summary
     # steady: nothing
-    assert set(states[steady].values()) == {"success"}, summary
+    assert set(states[steady].values()) == {"success"}, why
     assert all(v["verdict"] != "regression" for v in verdicts[steady].values()), summary
     judge = af.request("GET", f"/api/v2/dags/{slowed}/dagRuns/{quote(_run_id(runs[slowed], SLOW_FROM), safe='')}"
                               f"/taskInstances/judge")
@@ -274,6 +278,19 @@ def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchma
         got = sorted(e["extra"]["run_key"] for e in events["asset_events"])
         want = sorted(paths.dag_run_key(dag_id, r["dag_run_id"]) for r in runs[dag_id])
         assert got == want, (name, events)
+
+
+def _why_failed(af, dag_id: str, run: dict) -> str:
+    """A run in an unexpected state, explained: its failed tasks (with tries) and its failed stage records."""
+    from deploybench.run import Run
+
+    tis = af.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances")
+    failed = [f"{t['task_id']} ({t['state']}, try {t['try_number']})" for t in tis["task_instances"]
+              if t["state"] not in ("success", "skipped")]
+    recs = Run.open_if_validated(paths.dag_run_key(dag_id, run["dag_run_id"]))
+    stage_errors = [f"{s}: {r.error}" for s, r in (recs.stages() if recs else {}).items() if r.status == "failed"]
+    return (f"{dag_id} {_day(run)}: {run['state']}; tasks not succeeded: {failed or 'none'}; "
+            f"failed stages: {stage_errors or 'none'}")
 
 
 def _run_id(runs: list[dict], day: date) -> str:

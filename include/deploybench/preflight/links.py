@@ -15,6 +15,12 @@ recorded in a pid file, restarted after a test that failed (iperf3 servers can w
 half-open control connection), stopped in a ``finally``, and a later preflight sweeps any
 pid file a killed run left. A port in use is skipped. ``test_link`` on its own starts and
 stops a server for its one test.
+
+A link that reads below the threshold is tested once more before it counts against its nodes
+(``RETESTS``): a short test that lands in a scheduling hiccup of either host, or in TCP's slow
+start on a busy one, reads low once (73 % and 70 % of nominal seen at -t 1 on a busy 2-core lab
+host whose links read 86-94 % otherwise); a slow link reads low again. The link is judged by the
+second measurement; the first is kept in the record (``first_ratio``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ PORT_TRIES = 10  # 5201..5210: a port some other program holds is skipped
 CONNECT_TIMEOUT_MS = 3000
 BUSY_TRIES = 4
 SLACK_S = 15.0  # beyond the test's own duration, for connecting and the final exchange
+RETESTS = 1  # a measurement below the threshold is confirmed by this many more before the link fails
 
 
 # -- which pairs, which rounds (pure) -------------------------------------------------------
@@ -350,11 +357,26 @@ def run_rounds(cluster: Cluster, rounds: list[list[tuple[str, str]]], spec: Pref
     per_test = (1 if spec.bidir else 2) * (spec.iperf_seconds + SLACK_S)
     servers = Servers(cluster, spec.network, bound_s=len(rounds) * per_test + 60)
 
-    def one(i: int, pair: tuple[str, str]) -> LinkTest:
+    def measure(i: int, pair: tuple[str, str]) -> LinkTest:
         lt = test_link(cluster, inv.node(pair[0]), inv.node(pair[1]), i, spec.iperf_seconds, spec.link_threshold,
                        bidir=spec.bidir, network=spec.network, server=servers)
         if lt.error and pair[1] in servers.ports:
             servers.restart(pair[1])  # still holding both nodes: no test uses it meanwhile
+        return lt
+
+    def one(i: int, pair: tuple[str, str]) -> LinkTest:
+        lt = measure(i, pair)
+        for _ in range(RETESTS):
+            if lt.ok or lt.error:  # an error is not a reading: the test said why it could not measure
+                break
+            log.info("round %d: link %s <-> %s read %.0f%% of nominal, below the threshold %.0f%%: testing it again",
+                     i, pair[0], pair[1], 100 * (lt.ratio or 0), 100 * spec.link_threshold)
+            again = measure(i, pair)
+            if again.error:  # the second test could not measure: the first reading stands
+                break
+            again.first_ratio = lt.ratio if lt.first_ratio is None else lt.first_ratio
+            again.seconds = round((lt.seconds or 0) + (again.seconds or 0), 3)
+            lt = again
         _log(lt)
         return lt
 
@@ -396,9 +418,10 @@ def _log(lt: LinkTest) -> None:
     if lt.error:
         log.warning("round %d: link %s <-> %s: %s", lt.round, lt.src, lt.dst, lt.error)
     else:
-        log.info("round %d: link %s <-> %s: %s Mbit/s (%.0f%% of %g Mbit/s)%s", lt.round, lt.src, lt.dst,
+        log.info("round %d: link %s <-> %s: %s Mbit/s (%.0f%% of %g Mbit/s)%s%s", lt.round, lt.src, lt.dst,
                  " / ".join(f"{x.mbit:.0f}" for x in lt.directions), 100 * (lt.ratio or 0), lt.nominal_mbit,
-                 "" if lt.ok else " BELOW THRESHOLD")
+                 "" if lt.ok else " BELOW THRESHOLD",
+                 f" (retested: the first test read {100 * lt.first_ratio:.0f}%)" if lt.first_ratio is not None else "")
 
 
 test_link.__test__ = False  # type: ignore[attr-defined]  # a library function, not a pytest test

@@ -21,6 +21,8 @@ def describe_link(lt: LinkTest) -> str:
             f"{lt.nominal_mbit:.0f} Mbit/s{thr}")
     if len(lt.directions) > 1:
         text += " [" + ", ".join(f"{d.src} -> {d.dst} {d.mbit:.0f} Mbit/s" for d in lt.directions) + "]"
+    if lt.first_ratio is not None:
+        text += f"; tested twice, the first test read {lt.first_ratio:.0%}"
     return text
 
 
