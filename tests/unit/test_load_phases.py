@@ -152,6 +152,19 @@ def test_ramp_estimate_is_the_throughput_after_the_break():
     assert est == pytest.approx(30.0), why
 
 
+def test_a_break_in_the_ramps_last_window_alone_is_read_with_the_window_before():
+    """One 0.5 s window holds a handful of requests: its throughput alone is no estimate (llama.cpp's scout
+    read 12 req/s so on a server that held 20). The estimate takes the window before it too."""
+    slo, spec = SLO(p99_latency_ms=1000), LoadSpec(probe_tolerance=0.15)
+    _, ramp, _ = _throughput_server(30.0)
+    res = ramp(1, 1, 8)  # every window held
+    wins = list(res.windows)
+    wins[-1] = wins[-1].model_copy(update={"kept_up": 0, "goodput_rps": 2.0})  # the last one fell behind
+    est, why = probe.ramp_estimate(res.model_copy(update={"windows": wins}), slo, spec)
+    assert "broke (kept_up)" in why and f"at {wins[-1].offered_rps:.2f} req/s" in why, why
+    assert est == pytest.approx(wins[-2].goodput_rps) and "median of 2 windows" in why, why
+
+
 def test_judge_names_every_broken_criterion():
     spec, slo = LoadSpec(), SLO(p99_latency_ms=200, max_error_rate=0.01)
     ok, reasons, ratio = probe.judge(_result(10, 10), slo, spec)

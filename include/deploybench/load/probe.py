@@ -58,6 +58,10 @@ MIN_RATE_FACTOR = 1 / 64  # a first step that fails is halved down to start x th
 RAMP_FACTOR = 16.0  # a scout ramp ends at this multiple of where it starts (8 left a capacity near a ramp's top
 # undetected, costing one more ramp; the ramp's overload is brief and an overloaded server answers at capacity)
 RAMP_WINDOWS = 8  # windows a ramp step is judged in (at least MIN_RAMP_WINDOW_S each)
+# the fewest windows a ramp's estimate is read from: a break in the ramp's last window alone leaves one
+# window (0.5 s, a handful of requests) to say the throughput; llama.cpp's scout read 12.0 req/s from one
+# such window on a server whose constant steps then passed at 20.15 and fell behind at 23.29
+MIN_ESTIMATE_WINDOWS = 2
 MIN_RAMP_WINDOW_S = 0.5
 BEHIND = {"achieved_ratio", "kept_up", "in_flight"}  # ways a window says "behind", not "over the SLO"
 MARGIN = 0.4  # the first constant step sits this fraction of the tolerance under the estimate
@@ -178,8 +182,8 @@ def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | No
     """(capacity estimate, why) from a ramp step's windows; None when no window broke an objective.
 
     The estimate is the median throughput (answered within the SLO, per second) of the windows from the
-    break on (the first window after which none held), capped by the offered rate there when latency or
-    errors broke it."""
+    break on (the first window after which none held; at least the last ``MIN_ESTIMATE_WINDOWS``), capped
+    by the offered rate there when latency or errors broke it."""
     from deploybench.load.overload import broken
 
     wins = res.windows
@@ -195,7 +199,7 @@ def ramp_estimate(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[float | No
     if first is None:
         return None, f"every window held up to {wins[-1].offered_rps:.2f} req/s"
     w = wins[first]
-    over = sorted(x.goodput_rps for x in wins[first:])
+    over = sorted(x.goodput_rps for x in wins[max(0, min(first, len(wins) - MIN_ESTIMATE_WINDOWS)):])
     through = over[len(over) // 2]
     kinds = set(marks[first])
     broke = ", ".join(sorted(kinds))
