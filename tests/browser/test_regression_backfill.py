@@ -284,9 +284,12 @@ def _why_failed(af, dag_id: str, run: dict) -> str:
     """A run in an unexpected state, explained: its failed tasks (with tries) and its failed stage records."""
     from deploybench.run import Run
 
-    tis = af.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances")
-    failed = [f"{t['task_id']} ({t['state']}, try {t['try_number']})" for t in tis["task_instances"]
-              if t["state"] not in ("success", "skipped")]
+    try:  # the explanation must not hide the assertion it explains
+        tis = af.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances")
+        failed: object = [f"{t['task_id']} ({t['state']}, try {t['try_number']})" for t in tis["task_instances"]
+                          if t["state"] not in ("success", "skipped")]
+    except (urllib.error.URLError, KeyError) as exc:
+        failed = f"(task instances not read: {exc!r})"
     recs = Run.open_if_validated(paths.dag_run_key(dag_id, run["dag_run_id"]))
     stage_errors = [f"{s}: {r.error}" for s, r in (recs.stages() if recs else {}).items() if r.status == "failed"]
     return (f"{dag_id} {_day(run)}: {run['state']}; tasks not succeeded: {failed or 'none'}; "

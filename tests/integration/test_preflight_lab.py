@@ -139,7 +139,7 @@ def test_every_fault_is_found_named_and_handled(lab, faults, policy):
     # the degraded link: both nodes named, with the figure, and only n03's links are slow
     slow = [lt for lt in d["links"] if not lt["ok"]]
     assert slow and all("n03" in (lt["src"], lt["dst"]) and lt["ratio"] < 0.5 for lt in slow)
-    # a slow link is tested twice before it counts (links.RETESTS), and read low both times
+    # a slow link is tested twice before it counts (links.run_rounds), and read low both times
     assert all(lt["first_ratio"] is not None and lt["first_ratio"] < 0.5 for lt in slow), slow
     assert any(f"link {lt['src']} -> {lt['dst']}: iperf3 reached {lt['mbit']:.0f} Mbit/s" in d["excluded"]["n03"]
                for lt in slow)

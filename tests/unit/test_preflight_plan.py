@@ -121,8 +121,11 @@ class _NoServers:
     """Stands in for links.Servers (which starts iperf3 servers over SSH): these tests are about what
     run_rounds does with the readings; the lab tests (test_preflight_lab) run the real servers."""
 
+    made: list = []  # the instances run_rounds made, newest last
+
     def __init__(self, *args, **kwargs):
         self.ports, self.errors, self.restarted = {}, {}, []
+        _NoServers.made.append(self)
 
     def start_all(self, names):
         self.ports = {n: 5201 for n in names}
@@ -136,7 +139,7 @@ class _NoServers:
 
 def _rounds_with_readings(monkeypatch, readings):
     """run_rounds on one link n01 <-> n02 whose successive tests read ``readings`` (a fraction of nominal,
-    or an error text); returns (the LinkTest, how many tests ran)."""
+    or an error text); returns (the LinkTest, how many tests ran, the servers restarted after a failed test)."""
     from types import SimpleNamespace
 
     from deploybench.config import PreflightSpec
@@ -158,30 +161,34 @@ def _rounds_with_readings(monkeypatch, readings):
     monkeypatch.setattr(links, "Servers", _NoServers)
     inv = SimpleNamespace(node=lambda name: SimpleNamespace(name=name))
     spec = PreflightSpec(link_threshold=0.9, iperf_seconds=1)
+    _NoServers.made.clear()
     out = links.run_rounds(SimpleNamespace(inventory=inv), [[("n01", "n02")]], spec)
-    return out[0], len(calls)
+    return out[0], len(calls), _NoServers.made[0].restarted
 
 
 def test_a_link_reading_low_once_is_tested_again_and_passes_on_its_second_reading(monkeypatch):
-    lt, tests = _rounds_with_readings(monkeypatch, [0.62, 0.93])
-    assert tests == 2 and lt.ok and lt.ratio == 0.93 and lt.first_ratio == 0.62 and lt.seconds == 2.0
+    lt, tests, restarted = _rounds_with_readings(monkeypatch, [0.62, 0.93])
+    assert tests == 2 and restarted == [] and lt.ok and lt.ratio == 0.93
+    assert lt.first_ratio == 0.62 and lt.seconds == 2.0
     from deploybench.preflight.policy import describe_link
 
     assert "tested twice, the first test read 62%" in describe_link(lt)
 
 
 def test_a_slow_link_reads_low_twice_and_fails(monkeypatch):
-    lt, tests = _rounds_with_readings(monkeypatch, [0.41, 0.43])
-    assert tests == 2 and not lt.ok and lt.ratio == 0.43 and lt.first_ratio == 0.41
+    lt, tests, restarted = _rounds_with_readings(monkeypatch, [0.41, 0.43])
+    assert tests == 2 and restarted == [] and not lt.ok and lt.ratio == 0.43 and lt.first_ratio == 0.41
 
 
 def test_a_link_that_passes_or_cannot_be_measured_is_tested_once(monkeypatch):
-    lt, tests = _rounds_with_readings(monkeypatch, [0.95])
-    assert tests == 1 and lt.ok and lt.first_ratio is None
-    lt, tests = _rounds_with_readings(monkeypatch, ["iperf3 bidir test failed (rc 1): unable to connect"])
+    lt, tests, restarted = _rounds_with_readings(monkeypatch, [0.95])
+    assert tests == 1 and restarted == [] and lt.ok and lt.first_ratio is None
+    lt, tests, restarted = _rounds_with_readings(monkeypatch, ["iperf3 bidir test failed (rc 1): unable to connect"])
     assert tests == 1 and lt.error and lt.first_ratio is None
+    assert restarted == ["n02"]  # a failed test's server is restarted (it can wedge on a half-open connection)
 
 
 def test_a_retest_that_cannot_measure_leaves_the_first_low_reading_standing(monkeypatch):
-    lt, tests = _rounds_with_readings(monkeypatch, [0.41, "iperf3 bidir test failed (rc 1): unable to connect"])
-    assert tests == 2 and not lt.ok and lt.error is None and lt.ratio == 0.41
+    no_reading = "iperf3 bidir test failed (rc 1): unable to connect"
+    lt, tests, restarted = _rounds_with_readings(monkeypatch, [0.41, no_reading])
+    assert tests == 2 and restarted == ["n02"] and not lt.ok and lt.error is None and lt.ratio == 0.41

@@ -17,7 +17,7 @@ pid file a killed run left. A port in use is skipped. ``test_link`` on its own s
 stops a server for its one test.
 
 A link that reads below the threshold is tested once more before it counts against its nodes
-(``RETESTS``): a short test that lands in a scheduling hiccup of either host, or in TCP's slow
+(``run_rounds``): a short test that lands in a scheduling hiccup of either host, or in TCP's slow
 start on a busy one, reads low once (73 % and 70 % of nominal seen at -t 1 on a busy 2-core lab
 host whose links read 86-94 % otherwise); a slow link reads low again. The link is judged by the
 second measurement; the first is kept in the record (``first_ratio``).
@@ -44,7 +44,6 @@ PORT_TRIES = 10  # 5201..5210: a port some other program holds is skipped
 CONNECT_TIMEOUT_MS = 3000
 BUSY_TRIES = 4
 SLACK_S = 15.0  # beyond the test's own duration, for connecting and the final exchange
-RETESTS = 1  # a measurement below the threshold is confirmed by this many more before the link fails
 
 
 # -- which pairs, which rounds (pure) -------------------------------------------------------
@@ -366,17 +365,13 @@ def run_rounds(cluster: Cluster, rounds: list[list[tuple[str, str]]], spec: Pref
 
     def one(i: int, pair: tuple[str, str]) -> LinkTest:
         lt = measure(i, pair)
-        for _ in range(RETESTS):
-            if lt.ok or lt.error:  # an error is not a reading: the test said why it could not measure
-                break
+        if not (lt.ok or lt.error):  # a low reading, not an error (that says why it could not measure)
             log.info("round %d: link %s <-> %s read %.0f%% of nominal, below the threshold %.0f%%: testing it again",
                      i, pair[0], pair[1], 100 * (lt.ratio or 0), 100 * spec.link_threshold)
             again = measure(i, pair)
-            if again.error:  # the second test could not measure: the first reading stands
-                break
-            again.first_ratio = lt.ratio if lt.first_ratio is None else lt.first_ratio
-            again.seconds = round((lt.seconds or 0) + (again.seconds or 0), 3)
-            lt = again
+            if not again.error:  # a second test that could not measure leaves the first reading standing
+                again.first_ratio, again.seconds = lt.ratio, round((lt.seconds or 0) + (again.seconds or 0), 3)
+                lt = again
         _log(lt)
         return lt
 
