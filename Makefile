@@ -17,8 +17,9 @@ demo: setup
 ## test: the whole test suite (unit, integration on real PostgreSQL/sshd/iperf3/k6, dag.test, a real Airflow in Chromium):
 ## first in parallel on TEST_WORKERS workers (pytest-xdist; tests/conftest.py says how tests are grouped), then the
 ## tests marked quiet (they measure speed) alone; both parts always run, and it fails if either failed
-## 6 workers on 2 cores: the tests mostly wait (lab links, load phases, Airflow hand-offs); measured on this machine,
-## the parallel part took 629 s at 4 workers (2 cores 50 % busy) and 479 s at 6 (66 % busy)
+## 6 workers on 2 cores: at 4 the cores were half idle while tests waited (lab links, load phases, Airflow hand-offs);
+## measured here, the parallel part took 629 s at 4 workers (cores 50 % busy) and 479 s at 6 (66 %); beyond that it is
+## bound by CPU (bench/suite.py --workers 4,6 compares them)
 TEST_WORKERS ?= 6
 test: setup
 	@rc=0; \

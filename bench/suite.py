@@ -55,8 +55,9 @@ def main() -> int:
     args = ap.parse_args()
     py = sys.executable
     print(f"{os.cpu_count()} cores; make test = the parallel part, then the quiet part alone", flush=True)
+    counts = [w.strip() for w in args.workers.split(",")]
     parallel = [measure(f"parallel, {w} workers", [py, "-m", "pytest", "-q", "-n", w, "-m", "not quiet", "tests"])
-                for w in args.workers.split(",")]
+                for w in counts]
     best = min(parallel, key=lambda r: r["wall"])
     for r in parallel:
         print(f"  {r['label']}: {r['wall'] / best['wall']:.2f}x the fastest")

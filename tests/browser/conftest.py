@@ -303,8 +303,8 @@ def _standalone(results_dsn: str, benchmarks_dir: Path, metadata: str) -> Iterat
         "AIRFLOW__CORE__PARALLELISM": "4",  # LocalExecutor workers: 4, not 32, on a 2-core machine
         # Alone (the quiet part, one module by hand) an idle scheduler loop sleeps 0.25 s, not 1 s: a finished
         # task's successor starts 0.1-0.3 s after it, not 0.7-0.9 s (a run here is ~16 short tasks in a row; the
-        # backfill runs 12). Not in the parallel part, where the 2 cores are busy: there the faster loop's CPU
-        # cost more than it saved (at 6 workers the part took 486 s with it, 479 s without; CPU 749 s vs 630 s).
+        # backfill runs 12). Not in the parallel part, where the 2 cores are busy: there it did not pay (at 6
+        # workers, one run each: 486 s and 749 CPU-s with it, 479 s and 630 CPU-s without).
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1" if os.environ.get("PYTEST_XDIST_WORKER") else "0.25",
         "AIRFLOW_CONN_DEPLOYBENCH_RESULTS": store_fixtures.airflow_connection(results_dsn),
         "DEPLOYBENCH_BROWSER_TEST": marker,

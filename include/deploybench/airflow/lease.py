@@ -21,8 +21,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger(__name__)
 
-# how often a waiting run reads its cluster's lease row: it starts at most this long after the lease frees
-# (was 5 s: a backfill of 12 runs on one cluster lost some 30 s between holders)
+# how often a waiting run reads its cluster's lease row (one indexed read), so how long a freed lease can stay
+# unnoticed; at 5 s a backfill of 12 runs on one cluster spent some 30 s between holders
 POLL_S = 2.0
 
 
