@@ -19,6 +19,13 @@ proceeds. A lease broken by hand (``deploybench lease break CLUSTER``) and a run
 failed land in ``pending_cleanup`` too. ``lease_events`` keeps what happened, with what was
 cleaned.
 
+Waiting runs are served first come, first served. A run that will wait for a busy cluster
+(``on_busy=wait``) takes a place in ``lease_waiters`` (migration 0005) and keeps it by polling;
+a free lease goes only to the waiter that came first, so a run that has just released the lease
+(the next date of a backfill, the next cell of another matrix) cannot take it again ahead of a run
+that was already waiting. A waiter that stops polling for ``WAITER_STALE_S`` (cancelled, its
+triggerer gone) loses its place. A holder's own run and a hand-over bypass the queue.
+
 Handing over (``hand_over``): the cells of a config matrix that share one deployment pass the
 lease from one to the next by name, so nothing outside the matrix slips in between and the next
 cell neither waits for nor steals it. The engines the giver left running are listed in
@@ -59,6 +66,10 @@ log = logging.getLogger(__name__)
 
 BREAK_HINT = "deploybench lease break {cluster}"
 INTERRUPT_SIGNAL = signal.SIGUSR1
+# a waiting run that has not polled for this long loses its place in the queue: longer than any poll
+# (Airflow's trigger polls every 2 s; the blocking wait at most every 5 s) plus the time a fired trigger's
+# task takes to resume on a busy scheduler; a cancelled waiter delays the next one by at most this much
+WAITER_STALE_S = 60.0
 
 
 class LeaseError(DeploybenchError):
@@ -109,12 +120,14 @@ class LeaseInfo:
     ttl_s: float | None
     pending_cleanup: list[dict[str, Any]]
     now: datetime
+    # the runs waiting for the cluster, first come first: {"run_key", "dag_id", "since", "seen_at"}
+    waiting: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def from_row(cls, row: Any) -> LeaseInfo:
+    def from_row(cls, row: Any, waiting: list[dict[str, Any]] | None = None) -> LeaseInfo:
         m = row._mapping
         return cls(m["cluster"], m["holder"], m["dag_id"], m["host"], m["pid"], m["acquired_at"], m["heartbeat_at"],
-                   m["expires_at"], m["ttl_s"], list(m["pending_cleanup"] or []), m["db_now"])
+                   m["expires_at"], m["ttl_s"], list(m["pending_cleanup"] or []), m["db_now"], list(waiting or []))
 
     @property
     def free(self) -> bool:
@@ -140,12 +153,37 @@ class LeaseInfo:
         return None if self.expires_at is None else (self.expires_at - self.now).total_seconds()
 
     @property
+    def next_in_line(self) -> str | None:
+        """The run the lease goes to when it frees (the waiter that came first), if any waits."""
+        return self.waiting[0]["run_key"] if self.waiting else None
+
+    def turn_of(self, run_key: str) -> bool:
+        """Whether ``run_key`` would get the lease now: it holds it, or the lease is free (or expired) and no
+        run that came before it is waiting."""
+        if self.holder == run_key:
+            return True
+        return (self.free or self.expired) and self.next_in_line in (None, run_key)
+
+    def _queue(self, run_key: str | None = None) -> str:
+        ahead = [w for w in self.waiting if w["run_key"] != run_key]
+        if not ahead:
+            return ""
+        first = ahead[0]
+        more = f" and {len(ahead) - 1} more" if len(ahead) > 1 else ""
+        return (f"; run {first['run_key']!r} (DAG {first['dag_id']}) has waited {_age(self._since(first['since']))} "
+                f"and goes first{more}")
+
+    def describe(self, run_key: str | None = None) -> str:
+        """One line for people: who holds the cluster, where, for how long, and who waits (ahead of
+        ``run_key``, when it is a waiting run that asks)."""
+        return self._holder() + self._queue(run_key)
+
+    @property
     def kept(self) -> list[dict[str, Any]]:
         """Deployments left running for the holder (``hand_over``), not leftovers while it holds the lease."""
         return [p for p in self.pending_cleanup if p.get("kept_by")]
 
-    def describe(self) -> str:
-        """One line for people: who holds the cluster, where, for how long."""
+    def _holder(self) -> str:
         if self.free:
             pending = f"; leftovers of {', '.join(p['run_key'] for p in self.pending_cleanup)} are cleaned up by " \
                       "the next run" if self.pending_cleanup else ""
@@ -164,7 +202,8 @@ class LeaseInfo:
                 "pid": self.pid, "acquired_at": self.acquired_at, "heartbeat_at": self.heartbeat_at,
                 "expires_at": self.expires_at, "ttl_s": self.ttl_s, "age_s": self.age_s,
                 "heartbeat_age_s": self.heartbeat_age_s, "expired": self.expired,
-                "pending_cleanup": self.pending_cleanup}
+                "pending_cleanup": self.pending_cleanup,
+                "waiting": [{**w, "waited_s": self._since(w["since"])} for w in self.waiting]}
 
 
 @dataclass(frozen=True)
@@ -198,16 +237,16 @@ class LeaseStore:
 
     # -- reading -------------------------------------------------------------------------------------
     def status(self, cluster: str) -> LeaseInfo | None:
-        """The lease of ``cluster``; None if no run ever took it."""
+        """The lease of ``cluster`` with the runs waiting for it; None if no run ever took it."""
         with self._tx() as conn:
             row = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c"),
                                {"c": cluster}).first()
-        return LeaseInfo.from_row(row) if row else None
+            return LeaseInfo.from_row(row, self._waiting(conn, cluster)) if row else None
 
     def all(self) -> list[LeaseInfo]:
         with self._tx() as conn:
             rows = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases ORDER BY cluster")).all()
-        return [LeaseInfo.from_row(r) for r in rows]
+            return [LeaseInfo.from_row(r, self._waiting(conn, r.cluster)) for r in rows]
 
     def events(self, cluster: str | None = None, run_key: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The newest lease events, newest first (of one cluster and/or one run)."""
@@ -218,15 +257,25 @@ class LeaseStore:
         return [dict(r._mapping) for r in rows]
 
     # -- taking and keeping ------------------------------------------------------------------------------
-    def try_acquire(self, cluster: str, holder: Holder, ttl_s: float) -> Grant | LeaseInfo:
-        """Take the lease if it is free, expired, or already ours: a Grant; else the holder's LeaseInfo."""
+    def try_acquire(self, cluster: str, holder: Holder, ttl_s: float, *, queue: bool = False) -> Grant | LeaseInfo:
+        """Take the lease if it is ours, or free (or expired) with no earlier run waiting for it: a Grant;
+        else the LeaseInfo that says who holds it and who waits. ``queue``: the caller will wait, so it takes
+        (or keeps) its place among the waiters; a Grant ends its wait."""
         with self._tx() as conn:
             conn.execute(text("INSERT INTO cluster_leases (cluster) VALUES (:c) ON CONFLICT (cluster) DO NOTHING"),
                          {"c": cluster})
-            cur = LeaseInfo.from_row(conn.execute(
-                text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c FOR UPDATE"), {"c": cluster}).one())
-            if not (cur.free or cur.expired or cur.holder == holder.run_key):
+            row = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c FOR UPDATE"),
+                               {"c": cluster}).one()
+            conn.execute(text("DELETE FROM lease_waiters WHERE cluster = :c AND seen_at < now() - "
+                              "make_interval(secs => :stale)"), {"c": cluster, "stale": WAITER_STALE_S})
+            cur = LeaseInfo.from_row(row, self._waiting(conn, cluster))
+            if not cur.turn_of(holder.run_key):
+                if queue:
+                    self._keep_place(conn, cluster, holder.run_key, holder.dag_id)
+                    cur = LeaseInfo.from_row(row, self._waiting(conn, cluster))
                 return cur
+            conn.execute(text("DELETE FROM lease_waiters WHERE cluster = :c AND run_key = :r"),
+                         {"c": cluster, "r": holder.run_key})
             # what was kept running for the taker stays kept; kept for anyone else is a leftover now
             pending = [p if p.get("kept_by") == holder.run_key else _leftover(p) for p in cur.pending_cleanup]
             taken_over = None
@@ -254,16 +303,20 @@ class LeaseStore:
         return Grant(info, 0.0, taken_over, [p for p in pending if not p.get("kept_by")])
 
     def acquire(self, cluster: str, holder: Holder, spec: LeaseSpec, *, wait_s: float | None = None,
-                on_busy: OnBusy | str | None = None, poll_s: float | None = None) -> Grant:
-        """Take the lease of ``cluster``: at once, or (``on_busy=wait``) polling until it is free for at most
-        ``wait_s``; LeaseBusy names the holder, its host, pid and age, and the way out."""
+                on_busy: OnBusy | str | None = None, poll_s: float | None = None, queue: bool | None = None
+                ) -> Grant:
+        """Take the lease of ``cluster``: at once, or (``on_busy=wait``) polling, in its turn among the waiting
+        runs, for at most ``wait_s``; LeaseBusy names the holder, its host, pid and age, who waits first, and
+        the way out. ``queue`` (default: when waiting here) keeps a place among the waiters; the Airflow task
+        passes it with ``on_busy=fail`` because it waits deferred, and keeps the place from its trigger."""
         wait_s = spec.wait_s if wait_s is None else float(wait_s)
         mode = OnBusy(on_busy or spec.on_busy)
+        queue = mode is OnBusy.WAIT if queue is None else queue
         poll = poll_s if poll_s is not None else min(5.0, max(0.2, wait_s / 50))
         t0 = time.monotonic()
         announced = False
         while True:
-            got = self.try_acquire(cluster, holder, spec.ttl_s)
+            got = self.try_acquire(cluster, holder, spec.ttl_s, queue=queue)
             if isinstance(got, Grant):
                 waited = round(time.monotonic() - t0, 3)
                 log.info("cluster %s: lease taken by run %s after %.1f s", cluster, holder.run_key, waited)
@@ -272,14 +325,35 @@ class LeaseStore:
             if mode is OnBusy.FAIL or waited >= wait_s:
                 how = ("lease.on_busy=fail" if mode is OnBusy.FAIL
                        else f"waited {_age(waited)}, lease.wait_s={wait_s:g}")
-                raise LeaseBusy(
-                    f"{got.describe()} ({how}). Let that run finish (or wait longer: lease.on_busy=wait, "
-                    f"lease.wait_s); if it is dead, its lease expires {_age(got.expires_in_s)} from now, or break "
-                    f"it now: `{BREAK_HINT.format(cluster=cluster)}`", got)
+                if mode is OnBusy.WAIT:
+                    self.leave_queue(cluster, holder.run_key)
+                if got.free or got.expired:  # its turn has not come: earlier runs wait
+                    way_out = (f"the earlier runs go first; wait longer (lease.on_busy=wait, lease.wait_s), and see "
+                               f"the queue with `deploybench lease status {cluster}`")
+                else:
+                    way_out = (f"let that run finish (or wait longer: lease.on_busy=wait, lease.wait_s); if it is "
+                               f"dead, its lease expires {_age(got.expires_in_s)} from now, or break it now: "
+                               f"`{BREAK_HINT.format(cluster=cluster)}`")
+                raise LeaseBusy(f"{got.describe(holder.run_key)} ({how}). To run: {way_out}", got)
             if not announced:
-                log.info("%s; waiting up to %s for it", got.describe(), _age(wait_s))
+                log.info("%s; waiting up to %s for it", got.describe(holder.run_key), _age(wait_s))
                 announced = True
             time.sleep(min(poll, max(0.05, wait_s - waited)))
+
+    def keep_place(self, cluster: str, run_key: str, dag_id: str | None = None) -> LeaseInfo | None:
+        """A waiting run's poll: take or keep its place among the waiters, and read the lease (None: no run
+        ever took it). ``info.turn_of(run_key)`` says whether to try now."""
+        with self._tx() as conn:
+            self._keep_place(conn, cluster, run_key, dag_id)
+            row = conn.execute(text(f"SELECT {_COLUMNS} FROM cluster_leases WHERE cluster = :c"),
+                               {"c": cluster}).first()
+            return LeaseInfo.from_row(row, self._waiting(conn, cluster)) if row else None
+
+    def leave_queue(self, cluster: str, run_key: str) -> None:
+        """A run that stops waiting gives up its place (a stale place is dropped anyway after WAITER_STALE_S)."""
+        with self._tx() as conn:
+            conn.execute(text("DELETE FROM lease_waiters WHERE cluster = :c AND run_key = :r"),
+                         {"c": cluster, "r": run_key})
 
     def renew(self, cluster: str, run_key: str, ttl_s: float, host: str | None = None, pid: int | None = None
               ) -> LeaseInfo:
@@ -390,6 +464,22 @@ class LeaseStore:
             self._event(conn, cluster, "recovered", run_key, detail)
 
     # -- plumbing ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _waiting(conn: Any, cluster: str) -> list[dict[str, Any]]:
+        """The live waiters of ``cluster``, first come first (ties by run key, so every reader agrees)."""
+        rows = conn.execute(text(
+            "SELECT run_key, dag_id, since, seen_at FROM lease_waiters WHERE cluster = :c AND seen_at >= now() - "
+            "make_interval(secs => :stale) ORDER BY since, run_key"), {"c": cluster, "stale": WAITER_STALE_S}).all()
+        return [dict(r._mapping) for r in rows]
+
+    @staticmethod
+    def _keep_place(conn: Any, cluster: str, run_key: str, dag_id: str | None) -> None:
+        conn.execute(text(
+            "INSERT INTO lease_waiters (cluster, run_key, dag_id) VALUES (:c, :r, :d) ON CONFLICT (cluster, run_key) "
+            "DO UPDATE SET seen_at = now(), since = CASE WHEN lease_waiters.seen_at < now() - "
+            "make_interval(secs => :stale) THEN now() ELSE lease_waiters.since END"),
+            {"c": cluster, "r": run_key, "d": dag_id, "stale": WAITER_STALE_S})
+
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Any]:
         try:

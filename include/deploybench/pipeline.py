@@ -283,10 +283,11 @@ def budget_s(run_key: str, task: str) -> float | None:
 # -- the cluster's lease (deploybench.lease): one run per cluster ------------------------------------
 def acquire_lease(run_key: str, wait_s: float | None = None, on_busy: str | None = None, *, dsn: str | None = None,
                   dag_id: str | None = None, ttl_s: float | None = None, heartbeat_s: float | None = None,
-                  ssh_overrides: dict | None = None, kube: Any = None) -> dict:
+                  ssh_overrides: dict | None = None, kube: Any = None, queue: bool | None = None) -> dict:
     """Take the lease of the run's cluster (after validate, before preflight), then clean up after the runs
     whose leftovers are pending (an expired holder, a broken lease, a failed teardown). Waits or fails as
-    ``on_busy``/``wait_s`` say (default: the run's ``lease`` config); LeaseBusy names the holder.
+    ``on_busy``/``wait_s`` say (default: the run's ``lease`` config); LeaseBusy names the holder. ``queue``:
+    keep a place among the runs waiting for the cluster (``LeaseStore.acquire``; default: when it waits here).
 
     Writes the 'lease' stage record: the effective lease settings (``ttl_s``/``heartbeat_s`` override the
     config here, for ``lease_heartbeat``), how long it waited, whom it took over from and what it cleaned.
@@ -304,7 +305,7 @@ def acquire_lease(run_key: str, wait_s: float | None = None, on_busy: str | None
         rec.result = {"cluster": cluster, "spec": spec.model_dump(mode="json")}
         try:
             grant = store.acquire(cluster, Holder(run_key, dag_id or run.meta.get("dag_id") or "cli"), spec,
-                                  wait_s=wait_s, on_busy=on_busy)
+                                  wait_s=wait_s, on_busy=on_busy, queue=queue)
         except LeaseBusy as exc:
             rec.result["holder"] = exc.info.to_dict()
             raise

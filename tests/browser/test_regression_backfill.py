@@ -268,6 +268,21 @@ def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchma
     key = paths.dag_run_key(slowed, _run_id(runs[slowed], SLOW_FROM))
     assert regression.report_url(af.url, key) in msg["body"], msg["body"]
 
+    # the two benchmarks took turns on the lab: a run that released the lease did not let its DAG's next date
+    # take it again ahead of the other benchmark's run, which was already waiting (first come, first served)
+    from deploybench.inventory import Inventory
+    from deploybench.lease import LeaseStore
+
+    cluster = Inventory.load(lab_inventory).name
+    dag_of = {paths.dag_run_key(dag_id, r["dag_run_id"]): dag_id for dag_id, rs in runs.items() for r in rs}
+    takers = [dag_of.get(e["run_key"], e["run_key"]) for e in
+              reversed(LeaseStore(results_dsn).events(cluster, limit=500)) if e["event"] in ("acquired", "taken_over")]
+    print("the lease went to: " + " ".join("slowed" if t == slowed else "steady" if t == steady else t
+                                           for t in takers))
+    assert sorted(takers) == sorted([slowed, steady] * len(DATES)), takers
+    both_left = 2 * len(DATES) - 1  # until one benchmark's last run took the lease, the other's always waited
+    assert all(a != b for a, b in zip(takers[:both_left], takers[1:both_left])), takers
+
     # the store orders the benchmark's runs by logical date
     from deploybench.store.query import RunFilter, select_runs
 

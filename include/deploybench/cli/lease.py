@@ -9,7 +9,8 @@ import json
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("lease", help="the cluster lease: who holds a cluster, break a dead run's lease")
     lsub = p.add_subparsers(dest="lease_command", required=True)
-    s = lsub.add_parser("status", help="the holder of a cluster's lease (run, DAG, host, pid, age), or of every one")
+    s = lsub.add_parser("status", help="who holds a cluster's lease (run, DAG, host, pid, age) and which runs wait "
+                                       "for it, in their order; or of every cluster")
     s.add_argument("cluster", nargs="?", default=None, help="the inventory's name (default: every cluster)")
     s.add_argument("--events", type=int, default=5, help="show this many recent lease events (0: none)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
@@ -35,6 +36,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     for info in infos:
         print(info.describe())
+        for n, w in enumerate(info.waiting, 1):
+            print(f"  waiting {n}: run {w['run_key']} (DAG {w['dag_id']}) since {w['since']:%Y-%m-%d %H:%M:%S}")
         for p in info.pending_cleanup:
             print(f"  pending cleanup: run {p.get('run_key')} ({p.get('reason')}, host {p.get('host')}, "
                   f"pid {p.get('pid')})")

@@ -394,6 +394,18 @@ class ClusterLease(Base):
     updated_at: Mapped[datetime] = _ts(server_default=text("now()"))
 
 
+class LeaseWaiter(Base):
+    """A run waiting for a cluster's lease (migration 0005): the oldest live waiter is served first."""
+
+    __tablename__ = "lease_waiters"
+
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True)
+    run_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    dag_id: Mapped[str | None] = mapped_column(Text)
+    since: Mapped[datetime] = _ts(server_default=text("now()"))
+    seen_at: Mapped[datetime] = _ts(server_default=text("now()"))
+
+
 class LeaseEvent(Base):
     """What happened to a cluster's lease, and what a run cleaned up after a dead one."""
 
