@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
@@ -275,6 +276,32 @@ MANAGED_ENGINE_FLAGS = {
 }
 
 
+def engine_flag(arg: str) -> str | None:
+    """The option an engine argument sets, spelled as argument parsers read it (``--max_num_seqs=8`` ->
+    ``--max-num-seqs``: vLLM's parser reads ``_`` as ``-``); None for a value (``0.9``, ``-1``)."""
+    if not arg.startswith("-") or re.match(r"^-\.?[0-9]", arg):
+        return None
+    flag = arg.split("=", 1)[0]
+    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+
+
+def managed_flag(arg: str) -> str | None:
+    """The managed option (MANAGED_ENGINE_FLAGS) ``arg`` would set, however spelled: ``--port=1``,
+    ``--served_model_name``, an abbreviation argparse expands (``--po``), a short option with its value
+    attached (``-tp2``); None when it sets none."""
+    flag = engine_flag(arg)
+    if flag is None:
+        return None
+    for managed in MANAGED_ENGINE_FLAGS:
+        if flag == managed:
+            return managed
+        if managed.startswith("--") and len(flag) > 3 and managed.startswith(flag):  # argparse's allow_abbrev
+            return managed
+        if not managed.startswith("--") and not flag.startswith("--") and flag.startswith(managed):  # -tp2
+            return managed
+    return None
+
+
 class EngineSpec(_Strict):
     profile: EngineProfileName = Field(EngineProfileName.SIM, title="Engine",
                                        description="sim (the lab's simulated engine), vllm, triton, or file (the "
@@ -315,10 +342,9 @@ class EngineSpec(_Strict):
             raise ValueError(f"engine.extra_args={self.extra_args} are for vllm or triton; the sim engine takes its "
                              "knobs from the Simulated engine fields")
         for arg in self.extra_args:
-            flag = arg.split("=", 1)[0]
-            if flag in MANAGED_ENGINE_FLAGS:
-                raise ValueError(f"engine.extra_args sets {flag} ({arg!r}), which deploybench sets from "
-                                 f"{MANAGED_ENGINE_FLAGS[flag]}; use that field instead")
+            if (managed := managed_flag(arg)) is not None:
+                raise ValueError(f"engine.extra_args sets {managed} ({arg!r}), which deploybench sets from "
+                                 f"{MANAGED_ENGINE_FLAGS[managed]}; use that field instead")
         return self
 
 
@@ -395,6 +421,24 @@ class LoadSpec(_Strict):
     scrape_interval_s: float = Field(1.0, ge=0, le=300, title="Metrics scrape interval (s)",
                                      description="Scrape every endpoint's /metrics this often during every phase; "
                                                  "0 = off.")
+
+    @field_validator("target_url")
+    @classmethod
+    def _plain_url(cls, v: str | None) -> str | None:
+        """A target URL is stored with the run and shown on its pages: no credentials, query or fragment."""
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        try:
+            u = urlsplit(v)
+            u.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"target_url {v[:200]!r} is not a URL ({exc})") from None
+        if u.username is not None or u.password is not None or u.query or u.fragment or not u.hostname:
+            raise ValueError(f"target_url {v[:200]!r} must be a plain http(s)://host:port[/path] URL: no user or "
+                             "password (they would be stored with the run), no query, no fragment")
+        return v
 
     def peak_rate(self) -> tuple[float, str]:
         """The highest arrival rate any selected phase offers, and the field that sets it."""

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from deploybench.config import ContainerRuntime, EngineProfileName, EngineSpec, TritonKnobs
 from deploybench.errors import ConfigError
 from deploybench.inventory import Inventory, Node
+from deploybench.transport import isolated
 
 CONTAINER_MODEL_ROOT = "/models"  # where containers see the node's model root (read-only)
 
@@ -51,7 +52,7 @@ class LaunchContext:
     model_name: str
     port: int
     engine: EngineSpec
-    work_dir: str = ""  # the engine's own folder on the node (logs, pid, generated files)
+    work_dir: str = ""  # the engine's folder of this run on the node (generated files; a container's only rw folder)
     host: str = ""  # address to listen on; default the node's address ("0.0.0.0" in a pod)
 
     @property
@@ -346,7 +347,8 @@ def check(spec: EngineSpec, model_name: str) -> None:
 
 
 def container_command(spec: EngineSpec, ctx: LaunchContext, name: str) -> list[str]:
-    """``docker|podman run`` for the ssh backend: host network, model root read-only, the engine's folder."""
+    """``docker|podman run`` for the ssh backend: host network, model root read-only, and the engine's folder of
+    this run (``LaunchContext.work_dir``) as its only writable folder of the node."""
     prof = profile(spec)
     root = ctx.inventory.model_root_of(ctx.node).rstrip("/")
     inner = LaunchContext(ctx.inventory, ctx.node, f"{CONTAINER_MODEL_ROOT}/{ctx.model_name}", ctx.model_name,
@@ -367,4 +369,4 @@ def write_files_script(files: dict[str, str], python: str = "python3") -> tuple[
           "for p,t in json.load(sys.stdin).items():\n"
           " os.makedirs(os.path.dirname(p),exist_ok=True)\n"
           " open(p+'.tmp','w').write(t); os.replace(p+'.tmp',p)\n")
-    return f"{shlex.quote(python)} -c {shlex.quote(py)}", blob
+    return f"{shlex.join(isolated(python))} -c {shlex.quote(py)}", blob

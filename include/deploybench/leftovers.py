@@ -34,7 +34,7 @@ from typing import Any
 from deploybench import paths
 from deploybench.errors import DeploybenchError
 from deploybench.inventory import Inventory
-from deploybench.transport import RUN_ENV, Cluster
+from deploybench.transport import RUN_ENV, Cluster, isolated
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def node_root(inv: Inventory, node: str) -> str:
 
 
 def _argv(python: str, root: str, run_key: str, grace_s: float, whole: bool) -> list[str]:
-    return [python, "-c", NODE_SCRIPT, root, run_key, f"{grace_s:g}", "1" if whole else "0", RUN_ENV]
+    return [*isolated(python), "-c", NODE_SCRIPT, root, run_key, f"{grace_s:g}", "1" if whole else "0", RUN_ENV]
 
 
 def _parse(text: str) -> list[dict[str, Any]]:

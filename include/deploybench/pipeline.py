@@ -25,6 +25,7 @@ from deploybench.run import (
     LOAD_PHASES,
     REQUIRED_STAGES,
     Run,
+    check_owner,
     now,
     read_record,
     recording,
@@ -39,11 +40,17 @@ log = logging.getLogger(__name__)
 # -- stages ----------------------------------------------------------------------------------
 def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | None = None) -> dict:
     """Params -> RunConfig, checked against the inventory. Nothing touches a node here."""
+    from deploybench import policy
+    from deploybench.matrix import planned
+
     d = paths.run_dir(run_key)
+    check_owner(d, run_key)  # before anything in it is deleted: never another run's folder
     for old in (d / "stages").glob("*.json") if (d / "stages").is_dir() else []:
         old.unlink()  # a re-run of the same key starts clean
     with recording(d, "validate") as rec:
         cfg = form.to_config(flat_params)
+        policy.check(cfg)  # what the form chose, within what the operator allows
+        planned.verify(run_key, cfg)  # a matrix cell's run id and 'deployment' section: only as its plan wrote them
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
         if cfg.rollout.backend.value == "external":  # hostile URLs: refused before anything touches a node

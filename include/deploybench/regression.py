@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import asdict
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -96,6 +97,9 @@ class Versions(_Strict):
         return current[-1]
 
 
+NOTIFIER_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")  # module.Class, nothing else
+
+
 class Notify(_Strict):
     """One notification channel: ``smtp`` (Airflow's SmtpNotifier), or ``notifier`` (any Airflow notifier
     class by import path, its message argument named by ``message_arg``)."""
@@ -104,9 +108,11 @@ class Notify(_Strict):
     conn_id: str | None = Field(None, description="smtp: the SMTP connection (default smtp_default)")
     to: list[str] = Field(default_factory=list)
     from_email: str | None = None
-    notifier: str | None = Field(None, description="notifier: e.g. airflow.providers.slack.notifications.slack."
-                                                   "SlackNotifier")
-    message_arg: str = "text"
+    notifier: str | None = Field(None, max_length=300, pattern=NOTIFIER_PATH.pattern,
+                                 description="notifier: e.g. airflow.providers.slack.notifications.slack."
+                                             "SlackNotifier (an Airflow notifier class from a module the operator's "
+                                             "policy allows: deploybench.airflow.notify.notifier_class)")
+    message_arg: str = Field("text", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 

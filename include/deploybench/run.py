@@ -70,6 +70,16 @@ def save_record(run_dir: Path, rec: StageRecord) -> None:
                                                                else None))
 
 
+def check_owner(folder: Path, run_key: str, named: str | None = None) -> None:
+    """Refuse a run folder whose run.json names another run key (ConfigError): a run never reads, replaces
+    or reports another run's records. ``named``: the key already read from run.json."""
+    named = named if named is not None else paths.folder_run_key(folder)
+    if named is not None and named != run_key:
+        raise ConfigError(f"run folder {folder} belongs to run {named[:250]!r}, not to {run_key[:250]!r}; nothing "
+                          "of it is read or replaced. Move the folder away if it is not that run's, or use another "
+                          "run id")
+
+
 @dataclass
 class Run:
     """A run's folder and what validate() wrote into it."""
@@ -88,6 +98,7 @@ class Run:
             data = json.loads((d / "run.json").read_text())
         except FileNotFoundError as exc:
             raise ConfigError(f"run {run_key!r} has not been validated yet (no {d / 'run.json'})") from exc
+        check_owner(d, run_key, data.get("run_key") if isinstance(data, dict) else None)
         cfg = RunConfig.model_validate(data["config"])
         return cls(run_key, d, cfg, Inventory.load(cfg.inventory), data["nodes"], data["meta"])
 

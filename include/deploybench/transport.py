@@ -532,5 +532,13 @@ class UnsafeFolder(TransportError):
     """A node's run folder is not the deploy user's own (owner, mode, a planted link)."""
 
 
+def isolated(python: str) -> list[str]:
+    """The argv start of every Python program deploybench runs on a node: the inventory's python with ``-I``
+    (isolated mode: neither the script's folder nor the working directory on sys.path, no PYTHON* variables, no
+    user site), so a module planted beside a program or in the login folder (``argparse.py``) is never imported
+    in place of the standard library's."""
+    return [python, "-I"]
+
+
 def private_dir_argv(python: str, folder: str) -> list[str]:
-    return [python, "-c", PRIVATE_DIR_SCRIPT, folder]
+    return [*isolated(python), "-c", PRIVATE_DIR_SCRIPT, folder]

@@ -39,7 +39,7 @@ def test_hostile_or_misplaced_endpoints_are_refused_before_anything_runs(externa
 
     inv, urls, _ = external_engines
     monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", " ".join(urls.values()))
-    with pytest.raises(ConfigError, match=r"not in the allow-list \$DEPLOYBENCH_TARGET_URLS"):
+    with pytest.raises(ConfigError, match=r"not in the operator.s allow-list"):
         pipeline.validate("lx-ext-bad1", _conf(inv, {**urls, inv.nodes[0].name: "http://127.0.0.1:9"}))
     with pytest.raises(ConfigError, match="is not one of this run's nodes"):
         pipeline.validate("lx-ext-bad2", _conf(inv, {"elsewhere": urls[inv.nodes[0].name]}, nodes=2))

@@ -21,7 +21,7 @@ import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths, pipeline
 from deploybench.lab import cluster as lab_cluster
 from deploybench.lease import LeaseStore
-from deploybench.matrix import deployment
+from deploybench.matrix import deployment, planned
 from deploybench.run import Run
 
 pytestmark = [
@@ -41,6 +41,19 @@ def inventory():
         yield str(paths.lab_dir(LAB) / "inventory.json")
     finally:
         lab_cluster.down(LAB)
+
+
+def _validate_cell(key: str, conf: dict) -> None:
+    """Validate ``key`` as a matrix cell with ``conf``: its matrix's plan lists it so (what the matrix's plan task
+    writes; validate refuses a cell's run id or a deployment section that no plan made). These tests hand-write
+    deployment sections to attack adoption itself, behind that first check."""
+    cell = planned.cell_of(key)
+    assert cell is not None, key
+    plan = planned.read(cell[0]) or {"matrix_key": cell[0], "cells": []}
+    plan["cells"] = [c for c in plan["cells"] if c["run_key"] != key] + [
+        {"cell_id": cell[1], "run_key": key, "action": "run", "conf": conf}]
+    planned.save(plan)
+    pipeline.validate(key, conf)
 
 
 def _deploy_stages(key: str, dsn: str) -> list[dict]:
@@ -68,8 +81,8 @@ def test_two_cells_share_one_rollout_and_the_last_stops_it(inventory, dsn):
 
     a, b = "deploybench_run__matrix__lm3__c01", "deploybench_run__matrix__lm3__c02"
     base = {**FAST, "inventory": inventory}
-    pipeline.validate(a, {**base, "load_rate": 2, "deployment": {"keep_for": b}})
-    pipeline.validate(b, {**base, "load_rate": 4, "deployment": {"adopt": a}})
+    _validate_cell(a, {**base, "load_rate": 2, "deployment": {"keep_for": b}})
+    _validate_cell(b, {**base, "load_rate": 4, "deployment": {"adopt": a}})
     eps_a = _deploy_stages(a, dsn)
     _finish(a, eps_a, dsn)
     run_a = Run.open(a)
@@ -105,7 +118,7 @@ def test_two_cells_share_one_rollout_and_the_last_stops_it(inventory, dsn):
 
 def _kept(inventory: str, dsn: str, key: str, taker: str) -> list[dict]:
     """A cell that deployed and kept its engines for ``taker`` (lease handed over)."""
-    pipeline.validate(key, {**FAST, "inventory": inventory, "load_rate": 2, "deployment": {"keep_for": taker}})
+    _validate_cell(key, {**FAST, "inventory": inventory, "load_rate": 2, "deployment": {"keep_for": taker}})
     eps = _deploy_stages(key, dsn)
     _finish(key, eps, dsn)
     assert Run.open(key).result("teardown")["kept"]["kept"]
@@ -121,7 +134,7 @@ def test_hostile_or_stale_records_are_not_adopted(inventory, dsn):
     base = {**FAST, "inventory": inventory, "load_rate": 4}
 
     def verdict(key: str, **spec) -> dict:
-        pipeline.validate(key, {**base, "deployment": {"adopt": giver, **spec}})
+        _validate_cell(key, {**base, "deployment": {"adopt": giver, **spec}})
         return deployment.adopt(Run.open(key))
 
     # kept for another run: refused, and the engines (not ours to judge) are left running
@@ -160,7 +173,7 @@ def test_hostile_or_stale_records_are_not_adopted(inventory, dsn):
     giver2, taker2 = "deploybench_run__matrix__lm3s__c01", "deploybench_run__matrix__lm3s__c02"
     LeaseStore(dsn).release(Run.open(giver).inventory.name, taker)
     eps2 = _kept(inventory, dsn, giver2, taker2)
-    pipeline.validate(taker2, {**base, "deployment": {"adopt": giver2, "max_reuse_s": 0}})
+    _validate_cell(taker2, {**base, "deployment": {"adopt": giver2, "max_reuse_s": 0}})
     got = deployment.adopt(Run.open(taker2))
     assert not got["adopted"] and "past deployment.max_reuse_s=0" in got["why"]
     assert not any(_answering(eps2))

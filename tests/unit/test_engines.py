@@ -107,7 +107,7 @@ def test_every_shipped_profile_loads_and_the_builtins_are_files_like_any_other()
 def test_sim_profile_expands_its_knobs_from_the_template():
     spec = EngineSpec(max_num_seqs=6, sim={"decode_base_ms": 7.5, "seed": 3})
     argv = engines.profile("sim").command(_ctx(spec))
-    assert argv[1:3] == ["-m", "deploybench.sim.engine"]
+    assert argv[1:4] == ["-I", "-m", "deploybench.sim.engine"]  # isolated: nothing planted beside it is imported
     assert argv[argv.index("--max-num-seqs") + 1] == "6" and argv[argv.index("--decode-base-ms") + 1] == "7.5"
     assert argv[argv.index("--seed") + 1] == "3" and argv[argv.index("--host") + 1] == "10.0.0.11"
     assert argv[argv.index("--served-model-name") + 1] == "llama"
@@ -198,12 +198,12 @@ def test_external_endpoints_must_be_allow_listed_plain_urls_on_the_runs_nodes(mo
     eps = external.check(cfg("n1=http://10.0.0.11:8000/", "n2=http://10.0.0.12:8000"), ["n1", "n2"])
     assert eps == [{"node": "n1", "url": "http://10.0.0.11:8000", "model": "sim-model"},
                    {"node": "n2", "url": "http://10.0.0.12:8000", "model": "sim-model"}]
-    with pytest.raises(ConfigError, match=r"'http://10.0.0.13:8000' is not in the allow-list"):
+    with pytest.raises(ConfigError, match=r"'http://10.0.0.13:8000' is not in the operator's allow-list"):
         external.check(cfg("n1=http://10.0.0.13:8000"), ["n1"])
     with pytest.raises(ConfigError, match="no user, query or fragment"):
         external.check(cfg("n1=http://u:p@10.0.0.11:8000"), ["n1"])
     with pytest.raises(ConfigError, match="node 'n9'"):
         external.check(cfg("n9=http://10.0.0.11:8000"), ["n1"])
     monkeypatch.delenv("DEPLOYBENCH_TARGET_URLS")
-    with pytest.raises(ConfigError, match=r"allow-list \$DEPLOYBENCH_TARGET_URLS \(empty\)"):
+    with pytest.raises(ConfigError, match=r"operator.s allow-list \(empty\)"):
         external.check(cfg("n1=http://10.0.0.11:8000"), ["n1"])

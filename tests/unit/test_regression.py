@@ -119,7 +119,7 @@ def test_notifiers_come_from_the_registry(tmp_path):
     assert got[0].smtp_conn_id == "mail" and got[0].to == ["a@example.com"]
     assert "{% raw %}" in got[0].subject and "&lt;b&gt;" in got[0].html_content
     with pytest.raises(ConfigError, match="cannot be imported"):
-        notify.notifiers([regression.Notify(kind="notifier", notifier="no.such.Notifier")], "s", "t")
+        notify.notifiers([regression.Notify(kind="notifier", notifier="airflow.providers.no_such.Notifier")], "s", "t")
 
 
 def test_the_regression_dag_runs_every_stage_then_results_then_judge(monkeypatch, tmp_path):

@@ -106,9 +106,8 @@ def matrix_tasks() -> dict[str, Any]:
     @task
     def plan() -> list[dict[str, Any]]:
         """Expand, validate every cell, skip measured ones, estimate: refuses the matrix before anything runs."""
-        import json
-
         from deploybench import matrix
+        from deploybench.matrix import planned as record
         from deploybench.matrix import store
 
         ctx = get_current_context()
@@ -118,7 +117,7 @@ def matrix_tasks() -> dict[str, Any]:
                               measured=lambda cells: store.measured(dsn, cells),
                               durations=lambda cfgs: store.durations(dsn, cfgs))
         print(planned.summary())  # the task log: what will run, what is skipped and why, how long
-        (paths.run_dir(key) / "plan.json").write_text(json.dumps(planned.to_dict(), indent=1, default=str))
+        record.save(planned.to_dict())  # what each cell's validate checks its run id and conf against
         ctx["ti"].xcom_push(key="plan", value=planned.to_dict())
         return planned.mapped()  # what the cells are mapped over
 

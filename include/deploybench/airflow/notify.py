@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deploybench.errors import ConfigError
-from deploybench.regression import Notify
+from deploybench.regression import NOTIFIER_PATH, Notify
 from deploybench.report.html import esc
 
 log = logging.getLogger(__name__)
@@ -32,14 +32,36 @@ def _smtp(spec: Notify, subject: str, text: str) -> Any:
                         subject=_raw(subject), html_content=_raw(body), smtp_conn_id=spec.conn_id, **spec.kwargs)
 
 
-def _by_path(spec: Notify, subject: str, text: str) -> Any:
-    if not spec.notifier or "." not in spec.notifier:
-        raise ConfigError(f"a 'notifier' notification needs the notifier's import path, got {spec.notifier!r}")
-    module, _, name = spec.notifier.rpartition(".")
+def notifier_class(path: str | None) -> type:
+    """The notifier class at ``path``: an Airflow ``BaseNotifier`` subclass from a module the operator's policy
+    allows (``notifier_modules``, default the Airflow providers). The module is checked before it is imported
+    and the class before anything is built: a benchmark file must not start any callable
+    (``subprocess.Popen``) by naming it."""
+    from airflow.sdk.bases.notifier import BaseNotifier
+
+    from deploybench.policy import POLICY_ENV, current
+
+    if not path or not NOTIFIER_PATH.match(path):
+        raise ConfigError(f"a 'notifier' notification needs the notifier class's import path (e.g. "
+                          f"airflow.providers.slack.notifications.slack.SlackNotifier), got {path!r}")
+    module, _, name = path.rpartition(".")
+    allowed = current().notifier_modules
+    if not any(module == m.rstrip(".") or module.startswith(m.rstrip(".") + ".") for m in allowed):
+        raise ConfigError(f"notifier {path!r}: module {module!r} is not among the notifier modules the operator's "
+                          f"policy allows ({', '.join(allowed) or 'none'}); use a provider's notifier, or have the "
+                          f"operator add the module to notifier_modules in the policy file (${POLICY_ENV})")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"notifier {spec.notifier!r} cannot be imported: {exc}") from exc
+        raise ConfigError(f"notifier {path!r} cannot be imported: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, BaseNotifier)):
+        raise ConfigError(f"notifier {path!r} is a {type(cls).__name__}, not an Airflow notifier (a subclass of "
+                          "airflow.sdk.bases.notifier.BaseNotifier); name a notifier class")
+    return cls
+
+
+def _by_path(spec: Notify, subject: str, text: str) -> Any:
+    cls = notifier_class(spec.notifier)
     return cls(**{spec.message_arg: _raw(f"{subject}\n{text}")}, **spec.kwargs)
 
 

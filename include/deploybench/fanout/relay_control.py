@@ -33,7 +33,7 @@ from deploybench.fanout import relay as relay_module
 from deploybench.fanout.plan import NodeState, header_files
 from deploybench.inventory import Node
 from deploybench.manifest import Manifest
-from deploybench.transport import Cluster, alive_script, spawn_script, stop_script, warn_left_alone
+from deploybench.transport import Cluster, alive_script, isolated, spawn_script, stop_script, warn_left_alone
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Relays:
 
     def call(self, node: str, args: list[str], stdin: bytes | None = None, timeout: float = 3600) -> dict:
         """Run the relay's ``args`` on ``node``: one SSH command when this relay version is there already."""
-        argv = shlex.join([self.inv.python, self.program(node), *args])
+        argv = shlex.join([*isolated(self.inv.python), self.program(node), *args])
         # Not installed (or not this exact program): drain stdin before exiting, so sending the input never meets
         # a closed channel; then install it, and run it only once its hash checks.
         guarded = f"{self.verified(node)} || {{ cat > /dev/null; exit {NOT_INSTALLED}; }}; exec {argv}"
@@ -197,7 +197,7 @@ class Relays:
 
     def _common(self, node: str) -> list[str]:
         self.install(node)
-        return [self.inv.python, self.program(node)]
+        return [*isolated(self.inv.python), self.program(node)]
 
     def _timeouts(self, rid: str, node: str, down: Node | None, deadline: float) -> list[str]:
         left = max(1.0, deadline - time.monotonic())

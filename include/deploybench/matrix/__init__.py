@@ -49,6 +49,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploybench import params as form
+from deploybench import policy
 from deploybench.config import LinkMode, LoadPhase, RunConfig, canonical_hash
 from deploybench.engines import profile_name
 from deploybench.errors import ConfigError
@@ -337,6 +338,7 @@ def plan(spec: MatrixSpec, matrix_key: str, trigger_prefix: str, *, measured: Me
         flat = {**spec.base, **values}
         try:
             cfg = form.to_config(flat)
+            policy.check(cfg)  # the operator's policy, for every cell before any runs
             if cfg.inventory not in inventories:
                 inventories[cfg.inventory] = load_inventory(cfg.inventory)
             inv = inventories[cfg.inventory]

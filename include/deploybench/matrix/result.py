@@ -29,7 +29,8 @@ REUSE_NOTE = ("cells of one deployment group run one after another on one rollou
               "run X (age N s)'. The last cell of a group, or the matrix's cleanup, stops the engines")
 
 
-def _statuses(target: Any, keys: list[str]) -> dict[str, str]:
+def _statuses(target: Any, keys: list[str]) -> dict[str, tuple[str, str]]:
+    """run key -> (status, configuration fingerprint) of the stored runs."""
     from sqlalchemy import select
 
     from deploybench.store.db import open_store
@@ -38,7 +39,8 @@ def _statuses(target: Any, keys: list[str]) -> dict[str, str]:
     if not keys:
         return {}
     with open_store(target).connect() as conn:
-        return dict(conn.execute(select(Run.run_key, Run.status).where(Run.run_key.in_(keys))).all())
+        rows = conn.execute(select(Run.run_key, Run.status, Run.fingerprint).where(Run.run_key.in_(keys))).all()
+    return {k: (s, f) for k, s, f in rows}
 
 
 def _rollout_runs(target: Any, keys: list[str]) -> dict[str, str]:
@@ -62,19 +64,27 @@ def _rollout_runs(target: Any, keys: list[str]) -> dict[str, str]:
 
 
 def outcome(target: Any, plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per cell: id, label, action, run key, deployment, status (success | failed | not stored |
-    skipped), the run whose rollout it ran on, and why."""
+    """One row per cell: id, label, action, run key, deployment, status (success | failed | not stored | skipped |
+    not as planned: a stored run whose fingerprint is not the plan's), the run whose rollout it ran on, and why."""
     cells = plan["cells"]
     stored = _statuses(target, [c["run_key"] for c in cells])
     rollouts = _rollout_runs(target, [c["run_key"] for c in cells if c["action"] == "run"])
     rows = []
     for c in cells:
-        status = stored.get(c["run_key"], "not stored")
-        if c["action"] == "skip":
+        status, fingerprint = stored.get(c["run_key"], ("not stored", None))
+        reason = c["reason"]
+        if fingerprint is not None and c.get("fingerprint") and fingerprint != c["fingerprint"]:
+            # a run stored under the cell's key is not the configuration the plan made (a planted run): it is not
+            # this cell's result, and it is left out of the comparison
+            status = "not as planned"
+            reason = (f"the stored run {c['run_key']} has configuration fingerprint {fingerprint[:12]}, the plan "
+                      f"{c['fingerprint'][:12]}: not this cell's result, left out of the comparison")
+        elif c["action"] == "skip":
             status = "skipped"
         rows.append({"cell_id": c["cell_id"], "label": c["label"], "action": c["action"], "run_key": c["run_key"],
-                     "deployment": c["deployment"], "status": status, "stored": c["run_key"] in stored,
-                     "reason": c["reason"], "rollout_run": rollouts.get(c["run_key"], "")})
+                     "deployment": c["deployment"], "status": status,
+                     "stored": c["run_key"] in stored and status != "not as planned",
+                     "reason": reason, "rollout_run": rollouts.get(c["run_key"], "")})
     return rows
 
 

@@ -8,9 +8,10 @@ deploybench (its ``version`` field, which the store's software identity keeps).
 
 The URLs are typed by whoever triggers the run, so they are hostile: each must be a plain
 http(s) origin (no user, query or fragment), on a node of the run, and its origin must be in
-the operator's allow-list ``$DEPLOYBENCH_TARGET_URLS`` (the same list ``load.target_url``
-answers to) -- anyone who can trigger a run could otherwise aim load at any address the worker
-reaches. ``check`` runs at validate time, before anything touches a node.
+the operator's allow-list (the policy's ``target_urls``, deploybench.policy, and
+``$DEPLOYBENCH_TARGET_URLS``; the same list ``load.target_url`` answers to) -- anyone who can
+trigger a run could otherwise aim load at any address the worker reaches. ``check`` runs at validate
+time, before anything touches a node.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def parse(cfg: RunConfig) -> list[dict]:
 def check(cfg: RunConfig, nodes: list[str]) -> list[dict]:
     """The endpoints, each on a node of the run and inside the allow-list, and ``load.target_url`` (the
     load-balanced URL in front of them) one of them or allowed; ConfigError names the bad one."""
-    from deploybench.load.phases import TARGETS_ENV, allowed_targets, check_target, origin
+    from deploybench.load.phases import allowed_targets, check_target, origin
     from deploybench.load.results import Endpoint
+    from deploybench.policy import POLICY_ENV, TARGETS_ENV
 
     allowed = {origin(t) for t in allowed_targets()} - {None}
     eps = parse(cfg)
@@ -54,9 +56,10 @@ def check(cfg: RunConfig, nodes: list[str]) -> list[dict]:
             raise ConfigError(f"rollout.endpoints: {url!r} must be a plain http(s)://host:port[/prefix] URL "
                               "(no user, query or fragment)")
         if origin(ep["url"]) not in allowed:
-            raise ConfigError(f"rollout.endpoints: {url!r} is not in the allow-list ${TARGETS_ENV} "
+            raise ConfigError(f"rollout.endpoints: {url!r} is not in the operator's allow-list "
                               f"({', '.join(allowed_targets()) or 'empty'}); have the operator add its origin "
-                              "(e.g. http://10.0.0.11:8000) to it")
+                              f"(e.g. http://10.0.0.11:8000) to target_urls in the policy file (${POLICY_ENV}) or "
+                              f"to ${TARGETS_ENV}")
     if cfg.load.target_url:  # known now with this backend: refused before anything runs, not at the load stage
         check_target(cfg.load.target_url, [Endpoint(e["node"], e["url"], e["model"]) for e in eps])
     return eps

@@ -1,9 +1,10 @@
 """The ssh deployer: the engine as a supervised process (or a container) on each node.
 
-Each engine gets a folder under the inventory's run_root (``<run_root>/<node>/``) with its
-pid file and its log (one pair per run key, see ``_paths``), and the files its profile generates (Triton's
-model repository). It is
-started detached through the node's transport; stopped with TERM, then KILL after the grace
+Each engine keeps its pid file and its log under the inventory's run_root (``<run_root>/<node>/``, one
+pair per run key, see ``_paths``), and gets a folder of its run's own (``work_dir``) for the files its
+profile generates (Triton's model repository): the only folder of the node a container sees besides the
+model root (read-only), so an engine image cannot reach the relay program, pid files or other runs'
+files. It is started detached through the node's transport; stopped with TERM, then KILL after the grace
 period, and only counted as stopped once its port no longer answers. Failures carry the
 engine's log tail, read back from the node.
 """
@@ -39,13 +40,17 @@ class SSHDeployer(Deployer):
         return self.cluster.inventory.node(name)
 
     def work_dir(self, node: Node) -> str:
-        """``<run_root>/<node>``, checked to be the deploy user's own before first use (Cluster.run_dir)."""
-        return self.cluster.run_dir(node.name)
+        """The engine's folder of this run, ``<run_root>/<node>/engines/<run tag>`` (the run root checked to be
+        the deploy user's own before first use, Cluster.run_dir): generated files, and all a container may
+        write. Its log stays outside it: a container could swap it for a link to any file of the node, which
+        ``log_tail`` would then read back."""
+        key = self.cluster.run_key
+        return f"{self.cluster.run_dir(node.name)}/engines/{run_tag(key) if key else 'no-run'}"
 
     def _paths(self, node: Node) -> tuple[str, str]:
         """The engine's pid and log files: one pair per run (``engine-<run tag>.pid``), so a run only ever
         stops its own engine, and a later run can stop a dead run's by that run's key."""
-        base = self.work_dir(node)
+        base = self.cluster.run_dir(node.name)
         key = self.cluster.run_key
         suffix = f"-{run_tag(key)}" if key else ""
         return f"{base}/engine{suffix}.pid", f"{base}/engine{suffix}.log"
@@ -75,6 +80,8 @@ class SSHDeployer(Deployer):
         try:
             self._stop_node(node)  # a leftover engine of this run (a retried task); other runs': deploybench.leftovers
             files = self.profile.files(self._context(node))
+            if self.cfg.engine.runtime is not ContainerRuntime.PROCESS:
+                t.run(["mkdir", "-p", self.work_dir(node)], timeout=30).check()  # the container's bind source
             if files:
                 script, blob = engines.write_files_script(files, self.cluster.inventory.python)
                 t.run(script, stdin=blob, timeout=30).check()
@@ -91,6 +98,7 @@ class SSHDeployer(Deployer):
                               timeout=30 + self.cfg.rollout.stop_grace_s).check())
         if self.cfg.engine.runtime is not ContainerRuntime.PROCESS:
             t.run([self.cfg.engine.runtime.value, "rm", "-f", self._container_name(node)], timeout=60)
+        t.run(["rm", "-rf", "--", self.work_dir(node)], timeout=60)  # this run's generated files
 
     def stop(self, name: str) -> None:
         """Stop the engine (TERM, then KILL after the grace period) and make sure its port no longer answers."""
