@@ -121,6 +121,11 @@ class SSHParams:
     timeout: float = 10.0
 
 
+# What one command's stdout (and stderr) may hold over SSH: the largest answer deploybench asks a node for is the
+# fan-out manifest of a model folder (about 150 bytes a file), or nvidia-smi's CSV; a node sending more is cut off
+MAX_OUTPUT = 32 << 20
+
+
 class SSHTransport(Transport):
     """Paramiko, with RejectPolicy: a node whose key is unknown or changed is refused."""
 
@@ -208,6 +213,11 @@ class SSHTransport(Transport):
                 pass  # the channel is closed: the command ended (checked by _send_input)
             while True:
                 got = self._drain(chan, out, err)
+                if len(out) > MAX_OUTPUT or len(err) > MAX_OUTPUT:
+                    raise TransportError(
+                        f"node {self.node.name}: `{command[:200]}` wrote more than {MAX_OUTPUT >> 20} MiB to "
+                        f"{'stdout' if len(out) > MAX_OUTPUT else 'stderr'}; a node's output is read up to that "
+                        "bound and no further (the command was cut off); look at what it prints on the node")
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:

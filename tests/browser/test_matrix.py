@@ -90,9 +90,9 @@ def _xcom(airflow, run_id: str, task_id: str, key: str = "return_value"):
                                   f"/xcomEntries/{key}?deserialize=true")["value"]
 
 
-def _log(airflow, dag_id: str, run_id: str, task_id: str) -> str:
+def _log(airflow, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
     got = airflow.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}"
-                                 "/logs/1")
+                                 f"/logs/1?map_index={map_index}")
     content = got.get("content")  # structured entries: the exception's text is in their error_detail
     return "\n".join(json.dumps(e) if isinstance(e, dict) else str(e) for e in content) \
         if isinstance(content, list) else str(content)
@@ -274,6 +274,40 @@ def test_failing_cell_is_isolated_named_and_clearing_a_cell_reruns_it(airflow, m
     assert _wait_done(airflow, MATRIX, mrun) == "failed"  # the crashing cell still failed
     again = _run(airflow, RUN, run_id)
     assert again["state"] == "success" and again["start_date"] > first["end_date"], (first, again)
+
+
+def test_a_run_planted_under_a_cells_run_id_is_refused_not_reset(airflow, matrix_dag, lab_inventory):
+    """Issue 30, hole 4, through the real scheduler: someone who may trigger runs creates a deploybench_run under
+    the run id a matrix's cell will have (``matrix__<matrix run id>__c01``, predictable for a scheduled matrix)
+    with a configuration of their own, before the matrix runs. Its validate refuses it (no such plan), and the
+    matrix's cell refuses to reset it (Airflow's reset keeps a run's conf): it is never measured as the cell."""
+    import secrets
+
+    base = _base(lab_inventory)
+    mrun = f"mx-planted-{secrets.token_hex(3)}"
+    planted = f"matrix__{mrun}__c01"
+    got = airflow.request("POST", f"/api/v2/dags/{RUN}/dagRuns",
+                          {"dag_run_id": planted, "logical_date": None,
+                           "conf": {**base, "load_rate": 9, "sim_slowdown": 4}})
+    assert got["dag_run_id"] == planted
+    assert _wait_done(airflow, RUN, planted) == "failed"
+    assert "no plan" in _log(airflow, RUN, planted, "validate")
+    before = _run(airflow, RUN, planted)
+
+    t0 = time.monotonic()
+    airflow.request("POST", f"/api/v2/dags/{MATRIX}/dagRuns",
+                    {"dag_run_id": mrun, "logical_date": None,
+                     "conf": {"base": {**base, "max_num_seqs": 8}, "treatments": [{"load_rate": 2}]}})
+    assert _wait_done(airflow, MATRIX, mrun) == "failed"
+    TIMES["a planted cell refused"] = time.monotonic() - t0
+    assert [c["state"] for c in _cells(airflow, mrun)] == ["failed"]
+    log = _log(airflow, MATRIX, mrun, "cell", map_index=0)
+    assert "refused, not reset" in log and "sim_slowdown=4.0 (planned 1.0)" in log, log[-3000:]
+    after = _run(airflow, RUN, planted)
+    assert (after["state"], after["start_date"], after["end_date"]) == \
+        (before["state"], before["start_date"], before["end_date"]), "the planted run was reset"
+    out = _xcom(airflow, mrun, "compare")
+    assert [c["status"] for c in out["cells"]] == ["not stored"]
 
 
 def test_report_wall_times():

@@ -278,6 +278,19 @@ def test_a_stalled_channel_delivers_all_its_input_or_fails(lab):
         assert c["n02"].run("exit 4", stdin=data, timeout=20).rc == 4
 
 
+def test_a_node_that_prints_without_end_is_cut_off_at_the_output_bound(lab, wait_for):
+    """Issue 30, hole 7: what a node prints (nvidia-smi's CSV, a relay's answer) is read up to a bound, never
+    whole into the controller's memory: a command that writes without end fails naming the bound."""
+    from deploybench.transport import MAX_OUTPUT
+
+    name, inv, files = lab
+    with Cluster(inv) as c:
+        with pytest.raises(TransportError, match=rf"wrote more than {MAX_OUTPUT >> 20} MiB to stdout"):
+            c["n02"].run("yes deploybench", timeout=60)
+        assert c["n02"].run("echo still answering", timeout=10).stdout.strip() == "still answering"
+        wait_for(lambda: c["n02"].run(["pgrep", "-x", "yes"], timeout=10).rc == 1, 10, "the cut-off command gone")
+
+
 # -- 8: publish ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", [FanoutStrategy.CHAIN, FanoutStrategy.STAR])
 def test_publishing_a_model_leaves_a_model_named_like_its_old_copy_alone(lab, strategy):

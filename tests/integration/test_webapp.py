@@ -294,7 +294,8 @@ def test_importing_the_plugin_opens_no_connection_and_starts_nothing():
 
 
 def test_inside_airflows_api_server_the_pages_need_an_airflow_user(dsn, runs, airflow_db):
-    """Airflow's real FastAPI app, with this plugin mounted: no token -> 401; a token -> the pages."""
+    """Airflow's real FastAPI app, with this plugin mounted: no token -> 401 (and no API schema); a token ->
+    the pages."""
     old, _ = runs
     out = fresh_python(
         f"""
@@ -304,13 +305,14 @@ def test_inside_airflows_api_server_the_pages_need_an_airflow_user(dsn, runs, ai
         from starlette.testclient import TestClient
         client = TestClient(create_app())
         anonymous = client.get("/deploybench/")
+        schema = [client.get(f"/deploybench/{{p}}").status_code for p in ("openapi.json", "docs", "redoc")]
         forged = client.get("/deploybench/", headers={{"Authorization": "Bearer not-a-jwt"}})
         token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="viewer", role="viewer"))
         with_header = client.get("/deploybench/", headers={{"Authorization": f"Bearer {{token}}"}})
         client.cookies.set("_token", token)  # what the UI's iframe sends
         tab = client.get("/deploybench/dag-runs/deploybench_run/{quote(old.airflow_run_id, safe="")}")
         plugins = client.get("/api/v2/plugins").json()
-        print(json.dumps({{"anonymous": anonymous.status_code, "forged": forged.status_code,
+        print(json.dumps({{"anonymous": anonymous.status_code, "schema": schema, "forged": forged.status_code,
                           "header": [with_header.status_code, with_header.text], "tab": tab.status_code,
                           "views": [v for p in plugins["plugins"] for v in p["external_views"]]}}))
     """,
@@ -320,6 +322,7 @@ def test_inside_airflows_api_server_the_pages_need_an_airflow_user(dsn, runs, ai
         ),
     )
     assert out["anonymous"] == 401
+    assert out["schema"] == [404, 404, 404]  # no schema or docs beside the pages (FastAPI's are unguarded)
     assert out["forged"] in (401, 403)
     assert out["header"][0] == 200 and webapp.esc(old.run_key) in out["header"][1]
     assert re.search(r"href='/deploybench/runs/[^']+'", out["header"][1])

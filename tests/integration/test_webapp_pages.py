@@ -185,6 +185,8 @@ def test_history_marks_the_change_point_the_verdict_and_greys_the_excluded_run(a
     assert admin.get(f"/deploybench/series/{series[:10]}").status_code == 200  # a unique prefix
     assert admin.get("/deploybench/series/ffffffffffff").status_code == 404
     assert admin.get("/deploybench/series/abc").status_code == 400
+    for wildcards in ("%25" * 8, "_" * 8):  # matched literally, not as LIKE patterns of every series
+        assert admin.get(f"/deploybench/series/{wildcards}").status_code == 404
 
 
 def test_every_run_page_links_to_its_series_history(admin, stored):
@@ -230,8 +232,10 @@ def test_comparison_and_history_leave_out_what_the_user_may_not_read(limited, ad
     assert html.escape(k["secret"]) not in hist and "1 run of DAGs you may not read is left out" in hist
     assert html.escape(k["secret"]) in admin.get(f"/deploybench/series/{series}").text
     nobody = _client(stored[0], Access(set()))
-    with nobody:
-        assert nobody.get(f"/deploybench/series/{series}").status_code == 403
+    with nobody:  # a series without a run the user may read answers as one that does not exist
+        hidden, unknown = nobody.get(f"/deploybench/series/{series}"), nobody.get(f"/deploybench/series/{'f' * 64}")
+        assert hidden.status_code == unknown.status_code == 404
+        assert hidden.text.replace(series, "f" * 64) == unknown.text
         assert re.search(r"No runs match", nobody.get("/deploybench/").text)
 
 

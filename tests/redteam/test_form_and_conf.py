@@ -191,6 +191,12 @@ def test_hole_3_a_run_id_typed_to_collide_never_lands_in_another_runs_folder(inv
     assert json.loads((stolen / "run.json").read_text())["run_key"] == victim
     with pytest.raises(ConfigError, match="belongs to run"):
         Run.open("deploybench_run__other")
+    # the results pages serve a report only from its own run's folder
+    from deploybench.web.app import report_file
+
+    (stolen / "report.html").write_text("the victim's report, copied")
+    assert report_file(victim) == paths.run_dir(victim) / "report.html"
+    assert report_file("deploybench_run__other") is None
 
 
 # -- 4 and 6: matrix cells and the hidden deployment section -----------------------------------------------------

@@ -50,12 +50,33 @@ def test_parse_smi_refuses_what_was_not_asked_for(text, words):
         gpu.parse_smi(text)
 
 
-def test_dcgm_points_drop_out_of_range_values():
+def test_out_of_range_gpu_readings_are_left_out_of_the_figures_with_a_warning(caplog):
+    """Whatever the source, a reading outside its range is never averaged in: NaN and infinities do not even
+    become points (the parser keeps finite values only), 250 % and -5 MiB are left out by gpu_figures."""
     page = ('DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="x"} 42\nDCGM_FI_DEV_GPU_UTIL{gpu="1"} 250\n'
-            'DCGM_FI_DEV_FB_USED{gpu="0"} -5\nDCGM_FI_DEV_FB_FREE{gpu="0"} 1000\nDCGM_FI_DEV_SM_CLOCK 1500\n')
-    pts = gpu.dcgm_points(page, {"ts": T0.isoformat(), "node": "n1", "phase": "p", "step": 0}, "dcgm-exporter")
-    assert [(p["metric"], p["labels"]["gpu"], p["value"]) for p in pts] == [(gpu.UTIL, "0", 42.0),
-                                                                            (gpu.FB_FREE, "0", 1000.0)]
+            'DCGM_FI_DEV_GPU_UTIL{gpu="2"} NaN\nDCGM_FI_DEV_FB_USED{gpu="0"} -5\nDCGM_FI_DEV_FB_USED{gpu="1"} +Inf\n'
+            'DCGM_FI_DEV_FB_FREE{gpu="0"} 1000\nDCGM_FI_DEV_SM_CLOCK 1500\n')
+    base = {"ts": (T0 + timedelta(seconds=1)).isoformat(), "node": "n1", "phase": "p", "step": 0}
+    pts = gpu.dcgm_points(page, base, "dcgm-exporter")
+    assert [(p["metric"], p["labels"]["gpu"], p["value"]) for p in pts] == [
+        (gpu.UTIL, "0", 42.0), (gpu.UTIL, "1", 250.0), (gpu.FB_USED, "0", -5.0), (gpu.FB_FREE, "0", 1000.0)]
+    bad = [{**base, "node": "n2", "metric": gpu.UTIL, "labels": {"gpu": "0"}, "value": v} for v in (1e9, -1.0)]
+    with caplog.at_level("WARNING", "deploybench"):
+        figs = gpu.gpu_figures(pts + bad, ["n1", "n2"], T0, T0 + timedelta(seconds=2))
+    assert figs["n1"].util_mean_pct == 42.0 and figs["n1"].gpus == 1  # GPU 1's 250 % left out, not averaged in
+    assert figs["n1"].mem_used_mib_mean is None and figs["n1"].mem_total_mib is None  # -5 MiB: absent, not 0
+    assert figs["n2"].source is None and figs["n2"].util_mean_pct is None
+    assert "outside their range" in figs["n2"].reason and "e.g. 1e+09" in figs["n2"].reason
+    assert "not measured" in gpu.gpu_verdict(figs, SLO(min_gpu_util_pct=10))[0]  # n2: not measured, not met
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "node n1: GPU readings outside their range" in warned and "1 of DCGM_FI_DEV_FB_USED (e.g. -5)" in warned
+
+
+def test_a_utilisation_that_is_no_number_never_meets_the_objective():
+    for util in (float("nan"), float("inf"), 1e9, -3.0):
+        reasons = gpu.gpu_verdict({"n1": GpuFigures(source="dcgm", samples=3, util_mean_pct=util)},
+                                  SLO(min_gpu_util_pct=50))
+        assert len(reasons) == 1 and "node n1: GPU utilisation not measured" in reasons[0], util
 
 
 # -- figures and verdict ----------------------------------------------------------------------------------
@@ -183,6 +204,20 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
     again = gpu.GpuSampler(eps[:1], 0.2, "probe", 2, dcgm_port=exporter, plan={"a": "absent"},
                            why={"a": "chosen at step 1"}).start()
     assert again.stop() == [] and again.plan == {"a": "absent"} and again.why == {"a": "chosen at step 1"}
+
+
+def test_a_page_past_the_bound_is_refused_and_the_node_absent(exporter, monkeypatch, caplog):
+    """The exporter's page (100 bytes here) over the scraper's bound: not a GPU source, with a warning."""
+    from deploybench.load import scrape
+
+    monkeypatch.setattr(scrape, "MAX_PAGE_BYTES", 64)
+    with pytest.raises(scrape.MetricsPageError, match="over the 64-byte bound"):
+        scrape.get_page(f"http://127.0.0.1:{exporter}/metrics", 2.0)
+    ep = Endpoint("a", f"http://127.0.0.1:{_closed_port()}", "m")
+    with caplog.at_level("WARNING", "deploybench"):
+        sampler = gpu.GpuSampler([ep], 0.2, "p", dcgm_port=exporter).start()
+    assert sampler.stop() == [] and sampler.plan == {"a": "absent"}
+    assert any(f"127.0.0.1:{exporter}/metrics: not taken as a GPU source" in r.getMessage() for r in caplog.records)
 
 
 def test_sampler_reports_hostile_nvidia_smi_output_as_absent(tmp_path, monkeypatch):

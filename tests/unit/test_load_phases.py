@@ -3,6 +3,8 @@ the load, the /metrics parser and the SSE reader — no k6, no server."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from deploybench import params as form
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
-from deploybench.load import Endpoint, overload, probe, sustained
+from deploybench.load import Endpoint, overload, probe, scrape, sustained
 from deploybench.load.results import LoadResult, SloVerdict, WindowFigures
 from deploybench.load.runner import build_env, offered_at, sampler_share
 from deploybench.load.scrape import _quantile, engine_figures, parse_metrics
@@ -411,6 +413,47 @@ def test_engine_figures_between_the_scrapes_around_the_window():
     assert fig["ttft_count"] == 10 and fig["ttft_mean_ms"] == pytest.approx(15.0)
     assert fig["ttft_p50_ms"] == pytest.approx(15.0) and fig["scrapes"] == 3 and fig["scrape_errors"] == 1
     assert fig["running_max"] == 3.0
+
+
+def test_parse_metrics_leaves_out_samples_that_are_not_finite_and_counts_why():
+    page = (METRICS % (1, 2, 2, "0.03", 2)
+            + 'vllm:num_requests_waiting{model_name="m"} NaN\nvllm:num_requests_waiting{model_name="m"} -Inf\n'
+            + 'vllm:num_requests_waiting 1e300\nvllm:num_requests_waiting 12abc\n'
+            + "".join(f'vllm:time_to_first_token_seconds_bucket{{le="{le}"}} 1\n' for le in ("fast", "NaN", "-Inf"))
+            + "vllm:x{" + ",".join(f'l{i}="v"' for i in range(scrape.MAX_LABELS + 1)) + "} 1\n"
+            + f'vllm:x{{model_name="{"m" * (scrape.MAX_LABEL_CHARS + 1)}"}} 1\n')
+    dropped: Counter[str] = Counter()
+    got = parse_metrics(page, dropped=dropped)
+    assert got == parse_metrics(METRICS % (1, 2, 2, "0.03", 2))  # le="+Inf" is a bucket bound: kept
+    assert dropped == {"value NaN, infinite, out of range or not a number": 4, "le not a number (nor +Inf)": 3,
+                       f"more than {scrape.MAX_LABELS} labels": 1,
+                       f"a name or label longer than {scrape.MAX_LABEL_CHARS} characters": 1}
+
+
+def test_parse_metrics_refuses_a_page_past_its_sample_bound(monkeypatch):
+    monkeypatch.setattr(scrape, "MAX_SAMPLES", 3)
+    assert len(parse_metrics("vllm:a 1\n" * 3 + "# many comments and other families are not counted\nx 1\n")) == 3
+    with pytest.raises(scrape.MetricsPageError, match="more than 3 samples"):
+        parse_metrics("vllm:a 1\n" * 4)
+
+
+def test_engine_figures_of_a_hostile_page_are_absent_never_nan():
+    """A bucket with a non-numeric bound is left out of its histogram; a quotient that overflows (a _sum over a
+    _count of 1e-300) is absent: nothing the stage record is written from is NaN or infinite."""
+    def scrape_(t: float, n: float, total: float, le: str) -> list[dict]:
+        base = {"ts": (T0 + timedelta(seconds=t)).isoformat(), "node": "n1", "phase": "p", "step": 0}
+        page = (f'vllm:time_to_first_token_seconds_bucket{{le="0.01"}} {n}\n'
+                f'vllm:time_to_first_token_seconds_bucket{{le="{le}"}} {n}\n'
+                f'vllm:time_to_first_token_seconds_bucket{{le="+Inf"}} {n}\n'
+                f"vllm:time_to_first_token_seconds_sum {total}\nvllm:time_to_first_token_seconds_count {n}\n"
+                f"vllm:num_requests_running NaN\n")
+        return [{**base, "metric": "up", "labels": {}, "value": 1.0}] + [
+            {**base, "metric": m, "labels": lb, "value": v} for m, lb, v in parse_metrics(page)]
+
+    fig = engine_figures(scrape_(0, 0, 0, "fast") + scrape_(1, 1e-300, 1e18, "NaN"), start=T0)["n1"]
+    assert fig["ttft_count"] == 0 and fig["ttft_p50_ms"] == 5.0  # the 0.01 bucket: "fast" and "NaN" left out
+    assert fig["ttft_mean_ms"] is None and fig["running_max"] is None  # 1e18 / 1e-300 overflows: absent
+    json.dumps(fig, allow_nan=False)
 
 
 def test_histogram_quantile_interpolates_like_prometheus():

@@ -7,7 +7,7 @@ import math
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request
 from starlette.testclient import TestClient
 
 from deploybench.store import PhaseRecord, RunRecord, StageRow, StoredRun, StoreError
@@ -255,6 +255,22 @@ def test_bad_query_is_400(client):
     r = client.get("/deploybench/api/runs", params={"status": "nonsense"})
     assert r.status_code == 400 and "status" in r.json()["detail"]
     assert client.get("/deploybench/", params={"limit": 0}).status_code == 400
+
+
+def test_no_schema_or_docs_are_served_beside_the_pages():
+    """FastAPI's /openapi.json, /docs and /redoc are routes of their own that the app's auth dependency does
+    not guard: the app has none of them, so nothing is served without login."""
+
+    async def refuse(request: Request) -> None:
+        raise HTTPException(401, "not signed in")
+
+    parent = FastAPI()
+    parent.mount("/deploybench", webapp.create_app(dsn="postgresql+psycopg://ok@127.0.0.1/x", auth=refuse))
+    with TestClient(parent) as c:
+        assert c.get("/deploybench/").status_code == 401
+        for path in ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"):
+            r = c.get(f"/deploybench{path}")
+            assert r.status_code in (401, 404) and "openapi" not in r.text.lower(), path
 
 
 def test_a_key_ending_in_report_still_has_its_page(client):

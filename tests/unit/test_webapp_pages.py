@@ -20,7 +20,7 @@ from deploybench.store import RunRecord, StoredRun
 from deploybench.web import app as webapp
 from deploybench.web import compare_page, history_page
 from deploybench.web import markup as html_view
-from deploybench.web.access import AccessUnavailable, AirflowReadAccess, may_read
+from deploybench.web.access import AccessUnavailable, AirflowReadAccess, RunReaders, may_read
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 EVIL = "<script>alert(1)</script>"
@@ -106,6 +106,16 @@ def test_compare_query_parses_the_form_and_names_bad_values():
         compare_page.CompareQuery.parse([], None, None, None, None, ["suite"], None, None, False, 0.05)
     with pytest.raises(HTTPException, match="series 'abc' is too short"):
         compare_page.CompareQuery.parse([], None, None, "abc", None, [], None, None, False, 0.05)
+    cap = compare_page.MAX_RUNS
+    at_cap = [f"k{i}" for i in range(cap)]
+    def parse(runs: list[str]) -> compare_page.CompareQuery:
+        return compare_page.CompareQuery.parse(runs, None, None, None, None, [], None, None, False, 0.05)
+
+    assert len(parse([*at_cap, "k0"]).runs) == cap  # a repeated key is one run
+    with pytest.raises(HTTPException, match=f"{cap + 1} runs picked; a comparison takes at most {cap}: tick "
+                                            "fewer runs, or compare by a filter") as refused:
+        parse([*at_cap, "one more"])
+    assert refused.value.status_code == 400
 
 
 def test_compare_route_shows_the_form_again_with_the_reason(monkeypatch):
@@ -115,6 +125,11 @@ def test_compare_route_shows_the_form_again_with_the_reason(monkeypatch):
         r = c.get(f"{ROOT}/compare", params={"since": "yesterday"})
         assert r.status_code == 400 and "<h1>Comparison</h1>" in r.text and "is not an ISO date" in r.text
         assert c.get(f"{ROOT}/compare", params={"alpha": 2}).status_code == 400
+        many = c.get(f"{ROOT}/compare", params=[("run", f"k{i}") for i in range(compare_page.MAX_RUNS + 1)])
+        assert many.status_code == 400 and f"{compare_page.MAX_RUNS + 1} runs picked" in many.text
+        assert "name='run'" not in many.text and "name='model'" in many.text  # a filter form, not 41 keys
+        few = c.get(f"{ROOT}/compare", params=[("run", "k1"), ("run", "k2"), ("since", "yesterday")])
+        assert few.status_code == 400 and few.text.count("type='hidden' name='run'") == 2  # the keys kept
 
 
 # -- the history page -----------------------------------------------------------------------
@@ -236,6 +251,15 @@ def test_the_dags_team_is_passed_as_airflow_passes_it_and_a_failed_lookup_refuse
 
     with pytest.raises(AccessUnavailable, match="team of DAG 'd'.*no such table"):
         AirflowReadAccess(Teams(set()), User(), broken).may_read_dag("d")
+
+
+def test_a_run_report_shows_what_every_reader_of_the_run_may_read():
+    """A DAG run's readers share its DAG only; a CLI run's readers may read every DAG (the report's history)."""
+    dag_run = RunReaders.of_row({"dag_id": "team_a", "airflow_run_id": "manual__1"})
+    assert may_read(dag_run, "team_a", "manual__2")
+    assert not may_read(dag_run, "team_b", "manual__1") and not may_read(dag_run, "team_a", None)
+    cli = RunReaders.of_row({"dag_id": "cli", "airflow_run_id": float("nan")})  # NaN: select_runs' missing id
+    assert may_read(cli, "team_b", "manual__1") and may_read(cli, "cli", None)
 
 
 def test_an_auth_dependency_that_names_no_user_is_refused_not_trusted():

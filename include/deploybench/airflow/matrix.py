@@ -49,9 +49,39 @@ class MatrixCellOperator(TriggerDagRunOperator):
     def execute(self, context: Any) -> Any:
         if self.skip_reason:
             raise AirflowSkipException(f"cell {self.cell_label}: {self.skip_reason}")
+        self._refuse_planted(context)
         self.log.info("cell %s: triggering %s run %s with conf %s", self.cell_label, self.trigger_dag_id,
                       self.trigger_run_id, self.conf)
         return super().execute(context)
+
+
+    def _refuse_planted(self, context: Any) -> None:
+        """A run already under this cell's run id must be this cell (a cleared cell's own run): Airflow's reset
+        keeps an existing run's conf, so a run created first with another configuration would be measured and
+        reported as the cell. Such a run is refused, not reset; its validate would refuse it too
+        (deploybench.matrix.planned.verify)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from deploybench import params as form
+        from deploybench.errors import ConfigError
+        from deploybench.matrix.planned import differences
+
+        run_id = str(self.trigger_run_id)
+        if not context["ti"].get_dr_count(dag_id=self.trigger_dag_id, run_ids=[run_id]):
+            return
+        # the Task SDK's own fetch of a DAG run (airflow/sdk/execution_time/comms.py, _fetch_dag_run, 3.3): the
+        # only way a task reads another run's conf
+        from airflow.sdk.execution_time.comms import _fetch_dag_run
+
+        existing = _fetch_dag_run(dag_id=self.trigger_dag_id, run_id=run_id).conf or {}
+        try:
+            diff = differences(form.to_config(dict(existing)), form.to_config(dict(self.conf or {})))
+        except ConfigError as exc:
+            diff = f"its conf is not a valid run configuration ({exc})"
+        if diff:
+            raise AirflowFailException(
+                f"cell {self.cell_label}: a {self.trigger_dag_id} run {run_id!r} exists already and is not this cell "
+                f"as planned: {diff}; refused, not reset. Delete that run in Airflow, then clear this cell")
 
 
 def matrix_params() -> dict[str, Param]:

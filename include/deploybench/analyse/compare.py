@@ -98,42 +98,64 @@ def _changes(target: Engine | str | None, table: pd.DataFrame, baseline: str, al
             f"baseline {baseline!r} has another workload than every compared run ({others}); changes against a "
             f"baseline need the same workload; choose a baseline among runs of the same prompt set, lengths and SLO")
     rows = []
-    for _, run in same.iterrows():
-        for fig in FIGURES:
-            b, v = base[fig], run[fig]
-            if b is None or v is None or pd.isna(b) or pd.isna(v):
-                continue
-            change = (v - b) / b if b else (0.0 if v == b else None)
-            p = _p_value(target, fig, baseline, run, base)
-            better = (v > b) == (fig in HIGHER_IS_BETTER)
-            significant = p is not None and p < alpha
-            rows.append({"run_key": run["run_key"], "figure": fig, "baseline": float(b), "value": float(v),
-                         "change": change, "p_value": p, "significant": significant,
-                         "direction": "same" if v == b else ("better" if better else "worse")})
+    with open_store(target).connect() as conn:
+        read = _SampleReads(conn, baseline)
+        for _, run in same.iterrows():
+            for fig in FIGURES:
+                b, v = base[fig], run[fig]
+                if b is None or v is None or pd.isna(b) or pd.isna(v):
+                    continue
+                change = (v - b) / b if b else (0.0 if v == b else None)
+                p = _p_value(read, fig, (baseline, base["phase"]), (run["run_key"], run["phase"]))
+                better = (v > b) == (fig in HIGHER_IS_BETTER)
+                significant = p is not None and p < alpha
+                rows.append({"run_key": run["run_key"], "figure": fig, "baseline": float(b), "value": float(v),
+                             "change": change, "p_value": p, "significant": significant,
+                             "direction": "same" if v == b else ("better" if better else "worse")})
     return pd.DataFrame(rows)
 
 
-def _p_value(target: Engine | str | None, fig: str, baseline: str, run: pd.Series, base: pd.Series) -> float | None:
-    engine = open_store(target)
-    with engine.connect() as conn:
-        if fig in _SAMPLE_TESTS:
-            col = getattr(RequestSample, _SAMPLE_TESTS[fig])
-            a, b = (_values(conn, col, k, ph) for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
-            if len(a) < 2 or len(b) < 2:
-                return None
-            return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
-        if fig in _RATE_TESTS:
-            a, b = (_per_second(conn, _RATE_TESTS[fig], k, ph)
-                    for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
-            if len(a) < 2 or len(b) < 2:
-                return None
-            return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
-        if fig == "error_rate":
-            ea, eb = (_error_counts(conn, k, ph)
-                      for k, ph in ((baseline, base["phase"]), (run["run_key"], run["phase"])))
-            if ea[0] + eb[0] == 0 or sum(ea) == 0 or sum(eb) == 0:  # no error on either side: nothing to test
-                return None
-            return float(stats.fisher_exact([ea, eb]).pvalue)
+class _SampleReads:
+    """What the tests read of the samples (values of a column, per-second totals, error counts), from the
+    store once per run, phase and kind: the baseline's are kept for every run tested against it, another
+    run's only until the next run is read (a comparison of 40 runs holds two runs' samples, not 40)."""
+
+    def __init__(self, conn: Any, keep: str) -> None:
+        self._conn, self._keep = conn, keep
+        self._memo: dict[tuple[str, str, str, str], Any] = {}
+
+    def __call__(self, kind: str, name: str, run_key: str, phase: str) -> Any:
+        key = (kind, name, run_key, phase)
+        if key not in self._memo:
+            if run_key != self._keep:
+                self._memo = {k: v for k, v in self._memo.items() if k[2] in (self._keep, run_key)}
+            if kind == "values":
+                self._memo[key] = _values(self._conn, getattr(RequestSample, name), run_key, phase)
+            elif kind == "per_second":
+                self._memo[key] = _per_second(self._conn, name, run_key, phase)
+            else:
+                self._memo[key] = _error_counts(self._conn, run_key, phase)
+        return self._memo[key]
+
+
+def _p_value(read: _SampleReads, fig: str, base: tuple[str, str], run: tuple[str, str]) -> float | None:
+    """The p-value of ``fig`` between the baseline and a run, each given as (run key, phase)."""
+    sides = (base, run)
+    if fig in _SAMPLE_TESTS:
+        a, b = (read("values", _SAMPLE_TESTS[fig], k, ph) for k, ph in sides)
+        if len(a) < 2 or len(b) < 2:
+            return None
+        return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    if fig in _RATE_TESTS:
+        a, b = (read("per_second", _RATE_TESTS[fig], k, ph) for k, ph in sides)
+        if len(a) < 2 or len(b) < 2:
+            return None
+        return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    if fig == "error_rate":
+        ea, eb = (read("errors", "", k, ph) for k, ph in sides)
+        if ea[0] + eb[0] == 0 or sum(ea) == 0 or sum(eb) == 0:  # no error on either side: nothing to test
+            return None
+        return float(stats.fisher_exact([ea, eb]).pvalue)
     return None
 
 

@@ -14,7 +14,10 @@ becomes points in the scraper's series format under DCGM's names (``DCGM_FI_DEV_
 ``DCGM_FI_DEV_FB_USED``/``_FREE`` in MiB, label ``gpu``; polled ones also ``source``), so the results
 store ingests them as server metrics. What a node prints is hostile: ``parse_smi`` takes exactly the
 three numeric columns asked for, in range, or refuses the line; ``[N/A]`` (e.g. memory on unified-memory
-GB10 systems) is absent, not 0.
+GB10 systems) is absent, not 0. A /metrics page (the engine's or an exporter's) is read within the scraper's
+bounds (``scrape.get_page``, ``scrape.parse_metrics``: no NaN or infinity is kept), and ``gpu_figures``
+leaves out every reading outside its range (utilisation 0-100 %, memory 0-``MAX_MIB``), whatever its
+source, with a warning: a node with none left is absent, so an objective on it is not measured, not met.
 """
 
 from __future__ import annotations
@@ -22,17 +25,17 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import urllib.request
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from deploybench import http
 from deploybench.config import SLO
 from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult
-from deploybench.load.scrape import parse_metrics
+from deploybench.load.scrape import MetricsPageError, get_page, parse_metrics
 
 LOG = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI
 METRICS = (UTIL, FB_USED, FB_FREE)
 DCGM_PORT = 9400
 SMI_COMMAND = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]
-MAX_TEXT = 1 << 20  # bytes of /metrics or nvidia-smi output read at most
+MAX_TEXT = 1 << 20  # characters of nvidia-smi output accepted: a GPU query prints ~20 per GPU
 MAX_GPUS = 64
 MAX_MIB = 16 << 20  # 16 TiB of memory on one GPU: past it, the number is not a memory size
 _ABSENT = {"[n/a]", "[not supported]", "n/a", "[unknown error]"}
@@ -103,28 +106,32 @@ def smi_points(text: str, base: dict) -> list[dict]:
     return out
 
 
+def in_range(metric: str, value: float) -> bool:
+    """A GPU reading that can be one: utilisation in [0, 100] %, memory in [0, MAX_MIB] MiB."""
+    return math.isfinite(value) and 0 <= value <= (100.0 if metric == UTIL else MAX_MIB)
+
+
 def dcgm_points(text: str, base: dict, source: str | None = None) -> list[dict]:
-    """The GPU gauges of a Prometheus text page, values out of range dropped (a hostile or broken page)."""
+    """The GPU gauges of a Prometheus text page (finite: ``parse_metrics``); their range is judged by
+    ``gpu_figures``, for every source alike. MetricsPageError for a page past the scraper's bounds."""
     out = []
-    for name, labels, value in parse_metrics(text[:MAX_TEXT], keep=METRICS):
-        top = 100.0 if name == UTIL else MAX_MIB
-        if name not in METRICS or not (math.isfinite(value) and 0 <= value <= top):
+    for name, labels, value in parse_metrics(text, keep=METRICS):
+        if name not in METRICS:  # a longer name with the same prefix
             continue
         lb = {"gpu": labels.get("gpu", "0")[:16]} | ({"source": source} if source else {})
         out.append({**base, "metric": name, "labels": lb, "value": value})
     return out
 
 
-def _get(url: str, timeout_s: float) -> str | None:
+def _has_util(url: str, timeout_s: float) -> bool:
+    """Whether the page at ``url`` has the utilisation gauge (its values are judged later, ``gpu_figures``)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - the run's own node
-            return resp.read(MAX_TEXT).decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return None
-
-
-def _has_util(page: str | None) -> bool:
-    return page is not None and any(True for _ in parse_metrics(page[:MAX_TEXT], keep=(UTIL,)))
+        return any(n == UTIL for n, _, _ in parse_metrics(get_page(url, timeout_s), keep=(UTIL,)))
+    except MetricsPageError as exc:
+        LOG.warning("%s: not taken as a GPU source: %s", url, exc)
+    except http.HTTPFailure:
+        pass
+    return False
 
 
 def _host(url: str) -> str:
@@ -154,9 +161,9 @@ class GpuSampler:
         return f"http://{_host(ep.url)}:{self.dcgm_port}/metrics"
 
     def _choose(self, ep: Endpoint) -> str:
-        if _has_util(_get(f"{ep.url.rstrip('/')}/metrics", self.timeout_s)):
+        if _has_util(f"{ep.url.rstrip('/')}/metrics", self.timeout_s):
             return "dcgm"
-        if self.dcgm_port and _has_util(_get(self._exporter(ep), self.timeout_s)):
+        if self.dcgm_port and _has_util(self._exporter(ep), self.timeout_s):
             return "dcgm-exporter"
         if ep.node in self.transports:
             try:  # once, to choose: a node without nvidia-smi is absent with the reason, not polled in vain
@@ -177,11 +184,15 @@ class GpuSampler:
             base = {"ts": datetime.now(UTC).isoformat(), "node": ep.node, "phase": self.phase,
                     "step": self.step}
             if how == "dcgm-exporter":
-                page = _get(self._exporter(ep), self.timeout_s)
-                if page is None:
-                    self.why.setdefault(ep.node, f"{self._exporter(ep)} stopped answering")
-                    continue
-                self.points.extend(dcgm_points(page, base, "dcgm-exporter"))
+                url = self._exporter(ep)
+                try:
+                    self.points.extend(dcgm_points(get_page(url, self.timeout_s), base, "dcgm-exporter"))
+                except MetricsPageError as exc:
+                    if ep.node not in self.why:
+                        LOG.warning("node %s: %s refused: %s", ep.node, url, exc)
+                    self.why.setdefault(ep.node, f"{url} refused: {exc}")
+                except http.HTTPFailure:
+                    self.why.setdefault(ep.node, f"{url} stopped answering")
             elif how == "nvidia-smi":
                 try:
                     res = self.transports[ep.node].run(SMI_COMMAND, timeout=max(2.0, self.interval_s * 2))
@@ -223,34 +234,49 @@ def _mean(xs: list[float]) -> float | None:
 
 def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: datetime,
                 why: Mapping[str, str] | None = None) -> dict[str, GpuFigures]:
-    """Per node: its GPU samples taken in ``(start, end]``; a node without one is absent, with the reason."""
+    """Per node: its GPU samples taken in ``(start, end]``; a node without one is absent, with the reason.
+    A reading outside its range (``in_range``: NaN, infinite, a utilisation of 1e9 %, a negative memory) is
+    left out with a warning, never averaged in: where none is left the figure is absent, not 0 nor NaN."""
     per: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     sources: dict[str, str] = {}
     gpus: dict[str, set] = defaultdict(set)
+    bad: dict[str, Counter[str]] = defaultdict(Counter)
+    example: dict[tuple[str, str], float] = {}
     for p in points:
         if p.get("metric") not in METRICS or p.get("node") not in nodes:
             continue
         ts = datetime.fromisoformat(p["ts"])
         if not start < ts <= end:
             continue
-        per[p["node"]][p["ts"]][p["metric"]].append(float(p["value"]))
-        sources.setdefault(p["node"], (p.get("labels") or {}).get("source", "dcgm"))
-        gpus[p["node"]].add((p.get("labels") or {}).get("gpu", "0"))
+        node, metric, value = p["node"], p["metric"], float(p["value"])
+        if not in_range(metric, value):
+            bad[node][metric] += 1
+            example.setdefault((node, metric), value)
+            continue
+        per[node][p["ts"]][metric].append(value)
+        sources.setdefault(node, (p.get("labels") or {}).get("source", "dcgm"))
+        gpus[node].add((p.get("labels") or {}).get("gpu", "0"))
     out = {}
     for node in nodes:
+        left_out = ", ".join(f"{n} of {m} (e.g. {example[(node, m)]:g})" for m, n in sorted(bad[node].items()))
+        if left_out:
+            LOG.warning("node %s: GPU readings outside their range left out: %s; utilisation is 0-100 %%, memory "
+                        "0-%d MiB: the node's GPU figures are absent where nothing else was reported", node,
+                        left_out, MAX_MIB)
+        odd = f"readings outside their range left out: {left_out}" if bad[node][UTIL] else None
         samples = per.get(node) or {}
         utils = [sum(s[UTIL]) / len(s[UTIL]) for s in samples.values() if s.get(UTIL)]
         used = [sum(s[FB_USED]) for s in samples.values() if s.get(FB_USED)]
         total = [sum(s[FB_USED]) + sum(s[FB_FREE]) for s in samples.values() if s.get(FB_USED) and s.get(FB_FREE)]
         if not utils and not used:
-            out[node] = GpuFigures(reason=(why or {}).get(node) or "no GPU sample in the measured window")
+            out[node] = GpuFigures(reason=odd or (why or {}).get(node) or "no GPU sample in the measured window")
             continue
         out[node] = GpuFigures(
             source=sources[node], gpus=len(gpus[node]), samples=len(samples), util_mean_pct=_mean(utils),
             util_min_pct=min(utils) if utils else None, util_max_pct=max(utils) if utils else None,
             mem_used_mib_mean=_mean(used), mem_used_mib_max=max(used) if used else None,
             mem_total_mib=max(total) if total else None,
-            reason=None if utils else "memory reported, utilisation not")
+            reason=None if utils else odd or "memory reported, utilisation not")
     return out
 
 
@@ -278,8 +304,9 @@ def gpu_verdict(figs: Mapping[str, GpuFigures], slo: SLO) -> list[str]:
                 "slo_min_gpu_util_pct, or give the nodes a DCGM exporter or nvidia-smi)"]
     out = []
     for node, f in sorted(figs.items()):
-        if f.util_mean_pct is None:
-            out.append(f"node {node}: GPU utilisation not measured ({f.reason}); the SLO asks for at least {want:g} %")
+        if f.util_mean_pct is None or not in_range(UTIL, f.util_mean_pct):  # NaN < want is False: never a pass
+            got = f.reason or f"{f.util_mean_pct} is no utilisation"
+            out.append(f"node {node}: GPU utilisation not measured ({got}); the SLO asks for at least {want:g} %")
         elif f.util_mean_pct < want:
             out.append(f"node {node}: GPU utilisation {f.util_mean_pct:.1f} % (mean of {f.samples} samples) is under "
                        f"the SLO's {want:g} %")

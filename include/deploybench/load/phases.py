@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -38,11 +37,11 @@ from deploybench.load import gpu, overload, probe, sustained
 from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
 from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.load.scrape import read_series, save_series
+from deploybench.policy import POLICY_ENV, TARGETS_ENV, current
 
 LOG = logging.getLogger(__name__)
 ORDER = tuple(p.value for p in LoadPhase)  # probe -> sustained -> overload, as config.LoadPhase declares
 LB_NODE = "lb"
-TARGETS_ENV = "DEPLOYBENCH_TARGET_URLS"  # origins a target_url may name besides the run's own endpoints
 
 
 def origin(url: str) -> tuple[str, str, int] | None:
@@ -58,8 +57,9 @@ def origin(url: str) -> tuple[str, str, int] | None:
 
 
 def allowed_targets() -> list[str]:
-    """The configured allow-list: ``$DEPLOYBENCH_TARGET_URLS``, origins separated by commas or spaces."""
-    return [t for t in os.environ.get(TARGETS_ENV, "").replace(",", " ").split() if t]
+    """The operator's allow-list of origins: the policy's ``target_urls`` and ``$DEPLOYBENCH_TARGET_URLS``
+    (deploybench.policy)."""
+    return current().targets()
 
 
 def check_target(url: str, endpoints: list[Endpoint]) -> None:
@@ -72,9 +72,10 @@ def check_target(url: str, endpoints: list[Endpoint]) -> None:
         return
     mine = ", ".join(sorted({f"{o[0]}://{o[1]}:{o[2]}" for o in own if o})) or "none"
     raise ConfigError(
-        f"target_url {url[:200]!r} is neither one of this run's endpoints ({mine}) nor in the allow-list "
-        f"${TARGETS_ENV} ({', '.join(allowed_targets()) or 'empty'}); leave target_url empty to load every node, or "
-        f"have the operator add its origin (e.g. http://my-lb.example:8000) to ${TARGETS_ENV}")
+        f"target_url {url[:200]!r} is neither one of this run's endpoints ({mine}) nor in the operator's allow-list "
+        f"({', '.join(allowed_targets()) or 'empty'}); leave target_url empty to load every node, or have the "
+        f"operator add its origin (e.g. http://my-lb.example:8000) to target_urls in the policy file "
+        f"(${POLICY_ENV}) or to ${TARGETS_ENV}")
 
 
 def targets(endpoints: list[Endpoint], spec: LoadSpec) -> tuple[list[Endpoint], list[Endpoint]]:
@@ -157,21 +158,19 @@ class Drainer:
 
     def _gauges(self) -> float | None:
         """running + waiting over the scraped nodes; None if a node does not export both (or cannot be read)."""
-        import urllib.request
-
-        from deploybench.load.scrape import GAUGES, parse_metrics
+        from deploybench import http
+        from deploybench.load.scrape import GAUGES, MetricsPageError, get_page, parse_metrics
 
         total = 0.0
         for ep in self.scrape_eps:
-            try:
-                with urllib.request.urlopen(f"{ep.url.rstrip('/')}/metrics", timeout=2) as resp:
-                    text = resp.read(4 << 20).decode("utf-8", "replace")
-            except (OSError, ValueError):
+            try:  # within the scraper's bounds: finite values only (a NaN gauge is not exported)
+                got = {n: v for n, _, v in parse_metrics(get_page(f"{ep.url.rstrip('/')}/metrics", 2.0),
+                                                         tuple(GAUGES.values()))}
+            except (MetricsPageError, http.HTTPFailure):
                 return None
-            got = {n: v for n, _, v in parse_metrics(text, tuple(GAUGES.values()))}
             if set(got) != set(GAUGES.values()):
                 return None
-            total += sum(v for v in got.values() if v == v and v >= 0)  # NaN or negative: hostile, ignored
+            total += sum(v for v in got.values() if v >= 0)  # negative: hostile, ignored
         return total
 
     def _lone_ms(self, ep: Endpoint, timeout_s: float) -> float | None:

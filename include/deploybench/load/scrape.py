@@ -15,22 +15,31 @@ ingests as server-metric series::
 ``engine_figures`` turns the histograms into per-node figures between two scrapes (the measured
 window): mean (exact: _sum/_count) and P50/P90/P99 interpolated within buckets, as Prometheus'
 ``histogram_quantile`` does — these are the figures labelled ``engine``.
+
+What an engine sends is hostile input (a node may be anyone's), so a page is read within bounds: at most
+``MAX_PAGE_BYTES`` (``get_page``) and ``MAX_SAMPLES`` kept samples (``parse_metrics``), else it is refused
+whole (a failed scrape, with a warning naming the URL and the size) rather than kept in part; a sample
+whose value is not a finite number within ``MAX_VALUE``, whose ``le`` is not a number (or ``+Inf``), or
+with more than ``MAX_LABELS`` labels or a label longer than ``MAX_LABEL_CHARS``, is left out (and counted).
+So no NaN or infinity reaches a series, an engine figure or a stage record, and no page fails a phase.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
+import math
 import re
 import threading
 import time
-import urllib.request
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deploybench.load.results import Endpoint
+from deploybench import http
+from deploybench.load.results import Endpoint, LoadError
 
 LOG = logging.getLogger(__name__)
 
@@ -42,20 +51,81 @@ HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_tok
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
 
 
-def parse_metrics(text: str, keep: tuple[str, ...] = KEEP) -> list[tuple[str, dict[str, str], float]]:
-    """Prometheus text format -> [(name, labels, value)] of the kept families (comments skipped)."""
-    out = []
-    for line in text.splitlines():
-        if not line or line[0] == "#" or not line.startswith(keep):
-            continue
-        m = _LINE.match(line)
+# The bounds of one page. A real vLLM /metrics page is 20-100 KB with 400-700 samples of the kept families
+# (about 100 bytes a line); a data-parallel vLLM repeats them per engine (8 engines: ~5,000 samples, ~500 KB);
+# a DCGM exporter's page with 8 GPUs is smaller. 4 MiB and 20,000 samples leave even that room four times
+# over, and hold what one scrape of a hostile page costs to ~4 MiB of text and ~18 MB of points (a kept
+# point is ~900 bytes), where an unbounded read kept a 23 MB page as 200,001 points and 174 MiB.
+MAX_PAGE_BYTES = 4 << 20
+MAX_SAMPLES = 20_000
+MAX_LABELS = 32  # labels of one sample: vLLM's have 1-4, DCGM's about 10
+MAX_LABEL_CHARS = 256  # a label value or name (or a metric name): model names, GPU UUIDs, bucket bounds are short
+# |value| past it is no count, time or gauge an engine exports (1e18 us is 30,000 years), and sums of
+# MAX_SAMPLES of them stay finite.
+MAX_VALUE = 1e18
+
+Sample = tuple[str, dict[str, str], float]
+
+
+class MetricsPageError(LoadError):
+    """A /metrics page refused whole: over ``MAX_PAGE_BYTES`` or ``MAX_SAMPLES`` (the module doc)."""
+
+
+def get_page(url: str, timeout_s: float) -> str:
+    """The text of the Prometheus page at ``url``, read at most ``MAX_PAGE_BYTES``: MetricsPageError past
+    that (its message without the URL: the caller's log line names it), http.HTTPFailure when it does not
+    answer 200 within ``timeout_s``."""
+    try:
+        return http.get_text(url, timeout=timeout_s, limit=MAX_PAGE_BYTES)
+    except http.BodyTooLarge as exc:
+        raise MetricsPageError(
+            f"the page is {exc.size}, over the {MAX_PAGE_BYTES:,}-byte bound (a real engine's /metrics is tens "
+            "of KB); refused unread: check what answers there") from None
+
+
+def _bad(name: str, labels: dict[str, str], n_labels: int, value: float) -> str | None:
+    """Why a parsed sample is not kept (None: it is)."""
+    if not (math.isfinite(value) and abs(value) <= MAX_VALUE):
+        return "value NaN, infinite, out of range or not a number"
+    if n_labels > MAX_LABELS:
+        return f"more than {MAX_LABELS} labels"
+    if len(name) > MAX_LABEL_CHARS or any(len(k) > MAX_LABEL_CHARS or len(v) > MAX_LABEL_CHARS
+                                          for k, v in labels.items()):
+        return f"a name or label longer than {MAX_LABEL_CHARS} characters"
+    if "le" in labels:
+        try:
+            le = float(labels["le"])
+        except ValueError:
+            le = math.nan
+        if not (le == math.inf or (math.isfinite(le) and abs(le) <= MAX_VALUE)):
+            return "le not a number (nor +Inf)"
+    return None
+
+
+def parse_metrics(text: str, keep: tuple[str, ...] = KEEP, dropped: Counter[str] | None = None) -> list[Sample]:
+    """Prometheus text format -> [(name, labels, value)] of the kept families (comments skipped), within the
+    bounds of the module doc: a bad sample is left out (counted by reason in ``dropped``), a page of more
+    than ``MAX_SAMPLES`` kept samples is refused (MetricsPageError)."""
+    out: list[Sample] = []
+    for line in io.StringIO(text):  # line by line: never a list of every line of the page
+        m = _LINE.match(line) if line.startswith(keep) else None
         if not m:
             continue
         try:
             value = float(m.group(4))
         except ValueError:
+            value = math.nan  # not a number: left out as such below
+        pairs = _LABEL.findall(m.group(3) or "")
+        labels = dict(pairs)
+        why = _bad(m.group(1), labels, len(pairs), value)
+        if why is not None:
+            if dropped is not None:
+                dropped[why] += 1
             continue
-        out.append((m.group(1), dict(_LABEL.findall(m.group(3) or "")), value))
+        if len(out) == MAX_SAMPLES:
+            raise MetricsPageError(f"the page has more than {MAX_SAMPLES:,} samples of the kept families "
+                                   f"({', '.join(keep)}); a real engine's has hundreds: refused")
+        out.append((m.group(1), labels, value))
     return out
 
 
@@ -67,22 +137,35 @@ class Scraper:
         self.endpoints, self.interval_s, self.phase, self.step = endpoints, interval_s, phase, step
         self.timeout_s = min(timeout_s, max(0.5, interval_s))
         self.points: list[dict] = []
+        self._warned: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _warn(self, url: str, msg: str, *args: object) -> None:
+        """Warn the first time an endpoint's page is refused or has samples left out; debug after (every interval)."""
+        LOG.log(logging.DEBUG if url in self._warned else logging.WARNING, msg, *args)
+        self._warned.add(url)
+
     def scrape_once(self) -> None:
         for ep in self.endpoints:
-            ts = datetime.now(UTC).isoformat()
-            base = {"ts": ts, "node": ep.node, "phase": self.phase, "step": self.step}
+            url = f"{ep.url.rstrip('/')}/metrics"
+            base = {"ts": datetime.now(UTC).isoformat(), "node": ep.node, "phase": self.phase, "step": self.step}
+            dropped: Counter[str] = Counter()
             try:
-                with urllib.request.urlopen(f"{ep.url.rstrip('/')}/metrics", timeout=self.timeout_s) as resp:
-                    text = resp.read().decode("utf-8", "replace")
-            except (OSError, ValueError) as exc:
-                LOG.debug("scrape of %s failed: %r", ep.url, exc)
+                samples = parse_metrics(get_page(url, self.timeout_s), dropped=dropped)
+            except MetricsPageError as exc:
+                self._warn(url, "node %s: scrape of %s refused, counted as failed: %s", ep.node, url, exc)
                 self.points.append({**base, "metric": "up", "labels": {}, "value": 0.0})
                 continue
+            except http.HTTPFailure as exc:
+                LOG.debug("scrape of %s failed: %s", url, exc)
+                self.points.append({**base, "metric": "up", "labels": {}, "value": 0.0})
+                continue
+            if dropped:
+                self._warn(url, "node %s: %s: left out %s; its figures use the other %d samples", ep.node, url,
+                           ", ".join(f"{n} with {why}" for why, n in dropped.most_common()), len(samples))
             self.points.append({**base, "metric": "up", "labels": {}, "value": 1.0})
-            self.points.extend({**base, "metric": n, "labels": lb, "value": v} for n, lb, v in parse_metrics(text))
+            self.points.extend({**base, "metric": n, "labels": lb, "value": v} for n, lb, v in samples)
 
     def start(self) -> None:
         self.scrape_once()
@@ -171,5 +254,7 @@ def engine_figures(points: list[dict], start: datetime | None = None) -> dict[st
         for key, name in GAUGES.items():
             vals = [v for t in after for (m, _), v in _snapshot(pts, t).items() if m == name]
             fig[f"{key}_max"] = max(vals) if vals else None
-        out[node] = fig
+        # the samples are finite and bounded (parse_metrics), but a hostile page can still make a quotient
+        # overflow (a _sum over a _count of 1e-300): such a figure is absent, never NaN or infinity
+        out[node] = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in fig.items()}
     return out

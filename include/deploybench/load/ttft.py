@@ -74,12 +74,27 @@ def event_text(data: str) -> tuple[str, dict | None]:
     if not isinstance(evt, dict):
         return "", None
     if "text_output" in evt:
-        return str(evt["text_output"] or ""), evt.get("usage")
-    choice = (evt.get("choices") or [{}])[0] or {}
+        return str(evt["text_output"] or ""), _usage(evt.get("usage"))
+    choices = evt.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     piece = choice.get("text")
     if piece is None:
-        piece = (choice.get("delta") or {}).get("content")
-    return str(piece or ""), evt.get("usage")
+        delta = choice.get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else None
+    return str(piece or ""), _usage(evt.get("usage"))
+
+
+MAX_USAGE_TOKENS = 100_000_000  # a count past this (or not a whole number) is not a count the engine could mean
+
+
+def _usage(usage: object) -> dict | None:
+    """The token counts of a stream's ``usage`` that are whole numbers in range; None when none is (a server's
+    event is hostile input: a list, a string, NaN or 1e400 there must not fail the sampler)."""
+    if not isinstance(usage, dict):
+        return None
+    got = {k: v for k in ("prompt_tokens", "completion_tokens")
+           if isinstance(v := usage.get(k), int) and not isinstance(v, bool) and 0 <= v <= MAX_USAGE_TOKENS}
+    return got or None
 
 
 class _Stream:

@@ -84,16 +84,20 @@ def verify(run_key: str, cfg: RunConfig) -> None:
     if planned is None:
         raise ConfigError(f"run {run_key[:250]!r}: matrix {matrix_key!r} plans no cell {cell_id} that runs as this "
                           "run; choose another run id")
-    want = form.to_config(planned.get("conf") or {})
-    if want != cfg:
-        ours, theirs = _flat(cfg), _flat(want)
-        diff = [f"{k}={ours.get(k)!r} (planned {theirs.get(k)!r})" for k in theirs | ours
-                if ours.get(k) != theirs.get(k)]
+    if diff := differences(cfg, form.to_config(planned.get("conf") or {})):
         raise ConfigError(
-            f"run {run_key[:250]!r} is not cell {cell_id} as matrix {matrix_key!r} planned it: "
-            + "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
-            + ". A run created under a cell's run id with another configuration is refused, not measured as that "
-              "cell: delete that run in Airflow and clear the matrix's cell, or trigger the matrix again")
+            f"run {run_key[:250]!r} is not cell {cell_id} as matrix {matrix_key!r} planned it: {diff}. A run created "
+            "under a cell's run id with another configuration is refused, not measured as that cell: delete that "
+            "run in Airflow and clear the matrix's cell, or trigger the matrix again")
+
+
+def differences(cfg: RunConfig, want: RunConfig) -> str:
+    """What ``cfg`` sets otherwise than the planned ``want`` ("load_rate=0.5 (planned 2.0); ..."), "" if nothing."""
+    if cfg == want:
+        return ""
+    ours, theirs = _flat(cfg), _flat(want)
+    diff = [f"{k}={ours.get(k)!r} (planned {theirs.get(k)!r})" for k in theirs | ours if ours.get(k) != theirs.get(k)]
+    return "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
 
 
 def _flat(cfg: RunConfig) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from deploybench.engines import profile_name
 from deploybench.run import STAGES, run_status
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from deploybench.analyse.history import History
     from deploybench.run import Run
 
@@ -72,19 +74,48 @@ def _ms(v) -> str:
 
 
 def history_for(run: Run, dsn: str | None = None) -> History | None:
-    """Change points of the run's series and the verdict on its newest run (written back to the store).
+    """Change points of the run's series and the verdict on its newest run, as the report shows them.
+
+    The series is analysed over all its runs and that state is written back to the store
+    (``analyse_series``). The report, though, is a file written now and served later to everyone
+    who may read *this* run, so the history it shows is over the runs all of them may read
+    (``web.access.RunReaders``): a DAG run's report keeps the runs of its own DAG, a run started
+    outside Airflow (read only by users who may read every DAG) the whole series. Filtering the
+    served file per reader instead would mean editing HTML on the way out; the series across DAGs
+    is on the results pages' history, filtered per reader when it is asked for.
 
     None, with a warning, when the run is not in the store (its store stage failed): the
-    report is then written from the run folder alone.
+    report is then written from the run folder alone. None, too, when no analysable run of the
+    series (successful, not excluded) is one that every reader of this run may read.
     """
     from deploybench.analyse.history import analyse_series
     from deploybench.errors import DeploybenchError
+    from deploybench.store.db import open_store
 
     try:
-        return analyse_series(dsn, run.key)
+        engine = open_store(dsn)
+        return _as_its_readers_see_it(engine, run.key, analyse_series(engine, run.key))
     except DeploybenchError as exc:
         log.warning("report of %s: no history (%s)", run.key, exc)
         return None
+
+
+def _as_its_readers_see_it(engine: Engine, run_key: str, hist: History) -> History | None:
+    """``hist`` analysed again over only the runs every reader of ``run_key`` may read (the same one when
+    that is all of them)."""
+    from deploybench.analyse.history import analyse_figures
+    from deploybench.store.query import RunFilter, select_runs
+    from deploybench.web.access import RunReaders, may_read_row
+
+    rows = select_runs(engine, RunFilter(run_keys=(run_key, *hist.runs["run_key"])))  # run_key's row first
+    readers = RunReaders.of_row(rows.iloc[0])
+    keep = {str(r["run_key"]) for _, r in rows.iterrows() if may_read_row(readers, r)}
+    figs = hist.runs[hist.runs["run_key"].isin(keep)]
+    if len(figs) == len(hist.runs):
+        return hist
+    log.info("report of %s: its history shows the %d of %d runs of series %s that every reader of the run may "
+             "read", run_key, len(figs), len(hist.runs), hist.fingerprint[:12])
+    return analyse_figures(hist.series_id, hist.fingerprint, figs, hist.params) if len(figs) else None
 
 
 def verdict_line(history: History) -> str:

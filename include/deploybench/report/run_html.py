@@ -104,11 +104,12 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
     return parts
 
 
-def history_section(hist: History, heading: str = "History of this series") -> list[str]:
-    """The verdict on the newest run and the change points (the run report and the history page)."""
+def history_section(hist: History, heading: str = "History of this series", scope: str = "") -> list[str]:
+    """The verdict on the newest run and the change points (the run report and the history page); ``scope``
+    says which runs are counted when it is not every run of the series."""
     parts = [f"<h2>{esc(heading)}</h2>",
              f"<p>Series <code>{esc(hist.fingerprint[:12])}</code>: {len(hist.runs)} runs (excluded and failed runs "
-             f"left out); method {esc(hist.params)}.</p>",
+             f"left out{'; ' + esc(scope) if scope else ''}); method {esc(hist.params)}.</p>",
              table(["metric", "verdict on the newest run", "magnitude", "p-value", "against"],
                    [[m, v["verdict"], fmt_change(v["magnitude"]), fmt_p(v["p_value"]), v["against"]]
                     for m, v in hist.verdicts.items()],
@@ -120,6 +121,18 @@ def history_section(hist: History, heading: str = "History of this series") -> l
     else:
         parts.append("<p>No change point in this series.</p>")
     return parts
+
+
+def _history_scope(run: Run) -> str:
+    """Which runs the report's history counts (``report.history_for``): said on every DAG run's report, so
+    it tells nothing about whether the series has runs of other DAGs."""
+    from deploybench.web.access import RunReaders
+
+    dag_id = run.meta.get("dag_id") or "cli"  # as store.ingest stores it
+    if RunReaders(dag_id, run.meta.get("airflow_run_id")).may_read_all_dags():
+        return ""
+    return (f"only runs of DAG {dag_id}, which everyone who may read this report may read; the results pages' "
+            f"history of the series shows every run you may read")
 
 
 def render(run: Run, history: History | None = None) -> str:
@@ -136,7 +149,7 @@ def render(run: Run, history: History | None = None) -> str:
     if ld is not None:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
     if history is not None:
-        parts += history_section(history)
+        parts += history_section(history, scope=_history_scope(run))
     pf = run.result("preflight")
     if pf.get("links"):
         parts += ["<h2>Preflight links</h2>", f"<p>{esc(pf.get('decision', ''))}</p>",

@@ -113,8 +113,8 @@ def select_runs(target: Engine | str | None, flt: RunFilter) -> pd.DataFrame:
             query = query.where(Run.started_at < flt.until)
         if flt.tags:
             query = query.where(Run.tags.contains(flt.tags))
-        if flt.series:
-            query = query.where(Series.fingerprint.startswith(flt.series))
+        if flt.series:  # a literal prefix: '%', '_' (and the escape character) match only themselves
+            query = query.where(Series.fingerprint.startswith(flt.series, autoescape=True))
     query = query.order_by(run_order(), Run.run_key)
     frame = _engine_query(engine, "runs", lambda c: pd.DataFrame(c.execute(query).mappings().all()))
     if flt.run_keys:

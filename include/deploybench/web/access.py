@@ -15,6 +15,9 @@ user who may read the runs of *every* DAG (the same call with no ``details``, wh
 managers ask about all DAGs; Admin and Viewer roles have it, a role limited to some DAGs does not).
 Lists leave out the runs a user may not read; a page of one answers 403.
 
+What is written once and shown to every reader of one run (its static HTML report) may only show
+what *all* of them may read: ``RunReaders`` is that reader, for the report's history.
+
 Nothing here imports Airflow at import time (the plugin file is imported by every component).
 """
 
@@ -56,10 +59,15 @@ def may_read(access: ReadAccess, dag_id: str, airflow_run_id: str | None) -> boo
     return access.may_read_all_dags()
 
 
-def may_read_row(access: ReadAccess, row: Any) -> bool:
-    """``may_read`` for a row of ``store.query.select_runs`` (a missing Airflow run id may be NaN there)."""
+def _airflow_run_id(row: Any) -> str | None:
+    """The Airflow run id of a row of ``store.query.select_runs`` (a missing one may be NaN there)."""
     run_id = row["airflow_run_id"]
-    return may_read(access, str(row["dag_id"]), run_id if isinstance(run_id, str) and run_id else None)
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def may_read_row(access: ReadAccess, row: Any) -> bool:
+    """``may_read`` for a row of ``store.query.select_runs``."""
+    return may_read(access, str(row["dag_id"]), _airflow_run_id(row))
 
 
 class AllowAll:
@@ -75,6 +83,29 @@ class AllowAll:
 
 
 ALLOW_ALL = AllowAll()
+
+
+class RunReaders:
+    """What every user who may read one run may read, whoever they are: for a page written before anyone
+    asks (the run's static report, served to each of them). By the rule, a run of an Airflow DAG is read
+    by users who may read that DAG's runs, and may have no other permission: they share the runs of that
+    DAG only. A run without an Airflow run is read only by users who may read every DAG: they share all."""
+
+    def __init__(self, dag_id: str, airflow_run_id: str | None) -> None:
+        self._dag_id = dag_id
+        self._all = not airflow_run_id
+        self.user_name = f"every reader of a run of {dag_id!r}"
+
+    @classmethod
+    def of_row(cls, row: Any) -> RunReaders:
+        """The readers of the run of a row of ``store.query.select_runs``."""
+        return cls(str(row["dag_id"]), _airflow_run_id(row))
+
+    def may_read_dag(self, dag_id: str) -> bool:
+        return self._all or dag_id == self._dag_id
+
+    def may_read_all_dags(self) -> bool:
+        return self._all
 
 
 def _no_team(dag_id: str) -> str | None:

@@ -17,6 +17,9 @@ What it serves (paths relative to the mount point; these paths are stable, links
                                         8+ characters; heading "History of series <12 chars>")
     GET /api/runs, /api/runs/{run_key}  the runs as JSON
 
+and nothing else: no OpenAPI schema or docs pages (``/openapi.json``, ``/docs``, ``/redoc``), which FastAPI
+would serve outside the auth dependency. A comparison takes at most ``compare_page.MAX_RUNS`` runs.
+
 Headings a person (and a browser test) finds: the run list "Benchmark runs", a run "Run <key>",
 the comparison "Comparison", the history "History of series <first 12 characters>".
 
@@ -38,7 +41,10 @@ reuses Airflow's own ``get_user`` (the JWT from the ``Authorization: Bearer`` he
 manager whether the user may see the Airflow website (else 401/403), and then **per DAG**: a run
 produced by DAG X is shown only to a user the auth manager allows to read X's runs; a run started
 outside Airflow (CLI) only to a user who may read every DAG. Lists leave out what the user may not
-read; a run page, report, JSON or comparison naming such a run answers 403 (see web.access).
+read; a run page, report, JSON or comparison naming such a run answers 403; a series history with no
+run the user may read answers 404, as an unknown series does (see web.access, history_page). A run's
+static report (written once, at report time) shows only its own DAG's runs in its history (see
+``deploybench.report.history_for``); the history page shows the whole series as the user may read it.
 The pages show configurations, node names and error texts: still put the api-server behind your
 SSO or proxy as you would for Airflow itself. ``create_app()`` without ``auth`` (every run readable)
 is for tests.
@@ -155,12 +161,16 @@ def _wants_json(request: Request) -> bool:
 
 def report_file(run_key: str) -> Path | None:
     """The run's report.html, or None. Call only with a key found in the store: the path comes from
-    paths.run_dir, and is refused unless it is a plain file directly in a run folder (keys like '..')."""
+    paths.run_dir, and is refused unless it is a plain file directly in a run folder (keys like '..') whose
+    run.json names this very run key."""
     folder = paths.run_dir(run_key).resolve()
     if folder.parent != paths.runs_dir().resolve():
         log.warning(
             "run key %r maps to %s, outside %s; not serving its report", run_key, folder, paths.runs_dir()
         )
+        return None
+    if (owner := paths.folder_run_key(folder)) not in (None, run_key):
+        log.warning("run folder %s belongs to run %r, not %r; not serving its report", folder, owner, run_key)
         return None
     report = folder / "report.html"
     return report if report.is_file() and not report.is_symlink() else None
@@ -226,6 +236,9 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
     ``auth`` is a FastAPI dependency run before every route (the plugin passes ``require_airflow_user``)."""
     app = FastAPI(
         title="deploybench results",
+        # no /openapi.json, /docs, /redoc: FastAPI adds them as bare routes that the app's dependencies
+        # (the auth) do not guard, so they would be served without login; the paths are in the module doc
+        openapi_url=None,
         docs_url=None,
         redoc_url=None,
         dependencies=[Depends(auth)] if auth else [],
@@ -358,7 +371,8 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
         alpha: Annotated[float, Query(gt=0, lt=1)] = compare_page.DEFAULT_ALPHA,
     ) -> HTMLResponse:
         root = _root(request)
-        query = compare_page.CompareQuery(runs=tuple(run), alpha=alpha)
+        keys = compare_page.picked(run)  # the form shown with an error keeps them, unless there are too many
+        query = compare_page.CompareQuery(runs=keys if len(keys) <= compare_page.MAX_RUNS else (), alpha=alpha)
         try:
             query = compare_page.CompareQuery.parse(
                 run, baseline, model, series, inventory, tag, since, until, include_excluded, alpha

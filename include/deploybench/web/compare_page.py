@@ -11,6 +11,10 @@ the baseline with its p-value.
 Only runs the user may read are compared (``web.access``): a run given by key that the user may
 not read answers 403; a filter silently leaves such runs out. The page saves nothing (the CLI
 stores its comparisons; a page view is not a result).
+
+What one request may cost is bounded: at most ``MAX_RUNS`` runs, whether picked by key (more keys
+answer 400, before the store is read) or by a filter (its newest ``MAX_RUNS``); the baseline's samples
+are read once for all the runs tested against it (``analyse.compare``).
 """
 
 from __future__ import annotations
@@ -34,8 +38,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_RUNS = 40  # a filter compares at most this many (the newest): each run costs a rank test per figure
+MAX_RUNS = 40  # runs per comparison, picked or filtered (the newest): each run costs a rank test per figure
 DEFAULT_ALPHA = 0.05
+
+
+def picked(runs: list[str]) -> tuple[str, ...]:
+    """The distinct run keys of the query string (``run=``), blank ones dropped, in the order given."""
+    return tuple(dict.fromkeys(r for r in runs if r.strip()))
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,13 @@ class CompareQuery:
         if fp is not None and len(fp) < 8:
             raise HTTPException(
                 400, f"series {fp!r} is too short: give 8 or more characters of its fingerprint")
-        return cls(runs=tuple(dict.fromkeys(r for r in runs if r.strip())), baseline=text(baseline),
+        keys = picked(runs)
+        if len(keys) > MAX_RUNS:
+            raise HTTPException(
+                400, f"{len(keys)} runs picked; a comparison takes at most {MAX_RUNS}: tick fewer runs, or "
+                     f"compare by a filter (model, series, inventory, tag, since, until), which compares the "
+                     f"newest {MAX_RUNS} runs it matches")
+        return cls(runs=keys, baseline=text(baseline),
                    model=text(model), series=fp, inventory=text(inventory), tags=pairs, since=start, until=end,
                    include_excluded=include_excluded, alpha=alpha)
 

@@ -10,7 +10,13 @@ the reason, each linked to its run page.
 
 The analysis is computed on the fly over the runs the user may read (successful, not excluded),
 with the same method and parameters the report uses, and is not saved (a page view writes nothing).
-Runs of DAGs the user may not read are left out; a series of which the user may read no run is 403.
+
+What the user may read is applied *before* the prefix is resolved into a series: runs of DAGs the user
+may not read are dropped first, so an ambiguous prefix names only series the user may read, and a series
+of which the user may read no run answers the same 404 as a series that does not exist. A reader learns
+nothing about the series of DAGs they may not read; within a series they may read, the page says how
+many runs of other DAGs it leaves out. The prefix is matched literally (``store.query`` escapes ``%`` and
+``_``), so no prefix of 8 wildcards selects every series.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException
 
 from deploybench.report.html import Html, esc, figure, fmt_change, fmt_num, table
-from deploybench.web.access import ReadAccess, forbid, may_read_row
+from deploybench.web.access import ReadAccess, may_read_row
 from deploybench.web.markup import compare_href, link, page, run_href, status_html, when
 
 if TYPE_CHECKING:
@@ -46,8 +52,9 @@ class HistoryView:
 
 
 def build(target: str, fingerprint: str, access: ReadAccess) -> HistoryView:
-    """The series ``fingerprint`` (or a unique prefix of 8+ characters) as the user may read it.
-    HTTPException 400 (too short, ambiguous), 403 (no readable run), 404 (no such series)."""
+    """The series ``fingerprint`` (or a prefix of 8+ characters unique among the series the user may read)
+    as the user may read it. HTTPException 400 (too short, ambiguous), 404 (no series with a run the user
+    may read: none stored, or none readable; the two answer alike)."""
     fingerprint = fingerprint.strip()
     if len(fingerprint) < MIN_PREFIX:
         raise HTTPException(400, f"series {fingerprint!r} is too short: give {MIN_PREFIX} or more characters of "
@@ -57,21 +64,21 @@ def build(target: str, fingerprint: str, access: ReadAccess) -> HistoryView:
     from deploybench.store.db import open_store
     from deploybench.store.query import EmptySelection, RunFilter, select_runs
 
+    unknown = HTTPException(404, f"no series {fingerprint!r} with a run you may read in the results store (a "
+                                 "run page links to its series; runs of DAGs you may not read are not shown)")
     engine = open_store(target)
     try:
-        frame = select_runs(engine, RunFilter(series=fingerprint, status=None, include_excluded=True))
+        matched = select_runs(engine, RunFilter(series=fingerprint, status=None, include_excluded=True))
     except EmptySelection as exc:
-        raise HTTPException(404, f"no series {fingerprint!r} in the results store (a run page links to its "
-                                 "series)") from exc
+        raise unknown from exc
+    frame = matched[[may_read_row(access, r) for _, r in matched.iterrows()]]  # before anything is listed
+    if frame.empty:
+        raise unknown
     series = sorted(set(frame["series"]))
     if len(series) > 1:
         raise HTTPException(400, f"{fingerprint!r} starts {len(series)} series: "
                                  f"{', '.join(s[:16] for s in series)}; give more characters")
-    keep = [may_read_row(access, r) for _, r in frame.iterrows()]
-    hidden = len(frame) - sum(keep)
-    frame = frame[keep]
-    if frame.empty:
-        raise forbid(access, f"any run of series {fingerprint!r}")
+    hidden = int((matched["series"] == series[0]).sum()) - len(frame)
     note = ""
     if len(frame) > MAX_RUNS:
         note = f"The series has {len(frame)} runs; the newest {MAX_RUNS} are shown and analysed."
