@@ -554,7 +554,8 @@ class RunConfig(_Strict):
     slo: SLO = Field(default_factory=SLO)
     lease: LeaseSpec = Field(default_factory=LeaseSpec)  # how the run shares its cluster: not in the fingerprint
     deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)  # matrix cells sharing a rollout: not either
-    tags: dict[str, str] = Field(default_factory=dict, max_length=64, title="Tags",
+    tags: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=2048)]] = Field(
+                                 default_factory=dict, max_length=64, title="Tags",
                                  description="Free labels stored with the run (e.g. {\"purpose\": \"nightly\"}).")
 
     @field_validator("inventory")
@@ -697,7 +698,8 @@ def format_validation_error(exc: ValidationError, names: dict[tuple[str, ...], s
             ".".join(loc) or "config")
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
-        shown = f" (got {value!r})" if not isinstance(value, dict) and loc else ""
+        got = repr(value)
+        shown = f" (got {got[:200]}{'...' if len(got) > 200 else ''})" if not isinstance(value, dict) and loc else ""
         lines.append(f"{field}: {msg}{shown}" if loc else msg)
     return "invalid run configuration:\n  " + "\n  ".join(lines)
 

@@ -153,3 +153,14 @@ def test_every_number_and_list_in_the_form_has_an_upper_bound():
             assert "maxItems" in s or "enum" in s.get("items", {}), f.name  # a list of choices is bounded by them
         if "string" in types and "enum" not in s:
             assert "maxLength" in s or "{" in s.get("pattern", ""), f.name  # patterns here bound their length
+
+
+def test_tags_are_bounded_and_a_refused_value_is_not_echoed_whole():
+    """A tag is stored with the run and shown on its pages: keys up to 128 characters, values up to 2048; the error
+    names the tag and shows the start of the value only."""
+    with pytest.raises(ConfigError) as exc:
+        params.to_config({"tags": {"purpose": "x" * 5000}})
+    assert "tags[purpose]" in str(exc.value) and "at most 2048" in str(exc.value) and len(str(exc.value)) < 500
+    with pytest.raises(ConfigError, match="at most 128"):
+        params.to_config({"tags": {"k" * 129: "v"}})
+    assert params.to_config({"tags": {"purpose": "nightly"}}).tags == {"purpose": "nightly"}
