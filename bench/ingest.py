@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-import store_fixtures as fx  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 from deploybench.store import write_run  # noqa: E402
 from deploybench.store.db import open_store  # noqa: E402
 from deploybench.store.rows import SAMPLE_COLUMNS  # noqa: E402
 from deploybench.store.writer import prepare_samples  # noqa: E402
+from tests.support import store_fixtures as fx  # noqa: E402
 
 INSERT = (f"INSERT INTO request_samples (run_key, {', '.join(SAMPLE_COLUMNS)}) "
           f"VALUES (%s, {', '.join(['%s'] * len(SAMPLE_COLUMNS))})")

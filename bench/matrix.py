@@ -41,12 +41,10 @@ from urllib.parse import quote
 _OWN_HOME = "DEPLOYBENCH_HOME" not in os.environ  # the lab, runs and database of this benchmark only
 if _OWN_HOME:
     os.environ["DEPLOYBENCH_HOME"] = tempfile.mkdtemp(prefix="deploybench-bench-matrix-")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
-# the browser harness imports the store tests' helpers (tests/conftest.py puts them on the path for pytest)
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout: tests.browser, tests.support
 
-import conftest as harness  # noqa: E402 - the browser tests' Airflow: one way to start and stop it
 from deploybench import paths  # noqa: E402
+from tests.browser import conftest as harness  # noqa: E402 - the browser tests' Airflow: one way to start and stop it
 
 LAB = "lmb"
 RUN, MATRIX = "deploybench_run", "deploybench_matrix"

@@ -24,7 +24,7 @@ Steps 10 runs whatever failed before (try/finally), and every step has a time li
 data-root is a cache kept between local runs (base images and build layers: a warm run) in
 $DEPLOYBENCH_COMPOSE_CACHE (default /var/cache/deploybench-compose-check); `--fresh` (the default when
 $CI is set) uses a new one and deletes it afterwards: a cold run. Root, docker.io, docker-compose and
-debootstrap are needed (`.ci/bootstrap` installs them; `--install` does it here).
+debootstrap are needed (`--install`, which `make compose-check` passes, installs them; `.ci/bootstrap` does not).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""One run, stage by stage, as plain functions over a run key.
+"""One run: the loop over its stages (deploybench.stages.REGISTRY), and the cluster's lease.
 
-The DAG's tasks and the ``deploybench run`` command call these same functions. A run
-lives in a folder (deploybench.run): its validated config, and one record per stage
-(deploybench.records.StageRecord: status, timing, what it measured, the error). Records are written whether the
-stage succeeds or fails, so the store task keeps every result already measured, and a
-retried stage simply overwrites its record.
+The DAG's tasks and the ``deploybench run`` command call ``run_stage`` (or ``run_all`` for the stages that
+touch the cluster) and the lease functions here. A run lives in a folder (deploybench.run): its validated
+config, and one record per stage (deploybench.records.StageRecord: status, timing, its typed result, the
+error). Records are written whether the stage succeeds or fails, so the store task keeps every result
+already measured, and a retried stage simply overwrites its record. Nothing here knows a backend, a stage's
+insides or the matrix: the stages do (deploybench.stages), and a deployment kept for another run is handed
+over by the lease here, by what its teardown recorded.
 """
 
 from __future__ import annotations
@@ -14,252 +16,83 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from deploybench import params as form
 from deploybench import paths
-from deploybench.config import RunConfig
 from deploybench.errors import StageFailed
-from deploybench.inventory import Inventory
-from deploybench.records import LoadStageResult, StageRecord
+from deploybench.records import StageRecord
 from deploybench.run import (
     LEASED_STAGES,
     LOAD_PHASES,
     REQUIRED_STAGES,
     Run,
-    check_owner,
     now,
     read_record,
     recording,
     run_status,
     save_record,
-    write_json,
 )
+from deploybench.stages import REGISTRY, Context, Validate, dump
 
 log = logging.getLogger(__name__)
 
 
-# -- stages ----------------------------------------------------------------------------------
+# -- the stages (deploybench.stages): each run through the recorder ----------------------------------------
+def run_stage(name: str, run_key: str, *, ssh_overrides: dict | None = None, kube: Any = None,
+              dsn: str | None = None, phase: str | None = None, params: dict[str, Any] | None = None,
+              meta: dict[str, Any] | None = None) -> Any:
+    """Run the stage ``name`` of the registry for ``run_key`` and write its record, success or failure (a
+    retried stage overwrites it); returns its typed result, or None when it did nothing (a load phase not
+    asked for; a stage that runs after failures, of a run whose validate failed)."""
+    stage = REGISTRY[name]
+    ctx = Context(run_key, ssh_overrides=ssh_overrides, kube=kube, dsn=dsn, phase=phase, params=params, meta=meta)
+    if name == "validate":
+        Validate.clear(run_key)
+    elif stage.after_failure and Run.open_if_validated(run_key) is None:
+        log.warning("run %s was never validated; %s has nothing to do", run_key, name)
+        return None
+    folder = paths.run_dir(run_key)
+    if (skip := stage.skip(ctx) if name != "validate" else None) is not None and not skip.record:
+        log.info("stage %s of %s: %s", name, run_key, skip.summary)
+        return None
+    with recording(folder, name) as rec:
+        if skip is not None:
+            rec.result, rec.summary = dump(skip.result), skip.summary
+            return skip.result
+        try:
+            with contextlib.ExitStack() as stack:
+                cluster = stack.enter_context(ctx.run.cluster(ssh_overrides)) if name != "validate" else None
+                result = stage.run(ctx, cluster)  # type: ignore[arg-type]  # (None for validate: it touches no node)
+        except BaseException:
+            measured = stage.measured(ctx) if name != "validate" else None
+            if measured is not None:
+                rec.result, rec.summary = dump(measured[0]), measured[1]
+            raise
+        rec.result, rec.summary = dump(result), stage.summary(ctx, result)
+    return result
+
+
 def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | None = None) -> dict:
-    """Params -> RunConfig, checked against the inventory. Nothing touches a node here."""
-    from deploybench import policy
-    from deploybench.matrix import planned
-
-    d = paths.run_dir(run_key)
-    check_owner(d, run_key)  # before anything in it is deleted: never another run's folder
-    for old in (d / "stages").glob("*.json") if (d / "stages").is_dir() else []:
-        old.unlink()  # a re-run of the same key starts clean
-    with recording(d, "validate") as rec:
-        cfg = form.to_config(flat_params)
-        policy.check(cfg)  # what the form chose, within what the operator allows
-        planned.verify(run_key, cfg)  # a matrix cell's run id and 'deployment' section: only as its plan wrote them
-        inv = Inventory.load(cfg.inventory)
-        names = cfg.resolve_nodes(inv.names)
-        if cfg.rollout.backend.value == "external":  # hostile URLs: refused before anything touches a node
-            from deploybench.rollout import external
-
-            external.check(cfg, names)
-        write_json(d / "run.json", {
-            "run_key": run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
-            "meta": {**(meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
-        })
-        rec.result = {"nodes": names, "fingerprint": cfg.fingerprint()}
-        rec.summary = (f"{len(names)} nodes of inventory {inv.name!r}, engine {_engine_name(cfg)}, "
-                          f"load {cfg.load.rate:g} req/s for {cfg.load.duration_s:g} s")
-    return rec.result
+    """Params -> RunConfig, checked against the policy and the inventory (deploybench.stages.Validate)."""
+    got: dict = run_stage("validate", run_key, params=flat_params, meta=meta)
+    return got
 
 
-def _engine_name(cfg: RunConfig) -> str:
-    from deploybench.engines import profile_name
-
-    return profile_name(cfg.engine)
-
-
-def _skipped_external(run: Run, name: str, why: str) -> StageRecord:
-    """The record of a stage the external backend does not do: kept as a success that says it was skipped."""
-    with recording(run.dir, name) as rec:
-        rec.result = {"skipped": "external", "deployed_by": "not deployed by deploybench", "nodes": []}
-        rec.summary = f"skipped (external backend: {why})"
-    return rec
-
-
-def _engine_program(run: Run) -> str | None:
-    """The program an engine profile starts (its command's first item), for preflight to find on the nodes:
-    the inventory's python for ``{python}``; None when the item is another placeholder."""
-    from deploybench.engines import profile
-
-    program = profile(run.cfg.engine).program
-    if program == "{python}":
-        return run.inventory.python
-    return program if program and "{" not in program else None
-
-
-def preflight(run_key: str, ssh_overrides: dict | None = None) -> dict:
-    from deploybench import preflight as stage_mod
-
-    if (reused := _reused(run_key, "preflight", ssh_overrides)) is not None:  # a matrix cell's shared deployment
-        return {"healthy": reused["healthy"]}
-    run = Run.open(run_key)
-    if run.cfg.rollout.backend.value == "external" and not run.cfg.rollout.external_preflight:
-        _skipped_external(run, "preflight", "rollout.external_preflight is off")
-        return {"healthy": list(run.nodes)}
-    # Engines started over SSH need their port free and their binary on every node; pods do not.
-    on_nodes = run.cfg.rollout.backend.value == "ssh"
-    runtime = run.cfg.engine.runtime.value  # docker/podman: the engine runs in a container
-    binary = runtime if runtime != "process" else _engine_program(run)
-    with recording(run.dir, "preflight") as rec, run.cluster(ssh_overrides) as cluster:
-        res = stage_mod.run(cluster, run.nodes, run.cfg.preflight, source=run.source, model_name=run.cfg.model.name,
-                            engine_port=run.cfg.rollout.port if on_nodes else None,
-                            engine_binary=binary if on_nodes else None)
-        rec.result = res.to_dict()
-        worst = min((lt for lt in res.links if lt.ratio is not None), key=lambda lt: lt.ratio or 0.0, default=None)
-        rec.summary = f"{len(res.healthy)}/{len(run.nodes)} nodes healthy, {len(res.links)} links tested" + (
-            f", worst {worst.src}->{worst.dst} {worst.mbit:.0f} Mbit/s ({worst.ratio:.0%} of nominal)" if worst else "")
-    return {"healthy": res.healthy}
-
-
-def fanout(run_key: str, healthy: list[str], ssh_overrides: dict | None = None) -> dict:
-    from deploybench import fanout as stage_mod
-
-    if (reused := _reused(run_key, "fanout")) is not None:  # a matrix cell's shared deployment
-        return {"nodes": reused.get("verified_nodes") or list(healthy)}
-    run = Run.open(run_key)
-    if run.cfg.rollout.backend.value == "external":
-        _skipped_external(run, "fanout", "the engines already hold their model")
-        return {"nodes": list(healthy)}
-    with recording(run.dir, "fanout") as rec, run.cluster(ssh_overrides) as cluster:
-        res = stage_mod.run(cluster, healthy, run.source, run.cfg.model.name, run.cfg.fanout,
-                            policy=run.cfg.preflight.policy, min_nodes=run.cfg.preflight.min_nodes)
-        rec.result = res.to_dict()
-        copied = [c for c in res.nodes if c.status == "copied"]
-        rec.summary = (f"{res.total_bytes / 2**20:.0f} MiB model ({res.manifest_digest[:12]}) verified on "
-                          f"{len(res.verified_nodes)} nodes by {res.strategy} in {res.seconds:.1f} s: "
-                          f"{len(copied)} copied, {sum(c.status == 'repaired' for c in res.nodes)} repaired, "
-                          f"{sum(c.status == 'skipped' for c in res.nodes)} already held it"
-                          + (f", {len(res.nodes) - len(res.verified_nodes)} left out" if
-                             len(res.verified_nodes) < len(res.nodes) else ""))
-    return {"nodes": res.verified_nodes}
-
-
-def rollout(run_key: str, nodes: list[str], ssh_overrides: dict | None = None, kube: Any = None) -> dict:
-    """Canary, then scale steps, each gated (deploybench.rollout). ``kube``: Kubernetes API clients
-    for rollout.backend=kubernetes (deploybench.airflow.connections.kube_clients)."""
-    from deploybench import rollout as stage_mod
-
-    if (reused := _reused(run_key, "rollout")) is not None:  # a matrix cell's shared deployment
-        return {"endpoints": reused["endpoints"]}
-    run = Run.open(run_key)
-    if run.cfg.rollout.backend.value == "external":
-        from deploybench.rollout import external
-
-        with recording(run.dir, "rollout") as rec:
-            rec.result = external.run(run.cfg, run.nodes, nodes)
-            rec.summary = (f"skipped (external backend): {len(rec.result['endpoints'])} given endpoints of the "
-                           f"{rec.result['profile']} engine ready, {external.NOT_DEPLOYED}")
-        return {"endpoints": rec.result["endpoints"]}
-    with recording(run.dir, "rollout") as rec, run.cluster(ssh_overrides) as cluster:
-        res = stage_mod.run(cluster, nodes, run.cfg, out_dir=run.dir / "rollout", kube=kube)
-        rec.result = res.to_dict()
-        slowest = max((v for s in res.steps for v in s.ready_s.values()), default=0.0)
-        rec.summary = (f"{res.profile} engine ({res.backend}) on {len(res.endpoints)} nodes in steps "
-                          + " -> ".join(f"{s.nodes}" for s in res.steps)
-                          + f" (slowest ready {slowest:.1f} s), every gate passed")
-    return {"endpoints": res.endpoints}
-
-
-def load(run_key: str, endpoints: list[dict]) -> dict:
-    """Every phase of ``load.phases`` in order (probe -> sustained -> overload); the CLI's load stage."""
-    out: dict = {}
-    for phase in LOAD_PHASES:
-        out = load_phase(run_key, endpoints, phase)
-    return out
-
-
-def load_phase(run_key: str, endpoints: list[dict] | None, phase: str) -> dict:
-    """One load phase (a DAG task each); a phase not in ``load.phases`` is skipped. The stage record
-    'load' is rebuilt from every phase run so far (deploybench.load.phases.assemble): its result is
-    the headline phase's LoadResult with ``phases``, ``capacity`` and ``series`` added.
-
-    ``endpoints`` None: those of the run's latest rollout record (a cleared phase re-deploys first,
-    so it reads the endpoints of that new rollout)."""
-    from deploybench import load as stage_mod
-    from deploybench.load import phases
-
-    run = Run.open(run_key)
-    if endpoints is None:
-        ro = run.stage("rollout")
-        if ro is None or ro.status != "success":
-            raise StageFailed(f"load {phase}: run {run_key} has no successful rollout to load (rollout record: "
-                              f"{ro.status if ro else 'missing'})")
-        endpoints = ro.result["endpoints"]
-    out_dir = run.dir / "load"
-    wanted = [p.value for p in run.cfg.load.phases]
-    if phase not in wanted:
-        return {"phase": phase, "skipped": True, "slo_ok": None}
-    if phase == wanted[0]:
-        for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
-            old.unlink()  # the first phase of a (re-)run starts clean
-    with recording(run.dir, "load") as rec, run.cluster() as cluster:
-        eps = [stage_mod.Endpoint(e["node"], e["url"], e["model"]) for e in endpoints]
-        try:  # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no
-            # connection is made unless a node needs it)
-            phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run_key},
-                             transports={n: cluster[n] for n in {e.node for e in eps}})
-        finally:
-            data = phases.assemble(out_dir, run.cfg.load)
-            rec.result = data
-            rec.summary = phases.summary(data)
-        LoadStageResult.of(rec, run.dir)  # the contract the store reads: a mismatch fails here, named
-    done = data["phases"][phase]
-    return {"phase": phase, "slo_ok": (done.get("result") or {}).get("slo_ok"),
-            "capacity_rps": (data.get("capacity") or {}).get("capacity_rps")}
-
-
-def teardown(run_key: str, ssh_overrides: dict | None = None, kube: Any = None) -> dict:
-    """Stop the engine on every node of the run (or delete its Kubernetes objects). Always runs; safe to run twice."""
-    from deploybench import rollout as stage_mod
-
-    run = _open_or_none(run_key)
-    if run is None:
-        return {}
-    with recording(run.dir, "teardown") as rec, run.cluster(ssh_overrides) as cluster:
-        if run.cfg.deployment.keep_for and (kept := _keep(run, ssh_overrides, rec)):
-            return kept
-        theirs = _stop_adopted(run, ssh_overrides)  # first: an adopted engine answers on the port this run checks
-        stopped = stage_mod.teardown(cluster, run.nodes, run.cfg, kube=kube)
-        stopped = {**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}}
-        rec.result = stopped
-        errors = {n: s for n, s in stopped.items() if s.startswith("error")}
-        what = "objects deleted" if run.cfg.rollout.backend.value == "kubernetes" else "engines stopped on"
-        rec.summary = f"{what} {len(stopped) - len(errors)}/{len(stopped)}" + (
-            "" if run.cfg.rollout.backend.value == "kubernetes" else " nodes")
-        if errors:
-            raise StageFailed("teardown: " + "; ".join(f"{n}: {s}" for n, s in errors.items()), stopped)
-    return stopped
-
-
-def store(run_key: str, dsn: str | None = None) -> dict:
-    from deploybench.store import ingest
-
-    run = _open_or_none(run_key)
-    if run is None:
-        return {}
-    with recording(run.dir, "store") as rec:
-        rec.result = ingest.store_run(run, dsn)
-        rec.summary = f"run {run_key} stored: " + ", ".join(f"{k} {v}" for k, v in rec.result.items())
-    return rec.result
+def run_all(run_key: str, *, ssh_overrides: dict | None = None, kube: Any = None) -> None:
+    """The stages that touch the cluster, in order, under the lease's heartbeat (the CLI's run): preflight,
+    fan-out, rollout, then every load phase."""
+    with lease_heartbeat(run_key):
+        for name in LEASED_STAGES:
+            for phase in LOAD_PHASES if name == "load" else (None,):
+                run_stage(name, run_key, ssh_overrides=ssh_overrides, kube=kube, phase=phase)
 
 
 def report(run_key: str, dsn: str | None = None) -> dict:
+    """The report stage, and the run's summary for the task log."""
     from deploybench import report as stage_mod
 
-    run = _open_or_none(run_key)
-    if run is None:
+    got = run_stage("report", run_key, dsn=dsn)
+    if got is None:
         return {"path": "", "text": f"run {run_key}: validation failed, nothing ran (see the validate task's log)"}
-    with recording(run.dir, "report") as rec:
-        history = stage_mod.history_for(run, dsn)  # change points of the run's series; None if not stored
-        path = stage_mod.write_html(run, history)
-        rec.result = {"path": str(path), "verdicts": history.verdicts if history else None}
-        rec.summary = f"report at {path}" + (f"; {stage_mod.verdict_line(history)}" if history else "")
-    return {"path": str(path), "text": stage_mod.summary_text(Run.open(run_key))}
+    return {"path": got["path"], "text": stage_mod.summary_text(Run.open(run_key))}
 
 
 def finish(run_key: str) -> str:
@@ -280,11 +113,18 @@ def finish(run_key: str) -> str:
 
 
 def budget_s(run_key: str, task: str) -> float | None:
-    """The time budget of a run's task from its own durations (deploybench.timeouts); None before validate."""
+    """The time budget of a run's task from its own durations (a stage's ``budget_s``, a load phase's, or a
+    fixed one for the lease and finish: deploybench.timeouts); None before validate."""
     from deploybench.timeouts import stage_budget_s
 
     run = Run.open_if_validated(run_key)
-    return stage_budget_s(run.cfg, task, len(run.nodes)) if run else None
+    if run is None:
+        return None
+    if task in LOAD_PHASES:
+        return REGISTRY["load"].budget_s(Context(run_key, phase=task))
+    if task in REGISTRY:
+        return REGISTRY[task].budget_s(Context(run_key))
+    return stage_budget_s(run.cfg, task, len(run.nodes))
 
 
 # -- the cluster's lease (deploybench.lease): one run per cluster ------------------------------------
@@ -382,67 +222,25 @@ def release_lease(run_key: str, dsn: str | None = None) -> dict:
     return {"released": released, "leftovers": dirty}
 
 
-# -- a deployment shared by a matrix's cells (deploybench.matrix.deployment): adopt, keep, hand over ----------------
+# -- a deployment kept for the next cell of a matrix: the lease goes to it by name ----------------------------
 HANDOVER_TTL_S = 600.0  # the next cell must take the handed-over lease within this long, else it expires
 
 
-def _reused(run_key: str, name: str, ssh_overrides: dict | None = None) -> dict | None:
-    """For a run with ``deployment.adopt``: the stage ``name`` reuses the adopted deployment's record (the
-    result, written as this run's with where it came from); None when this run deploys on its own. Preflight
-    verifies and decides (deployment.adopt); fan-out and rollout follow its decision."""
-    from deploybench.matrix import deployment
-
-    run = Run.open(run_key)
-    if not run.cfg.deployment.adopt:
-        return None
-    got = deployment.adopt(run, ssh_overrides) if name == "preflight" else deployment.adoption(run)
-    if not got or not got.get("adopted"):
-        return None
-    with recording(run.dir, name) as rec:
-        rec.result, rec.summary = deployment.reused_record(got, name)
-    return rec.result
-
-
-def _keep(run: Run, ssh_overrides: dict | None, rec: StageRecord) -> dict | None:
-    """Teardown of a run with ``deployment.keep_for``: leave the engines up for that run when they are worth it
-    (filling the teardown record); None: they are stopped as usual (the record says why not)."""
-    from deploybench.matrix import deployment
-
-    kept = deployment.keep(run, ssh_overrides)
-    if not kept.get("kept"):
-        log.warning("run %s stops its engines instead of keeping them for run %s: %s", run.key,
-                    run.cfg.deployment.keep_for, kept.get("why"))
-        return None
-    rec.result = {"kept": kept}
-    rec.summary = (f"engines of run {kept['owner']} left running on {', '.join(kept['nodes'])} for run "
-                      f"{kept['kept_for']} (deployment.keep_for); it stops them, or the matrix's cleanup does")
-    return rec.result
-
-
-def _stop_adopted(run: Run, ssh_overrides: dict | None) -> dict[str, str]:
-    """Teardown of a run that adopted another run's engines and keeps them for nobody: stop them too."""
-    from deploybench.matrix import deployment
-
-    owner = deployment.adopted_owner(run)
-    if owner is None:
-        return {}
-    nodes = (deployment.adoption(run) or {}).get("nodes") or []
-    return deployment.stop(owner, [n for n in nodes if n in run.nodes], ssh_overrides)
-
-
 def _hand_over(run: Run, rec: StageRecord, kept: dict, dsn: str | None) -> dict:
-    """Release of a run that kept its engines for the next cell: the lease goes to that run by name. If this run
-    no longer holds it, the kept engines are stopped here (nobody else would)."""
+    """Release of a run that kept its engines for another run (its teardown's ``kept``): the lease goes to that
+    run by name. If this run no longer holds it, the kept engines are stopped here (nobody else would)."""
+    from deploybench import rollout
     from deploybench.lease import LeaseStore
-    from deploybench.matrix import deployment
 
     spec = _lease_spec(run)
     handed = LeaseStore(dsn).hand_over(run.inventory.name, run.key, kept["kept_for"], [kept["owner"]],
                                        max(spec.ttl_s, HANDOVER_TTL_S))
     out: dict[str, Any] = {"released": False, "handed_over_to": kept["kept_for"] if handed else None,
                            "leftovers": False}
-    if not handed:
-        out["stopped"] = deployment.stop(kept["owner"], kept["nodes"])
+    if not handed:  # the owner's engines, by the owner's own pid files and command lines
+        owner = Run.open(kept["owner"])
+        with owner.cluster() as cluster:
+            out["stopped"] = rollout.teardown(cluster, list(kept["nodes"]), owner.cfg)
     rec.result = {**(rec.result or {}), "released_at": now(), **out}
     save_record(run.dir, rec)
     return out

@@ -42,7 +42,6 @@ from deploybench import paths
 from deploybench.config import (
     IMAGE_PATTERN,
     ContainerRuntime,
-    RolloutBackend,
     RunConfig,
     engine_flag,
 )
@@ -151,9 +150,10 @@ def _refuse(field: str, value: Any, key: str, allowed: list[str], pol: OperatorP
                        f"{key} in the policy file (${POLICY_ENV})")
 
 
-def check(cfg: RunConfig, pol: OperatorPolicy | None = None) -> None:
+def check(cfg: RunConfig, uses_kube: bool, pol: OperatorPolicy | None = None) -> None:
     """Refuse what ``cfg`` asks for beyond the policy (ConfigError naming the form field, its value, the policy
-    key and file); nothing touches a node before this passed."""
+    key and file); nothing touches a node before this passed. ``uses_kube``: the run's backend takes Kubernetes
+    clients (its Deployer's capabilities), so its connection and namespace are checked."""
     from deploybench import engines
 
     pol = pol or current()
@@ -166,7 +166,7 @@ def check(cfg: RunConfig, pol: OperatorPolicy | None = None) -> None:
             raise _refuse(field, image, "images", pol.images, pol,
                           f" (the {engines.profile_name(eng)} profile's own image {profile_image or '(none)'} is "
                           "always allowed: leave the field empty for it)")
-    if ro.backend is RolloutBackend.KUBERNETES:
+    if uses_kube:
         if ro.kubernetes.conn_id not in pol.kubernetes_connections:
             raise _refuse("k8s_conn_id", ro.kubernetes.conn_id, "kubernetes_connections", pol.kubernetes_connections,
                           pol)

@@ -1,10 +1,15 @@
 """The typed stage records and results: the one contract between the stages that write a run's folder
 (deploybench.pipeline) and what reads it (the store's ingest, the reports, the pages).
 
-On disk a record is ``<run folder>/stages/<stage>.json`` with the keys of ``StageRecord``; the load
-stage's ``result`` is a ``LoadStageResult`` (deploybench.load.phases.assemble writes it). A record that
-does not match is refused with ``RecordError`` naming the stage, the field and the run folder: readers
-never guess between shapes.
+On disk a record is ``<run folder>/stages/<stage>.json`` with the keys of ``StageRecord``. Its ``result``
+is the stage's own typed result, read back with ``stage_result``: preflight's ``PreflightResult``, fan-out's
+``FanoutResult``, rollout's ``RolloutResult`` (the dataclasses the stages build, validated by pydantic with
+unknown keys refused), the load stage's ``LoadStageResult`` (deploybench.load.phases.assemble writes it);
+or, for preflight, fan-out and rollout, one of the shapes a stage writes when it did not do its work itself,
+each marked by its own key: ``SkippedExternal`` (``skipped``: the external backend deploys nothing),
+``ExternalRollout`` (the external backend's rollout: the given endpoints, checked ready), and ``Reused...``
+(``reused``: a matrix cell on the deployment of an earlier cell). A record that does not match is refused
+with ``RecordError`` naming the stage, the field and the run folder: readers never guess between shapes.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from deploybench.config import LoadPhase
 from deploybench.errors import DeploybenchError
+from deploybench.fanout.result import DERIVED, NODE_DERIVED, FanoutResult
 from deploybench.load.probe import ProbeStep
 from deploybench.load.results import LoadResult
+from deploybench.preflight.model import PreflightResult
+from deploybench.rollout.base import RolloutResult
 
 
 class RecordError(DeploybenchError):
@@ -125,3 +133,113 @@ class LoadStageResult(BaseModel):
         found += [s.samples_path for ph in self.phases.values() for s in ph.probe_steps()]
         return list(dict.fromkeys(p for p in found if p))
 
+
+
+# -- preflight, fan-out and rollout: their own results, or the shapes of work not done here ------------------------
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SkippedExternal(_Shape):
+    """Preflight (when ``rollout.external_preflight`` is off) or fan-out of the external backend: nothing done."""
+
+    skipped: Literal["external"]
+    deployed_by: str
+    nodes: list[str] = []
+
+
+class ReusedFrom(_Shape):
+    """Where a matrix cell's reused stage came from (deploybench.matrix.deployment.reused_record)."""
+
+    from_: str = Field(alias="from")
+    via: str | None = None
+    age_s: float | None = None
+    max_reuse_s: float | None = None
+
+
+class ReusedPreflight(_Shape):
+    healthy: list[str]
+    reused: ReusedFrom
+
+
+class ReusedFanout(_Shape):
+    """The identity of the model the adopted deployment verified (its per-node facts stay with its run)."""
+
+    model: str | None = None
+    manifest_digest: str | None = None
+    total_bytes: int | None = None
+    files: list[dict[str, Any]] = []
+    verified_nodes: list[str] = []
+    strategy: str | None = None
+    reused: ReusedFrom
+
+
+class ReusedRollout(_Shape):
+    profile: str | None = None
+    backend: str | None = None
+    image: str | None = None
+    version: str | None = None
+    endpoints: list[dict[str, Any]]
+    reused: ReusedFrom
+
+
+class ExternalRollout(_Shape):
+    """The external backend's rollout (deploybench.rollout.external.run): the given endpoints, each ready."""
+
+    profile: str
+    backend: Literal["external"]
+    skipped: Literal["external"]
+    deployed_by: str
+    version: str
+    steps: list[Any] = []
+    plan: list[int] = []
+    endpoints: list[dict[str, Any]]
+    ready_s: dict[str, float] = {}
+    failure: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+PreflightStage = PreflightResult | ReusedPreflight | SkippedExternal
+FanoutStage = FanoutResult | ReusedFanout | SkippedExternal
+RolloutStage = RolloutResult | ReusedRollout | ExternalRollout
+
+
+def _fanout(data: dict[str, Any]) -> dict[str, Any]:
+    """A fan-out record without what ``FanoutResult.to_dict`` derives (it is computed again, not read)."""
+    out = {k: v for k, v in data.items() if k not in DERIVED}
+    if isinstance(out.get("nodes"), list):
+        out["nodes"] = [{k: v for k, v in n.items() if k not in NODE_DERIVED} if isinstance(n, dict) else n
+                        for n in out["nodes"]]
+    return out
+
+
+def _shape(stage: str, data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(the type, the data to validate) of a preflight, fan-out or rollout result, by its marking key."""
+    if "reused" in data:
+        return {"preflight": ReusedPreflight, "fanout": ReusedFanout, "rollout": ReusedRollout}[stage], data
+    if data.get("skipped") == "external":
+        return (ExternalRollout if stage == "rollout" else SkippedExternal), data
+    if stage == "fanout":
+        return FanoutResult, _fanout(data)
+    return {"preflight": PreflightResult, "rollout": RolloutResult}[stage], data
+
+
+TYPED_STAGES = ("preflight", "fanout", "rollout", "load")
+
+
+def stage_result(record: StageRecord, where: Path | str) -> Any:
+    """The typed result of a preflight, fan-out, rollout or load record (``TYPED_STAGES``; the module doc);
+    None when the record holds none (a stage that failed before it measured anything). RecordError names what
+    does not match."""
+    if record.result is None:
+        return None
+    if record.stage == "load":
+        return LoadStageResult.of(record, where)
+    if record.stage not in TYPED_STAGES or not isinstance(record.result, dict):
+        raise RecordError(f"run folder {where}: the {record.stage!r} stage record's result is not a "
+                          f"{' or '.join(TYPED_STAGES)} result; re-run the stage to rewrite it")
+    model, data = _shape(record.stage, record.result)
+    try:
+        return TypeAdapter(model).validate_python(data)
+    except ValidationError as exc:
+        raise refused(where, record.stage, exc, ("result",)) from exc

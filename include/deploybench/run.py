@@ -23,7 +23,15 @@ from deploybench import paths
 from deploybench.config import LoadPhase, RunConfig
 from deploybench.errors import ConfigError, StageFailed
 from deploybench.inventory import Inventory
-from deploybench.records import LoadStageResult, StageRecord, refused
+from deploybench.records import (
+    FanoutStage,
+    LoadStageResult,
+    PreflightStage,
+    RolloutStage,
+    StageRecord,
+    refused,
+    stage_result,
+)
 from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
@@ -122,14 +130,33 @@ class Run:
         return {s: r for s in STAGES if (r := self.stage(s)) is not None}
 
     def result(self, name: str) -> dict[str, Any]:
-        """A stage's result as written ({} when the stage did not run or wrote none)."""
+        """A stage's result as written ({} when the stage did not run or wrote none): for the records of the
+        lease, teardown and report stages; preflight, fan-out, rollout and load are read typed (below)."""
         rec = self.stage(name)
         return rec.result if rec is not None and isinstance(rec.result, dict) else {}
 
+    def _typed(self, name: str) -> Any:
+        rec = self.stage(name)
+        return stage_result(rec, self.dir) if rec is not None else None
+
+    def preflight_result(self) -> PreflightStage | None:
+        """Preflight's typed result (deploybench.records); None when it did not run or wrote no result."""
+        return self._typed("preflight")
+
+    def fanout_result(self) -> FanoutStage | None:
+        return self._typed("fanout")
+
+    def rollout_result(self) -> RolloutStage | None:
+        return self._typed("rollout")
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        """The engines the run's rollout left serving ({"node", "url", "model"} each); [] without a rollout."""
+        ro = self.rollout_result()
+        return list(ro.endpoints) if ro is not None else []
+
     def load_result(self) -> LoadStageResult | None:
         """The load stage's typed result; None when the load stage did not run or wrote no result."""
-        rec = self.stage("load")
-        return LoadStageResult.of(rec, self.dir) if rec is not None and rec.result is not None else None
+        return self._typed("load")
 
 
 def run_status(records: dict[str, StageRecord]) -> str:

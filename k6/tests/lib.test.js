@@ -1,4 +1,4 @@
-// Checks of k6/lib that need no server: run by tests/unit/test_load_k6lib.py with the real k6.
+// Checks of k6/lib that need no server: run by tests/unit/load/test_load_k6lib.py with the real k6.
 // Every check must pass (thresholds: checks rate==1); a failed check exits 99.
 import { check } from 'k6';
 import { arrival, loadConfig, ms, scenario, scheduledMs } from '../lib/config.js';

@@ -44,12 +44,11 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy.engine import make_url
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
-
-# the store tests' helpers: a throwaway database, and an Airflow connection that names it
-import store_fixtures  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths, regression
 from deploybench.airflow.home import airflow_env
+
+# unique lab names; the store tests' helpers: a throwaway database, and an Airflow connection that names it
+from tests.support import lab_names, store_fixtures
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -18,9 +18,9 @@ from urllib.parse import quote
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.inventory import Inventory
+from tests.support import lab_names
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -24,8 +24,8 @@ from urllib.parse import quote
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
+from tests.support import lab_names
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -34,7 +34,7 @@ RUN = "deploybench_run"
 LAB = lab_names.unique("lm2")  # conftest's lab_inventory brings it up for this module
 # An Airflow of its own on SQLite, not the session's on PostgreSQL. There a run's conf is stored as JSONB,
 # which orders an object's keys by length then name; the plan used to take the axes' order from the conf
-# (fixed: the form's order, tests/unit/test_matrix.py). Back to the shared Airflow once it has run green there.
+# (fixed: the form's order, tests/unit/matrix/test_matrix.py). Back to the shared Airflow once it has run green there.
 AIRFLOW_METADATA = "sqlite"
 TIMEOUT_S = 1500
 TIMES: dict[str, float] = {}
@@ -297,7 +297,8 @@ def test_a_run_planted_under_a_cells_run_id_is_refused_not_reset(airflow, matrix
     t0 = time.monotonic()
     airflow.request("POST", f"/api/v2/dags/{MATRIX}/dagRuns",
                     {"dag_run_id": mrun, "logical_date": None,
-                     "conf": {"base": {**base, "max_num_seqs": 8}, "treatments": [{"load_rate": 2}]}})
+                     "conf": {"base": {**base, "max_num_seqs": 8}, "treatments": [{"load_rate": 2}],
+                              "on_measured": "rerun"}})  # measured by the first test: a cell to run, not skip
     assert _wait_done(airflow, MATRIX, mrun) == "failed"
     TIMES["a planted cell refused"] = time.monotonic() - t0
     assert [c["state"] for c in _cells(airflow, mrun)] == ["failed"]

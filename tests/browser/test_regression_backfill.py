@@ -26,10 +26,10 @@ from urllib.parse import quote
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths, regression
 from deploybench.airflow.home import airflow_env
 from deploybench.sim.local import free_port
+from tests.support import lab_names
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # as conftest's browser fixture
 

@@ -110,12 +110,17 @@ def test_the_build_context_holds_what_the_dockerfile_copies():
         assert any(src == a or src.startswith(a + "/") for a in allowed), f"{src} is not in the build context"
 
 
-def test_constraints_where_they_apply_requirements_pins_win_and_differences_are_named():
+def _image_constraints():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("image_requirements", sys_path_deploy / "image_requirements.py")
+    spec = importlib.util.spec_from_file_location("image_constraints", sys_path_deploy / "image_constraints.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_constraints_where_they_apply_requirements_pins_win_and_differences_are_named():
+    mod = _image_constraints()
     constraints = "# header\nSQLAlchemy==2.0.41\npandas==2.3.1\nrich==14.0.0\nzope.event==5.0\n"
     requirements = "apache-airflow==3.3.2\nsqlalchemy==2.1.9\npsycopg[binary]==3.3.9\nPandas==2.3.1\n"
     text, dropped = mod.without_pinned(constraints, requirements)
@@ -124,19 +129,20 @@ def test_constraints_where_they_apply_requirements_pins_win_and_differences_are_
     assert dropped == [("sqlalchemy", "2.0.41", "2.1.9"), ("pandas", "2.3.1", "2.3.1")]
 
 
-def test_the_image_leaves_out_test_tools_and_keeps_everything_else_of_requirements():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("image_requirements", sys_path_deploy / "image_requirements.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    text = (ROOT / "requirements.txt").read_text()
-    kept, left_out = mod.image_requirements(text)
-    kept_names = set(mod.pins(kept))
+def test_the_image_installs_the_runtime_set_as_it_stands_and_no_test_or_lint_set():
+    """./Dockerfile pip-installs requirements-extras.txt itself (no filtered copy): with the requirements.txt it
+    includes, every pin of the runtime set and its optional parts, and none of the test and lint sets."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"pip install [^\n]*-r /opt/deploybench/requirements-extras\.txt", dockerfile)
+    assert "requirements-test" not in dockerfile and "requirements-lint" not in dockerfile
+    mod = _image_constraints()
+    image = set(mod.pins(mod.requirements_text(ROOT / "requirements-extras.txt")))
+    ours = {f: set(mod.pins((ROOT / f).read_text())) for f in
+            ("requirements.txt", "requirements-extras.txt", "requirements-test.txt", "requirements-lint.txt")}
+    assert image == ours["requirements.txt"] | ours["requirements-extras.txt"]
     assert {"apache-airflow", "apache-airflow-providers-ssh", "apache-airflow-providers-cncf-kubernetes",
-            "apache-airflow-providers-postgres", "k6", "psycopg", "paramiko", "pydantic"} <= kept_names
-    assert "pytest" in left_out and not any(n.startswith("types-") or n == "pytest" for n in kept_names)
-    assert kept_names | set(left_out) == set(mod.pins(text))  # nothing lost that is not a test tool
+            "apache-airflow-providers-postgres", "k6", "psycopg", "paramiko", "pydantic"} <= image
+    assert not image & (ours["requirements-test.txt"] | ours["requirements-lint.txt"])
 
 
 def test_helm_values_use_this_image_and_mount_inventories_and_secrets_read_only():

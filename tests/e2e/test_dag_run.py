@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.inventory import Inventory
+from tests.support import store_fixtures as fx
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -23,7 +23,7 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 @pytest.fixture(scope="module")
 def lab(netns_lab):
-    """A 4-node lab (conftest's Lab: name, inv, files) in the session's home, where dag.test()'s Airflow
+    """A 4-node lab (the fixtures' Lab: name, inv, files) in the session's home, where dag.test()'s Airflow
     and the embedded PostgreSQL live."""
     return netns_lab("e2e", nodes=4, link_mbit=200, model_mb=8, own_home=False)
 

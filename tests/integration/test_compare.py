@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 from sqlalchemy import select
 
-import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import cli
 from deploybench.analyse import AnalysisError
 from deploybench.analyse.compare import compare
@@ -17,6 +16,7 @@ from deploybench.analyse.history import analyse_series
 from deploybench.store import db, write_run
 from deploybench.store.models import Comparison as ComparisonRow
 from deploybench.store.query import EmptySelection, RunFilter, UnknownRuns
+from tests.support import store_fixtures as fx
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 

@@ -14,9 +14,9 @@ import json
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.errors import ConfigError
+from tests.support import lab_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420)]  # a loopback lab: no root needed
 
@@ -99,16 +99,18 @@ def test_external_engines_measured_through_the_dag(external_engines, dag_test_ru
 def test_preflight_runs_when_the_nodes_are_reachable_and_leaves_the_engines_port_alone(external_engines, monkeypatch):
     """external_preflight on (the default): the nodes are checked as usual, but the port the external
     engines hold is not one deploybench must find free (it would for engines it starts itself)."""
-    from deploybench import pipeline
+    from deploybench import pipeline, stages
+    from deploybench.run import Run
 
     inv, urls, procs = external_engines
     monkeypatch.setenv("DEPLOYBENCH_TARGET_URLS", " ".join(urls.values()))
     key = "lx-ext-preflight"
     pipeline.validate(key, _conf(inv, urls, external_preflight=True, iperf_seconds=1, link_threshold=0.3,
                                  port=PORT))
-    healthy = pipeline.preflight(key)["healthy"]
+    healthy = pipeline.run_stage("preflight", key).healthy
     rec = json.loads((paths.run_dir(key) / "stages" / "preflight.json").read_text())
     assert rec["status"] == "success" and "skipped" not in rec["result"]
     assert sorted(healthy) == sorted(urls) and [n["node"] for n in rec["result"]["nodes"]] != []
-    assert pipeline.fanout(key, healthy)["nodes"] == healthy  # skipped: the engines hold their model
+    assert pipeline.run_stage("fanout", key).skipped == "external"  # the engines hold their model
+    assert stages.verified_nodes(Run.open(key)) == healthy
     assert all(p.poll() is None for p in procs)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths
 from deploybench.errors import ConfigError
+from tests.support import lab_names
 
 HAPROXY = shutil.which("haproxy") or shutil.which("/usr/sbin/haproxy")
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(420)]  # a loopback lab: no root needed

@@ -1,6 +1,6 @@
 """Fan-out on a real netns lab: sshd, shaped links, the relay on every node, the simulated engine.
 
-One 6-node lab for the module (tests/conftest.py's netns_lab: own name and DEPLOYBENCH_HOME). Each test
+One 6-node lab for the module (tests/support/fixtures.py's netns_lab: own name and DEPLOYBENCH_HOME). Each test
 starts from targets whose model roots are wiped, except where it builds on the previous copy on purpose.
 Every test is bounded in time (time_limit).
 """

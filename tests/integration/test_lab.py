@@ -1,6 +1,6 @@
 """The lab cluster for real: namespaces, sshd with checked host keys, private model roots, tc shaping.
 
-Each lab here has a unique name (lab_name, netns_lab in tests/conftest.py) and its own DEPLOYBENCH_HOME,
+Each lab here has a unique name (lab_name, netns_lab in tests/support/fixtures.py) and its own DEPLOYBENCH_HOME,
 so these tests run beside the demo lab and other people's tests. Traffic only goes to addresses of
 namespaces the test created. Every test is bounded in time (time_limit).
 """

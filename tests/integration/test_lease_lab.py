@@ -27,11 +27,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
 from deploybench.lab import cluster as lab_cluster
 from deploybench.lab import netns
 from deploybench.lab.naming import NetnsNames
+from tests.support import lab_names
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(300), pytest.mark.netns,

@@ -22,7 +22,7 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 @pytest.fixture(scope="module")
 def lab(netns_lab):
-    """A 2-node lab (conftest's Lab: name, inv, files) in the session's home, where dag.test()'s Airflow
+    """A 2-node lab (the fixtures' Lab: name, inv, files) in the session's home, where dag.test()'s Airflow
     and the embedded PostgreSQL live."""
     return netns_lab("ldag", nodes=2, link_mbit=200, model_mb=4, own_home=False)
 

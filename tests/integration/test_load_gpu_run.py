@@ -13,10 +13,10 @@ import re
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths
 from deploybench.store import db
 from deploybench.store.models import ServerMetric
+from tests.support import lab_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
@@ -36,12 +36,8 @@ def lab():
 
 @pytest.fixture
 def results_db(monkeypatch):
-    import importlib.util
-    from pathlib import Path
+    from tests.support import store_fixtures as fx
 
-    spec = importlib.util.spec_from_file_location("store_fixtures", Path(__file__).with_name("store_fixtures.py"))
-    fx = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fx)
     dsn, _ = fx.make_database()
     monkeypatch.setenv(db.ENV_DSN, dsn)
     yield dsn

@@ -17,12 +17,12 @@ import subprocess
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths, pipeline
 from deploybench.lab import cluster as lab_cluster
 from deploybench.lease import LeaseStore
 from deploybench.matrix import deployment, planned
-from deploybench.run import Run
+from deploybench.run import LOAD_PHASES, Run
+from tests.support import lab_names
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(300), pytest.mark.netns,
@@ -59,17 +59,18 @@ def _validate_cell(key: str, conf: dict) -> None:
 def _deploy_stages(key: str, dsn: str) -> list[dict]:
     pipeline.acquire_lease(key, dsn=dsn)
     with pipeline.lease_heartbeat(key, dsn, interrupt=False):
-        healthy = pipeline.preflight(key)["healthy"]
-        nodes = pipeline.fanout(key, healthy)["nodes"]
-        return pipeline.rollout(key, nodes)["endpoints"]
+        for stage in ("preflight", "fanout"):
+            pipeline.run_stage(stage, key)
+        return list(pipeline.run_stage("rollout", key).endpoints)
 
 
 def _finish(key: str, endpoints: list[dict], dsn: str) -> None:
     with pipeline.lease_heartbeat(key, dsn, interrupt=False):
-        pipeline.load(key, endpoints)
-    pipeline.teardown(key)
+        for phase in LOAD_PHASES:
+            pipeline.run_stage("load", key, phase=phase)
+    pipeline.run_stage("teardown", key)
     pipeline.release_lease(key, dsn)
-    pipeline.store(key, dsn)
+    pipeline.run_stage("store", key, dsn=dsn)
 
 
 def _answering(endpoints: list[dict]) -> list[bool]:

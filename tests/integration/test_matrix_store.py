@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,9 +13,7 @@ from deploybench import matrix, params
 from deploybench.errors import StageFailed
 from deploybench.matrix import result, store
 from deploybench.store import set_excluded, write_run
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import store_fixtures as fx  # noqa: E402
+from tests.support import store_fixtures as fx
 
 pytestmark = pytest.mark.integration
 

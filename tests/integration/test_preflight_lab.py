@@ -233,11 +233,11 @@ def test_pipeline_excludes_a_degraded_node_and_fanout_uses_only_the_healthy_set(
                             "canary_nodes": 1})
     cluster.set_link(name, VICTIM, mbit=0.4 * NOMINAL)
     try:
-        healthy = pipeline.preflight(key)["healthy"]
+        healthy = pipeline.run_stage("preflight", key).healthy
     finally:
         cluster.set_link(name, VICTIM)
     assert healthy == [n for n in inv.names[:4] if n != VICTIM]
     rec = json.loads((paths.run_dir(key) / "stages" / "preflight.json").read_text())
     assert rec["status"] == "success" and VICTIM in rec["result"]["excluded"] and "3/4 nodes healthy" in rec["summary"]
-    fan = pipeline.fanout(key, healthy)
-    assert sorted(fan["nodes"]) == sorted(healthy)
+    fan = pipeline.run_stage("fanout", key)
+    assert sorted(fan.verified_nodes) == sorted(healthy)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import regression
 from deploybench.store import write_run
 from deploybench.store.models import Verdict
+from tests.support import store_fixtures as fx
 
 pytestmark = pytest.mark.integration
 

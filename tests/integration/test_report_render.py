@@ -8,14 +8,11 @@ resolves nothing): the reports are self-contained, and the test proves nothing i
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration  # chromium: .ci/bootstrap installs it; its absence fails
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+pytestmark = [pytest.mark.integration, pytest.mark.browser]  # chromium: .ci/bootstrap installs it; its absence fails
 
 CHROMIUM_TIMEOUT_S = 90
 
@@ -32,7 +29,7 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def report(tmp_path) -> Path:
     from deploybench.report import write_html
-    from run_folders import make_run_folder
+    from tests.support.run_folders import make_run_folder
 
     return write_html(make_run_folder(tmp_path))
 

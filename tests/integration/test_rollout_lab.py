@@ -14,11 +14,11 @@ import subprocess
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import http, paths, pipeline
 from deploybench.errors import StageFailed
 from deploybench.lab.state import LabFiles
 from deploybench.run import Run
+from tests.support import lab_names
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.time_limit(150), pytest.mark.netns,
@@ -74,14 +74,14 @@ def _assert_nothing_running(lab) -> None:
 
 def _fail(key: str, nodes: list[str]) -> dict:
     with pytest.raises(StageFailed):
-        pipeline.rollout(key, nodes)
+        pipeline.run_stage("rollout", key)
     rec = Run.open(key).stage("rollout")
     assert rec is not None and rec.status == "failed"
     return rec.model_dump()
 
 
 def _teardown(key: str, lab) -> None:
-    pipeline.teardown(key)
+    pipeline.run_stage("teardown", key)
     _assert_nothing_running(lab)
 
 
@@ -89,7 +89,7 @@ def test_full_scale_out_2_4_8_16_with_a_gate_at_every_step(lab):
     key = "r5-full"
     nodes = _validate(key, lab, canary_nodes=2)
     assert len(nodes) == 16
-    eps = pipeline.rollout(key, nodes)["endpoints"]
+    eps = pipeline.run_stage("rollout", key).endpoints
     res = Run.open(key).result("rollout")
     assert res["plan"] == [2, 4, 8, 16]
     assert [s["nodes"] for s in res["steps"]] == [2, 4, 8, 16]

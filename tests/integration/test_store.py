@@ -1,7 +1,7 @@
 """The results store against a real PostgreSQL.
 
 The server is DEPLOYBENCH_DSN's if set, else the embedded one (started if needed).
-The tests work in a throwaway database (tests/conftest.py's ``dsn``) dropped at the end,
+The tests work in a throwaway database (tests/support/fixtures.py's ``dsn``) dropped at the end,
 so the user's results are never touched.
 """
 

@@ -16,7 +16,6 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, func, select, text
 
-import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench.store import StoreError, db, load_run, write_run
 from deploybench.store.models import (
     CapacityStep,
@@ -30,6 +29,7 @@ from deploybench.store.models import (
     ServerMetric,
 )
 from deploybench.store.query import UnknownRuns, set_excluded
+from tests.support import store_fixtures as fx
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
@@ -121,8 +121,8 @@ def test_bad_server_metrics_are_refused_before_writing(dsn):
 _WRITER = textwrap.dedent("""
     import sys, time
     import numpy as np
-    sys.path.insert(0, {here!r})
-    import store_fixtures as fx
+    sys.path.insert(0, {root!r})  # a fresh interpreter: the checkout, for tests.support
+    from tests.support import store_fixtures as fx
     from deploybench.store import write_run, writer
     rng = np.random.default_rng(1)
     frame = fx.samples(100_000, 300, rng)
@@ -141,7 +141,7 @@ _WRITER = textwrap.dedent("""
 def test_a_store_killed_half_way_leaves_nothing_and_the_retry_stores_it_whole(dsn, tmp_path):
     key = "deploybench_run/killed_1"
     script = tmp_path / "writer.py"
-    script.write_text(_WRITER.format(here=str(Path(__file__).resolve().parent), dsn=dsn, key=key))
+    script.write_text(_WRITER.format(root=str(Path(__file__).resolve().parents[2]), dsn=dsn, key=key))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -1,6 +1,6 @@
 """A real third-party OpenAI-compatible server, installed from PyPI: llama.cpp's server as packaged by
 llama-cpp-python (``python -m llama_cpp.server``), running real llama.cpp compute on a tiny random-weight
-Llama GGUF written here (tiny_gguf.py, no download).
+Llama GGUF written here (tests/support/tiny_gguf.py, no download).
 
 It is deployed through a profile file of our own ($DEPLOYBENCH_ENGINE_PROFILES; the library is not
 touched) on a 1-node loopback lab: preflight, fan-out of the model, rollout (readiness by /v1/models:
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
-import lab_names  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths, pipeline
 from deploybench.lab.state import LabFiles
+from tests.support import lab_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.quiet, pytest.mark.time_limit(420)]
 
@@ -60,12 +60,8 @@ timeout_s = 10.0
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    import sys
-
     from deploybench.lab import cluster
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from tiny_gguf import write_tiny_llama
+    from tests.support.tiny_gguf import write_tiny_llama
 
     inv = cluster.up(LAB, nodes=1, link_mbit=1000, mode="loopback", model_mb=1)
     write_tiny_llama(LabFiles(LAB).models(inv.nodes[0].name) / MODEL / "model.gguf")
@@ -169,9 +165,9 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
             "ttft_sample_rps": 0.5, "scrape_interval_s": 1}
     names = pipeline.validate(key, conf)["nodes"]
     try:
-        healthy = pipeline.preflight(key)["healthy"]
-        nodes = pipeline.fanout(key, healthy)["nodes"]
-        eps = pipeline.rollout(key, nodes)["endpoints"]
+        pipeline.run_stage("preflight", key)
+        pipeline.run_stage("fanout", key)
+        eps = pipeline.run_stage("rollout", key).endpoints
         assert [e["node"] for e in eps] == names
         ro = json.loads((paths.run_dir(key) / "stages" / "rollout.json").read_text())["result"]
         assert ro["profile"] == "llamacpp-lab" and ro["steps"][0]["gate"]["passed"]
@@ -180,10 +176,10 @@ def test_llama_cpp_server_deployed_by_profile_file_and_measured(lab, monkeypatch
         alone, counts = service_times_s(base, n=22)
         assert counts == [OUT_TOKENS] * len(counts)  # greedy decoding never ends early on this model
         for phase in ("probe", "sustained"):
-            pipeline.load_phase(key, eps, phase)
+            pipeline.run_stage("load", key, phase=phase)
         after, _ = service_times_s(base, n=12)
     finally:
-        pipeline.teardown(key)
+        pipeline.run_stage("teardown", key)
 
     res = json.loads((paths.run_dir(key) / "stages" / "load.json").read_text())["result"]
     for st in res["capacity"]["steps"]:

@@ -1,7 +1,7 @@
 """The results pages against a real PostgreSQL, and the plugin inside Airflow.
 
 Runs are written with the real store into a throwaway database (on DEPLOYBENCH_DSN's server if
-set, else the embedded one), tests/conftest.py's ``dsn``, and the app is
+set, else the embedded one), tests/support/fixtures.py's ``dsn``, and the app is
 driven in-process with Starlette's TestClient, mounted under /deploybench as Airflow mounts it.
 The Airflow tests run in subprocesses (Airflow caches its plugins and auth manager per process);
 everything talks to loopback or a Unix socket only.
@@ -19,10 +19,10 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from airflow_python import PLUGINS, fresh_python
 from deploybench import paths
 from deploybench.store import PhaseRecord, RunRecord, StageRow, load_run, write_run
 from deploybench.web import app as webapp
+from tests.support.airflow_python import PLUGINS, fresh_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90)]  # a lock never released, a server that never answers
 

@@ -20,9 +20,9 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.testclient import TestClient
 
-import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench.store import load_run, set_excluded, write_run
 from deploybench.web import app as webapp
+from tests.support import store_fixtures as fx
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
@@ -256,7 +256,7 @@ class NoSecretDag(SimpleAuthManager):
 def test_inside_airflows_api_server_the_comparison_and_history_pages_answer_per_user(stored, airflow_db,
                                                                                     tmp_path):
     """Airflow's real app, its JWT cookie (what the UI's iframe sends) and matplotlib in the api-server."""
-    from airflow_python import fresh_python
+    from tests.support.airflow_python import fresh_python
 
     dsn, k, history, series = stored
     (tmp_path / "deploybench_test_auth2.py").write_text(SECRET_AUTH_MANAGER)

@@ -2,7 +2,7 @@
 
 Each test plays a reader (or nobody) against the app as Airflow mounts it (``/deploybench``, driven
 in-process by Starlette's TestClient) over runs written with the real store into a throwaway
-PostgreSQL (tests/conftest.py's ``dsn``). Who the reader is comes from a stand-in auth dependency, as
+PostgreSQL (tests/support/fixtures.py's ``dsn``). Who the reader is comes from a stand-in auth dependency, as
 in tests/integration/test_webapp_pages.py: Airflow's own plumbing is tested there.
 
 The store holds a series of DAG ``team_a`` and ``team_b`` runs together (a, a, a, b, b, b, a: the
@@ -24,12 +24,12 @@ from fastapi import FastAPI, HTTPException, Request
 from sqlalchemy import event
 from starlette.testclient import TestClient
 
-import store_fixtures as fx  # tests/conftest.py puts tests/integration on sys.path
 from deploybench import paths, report
 from deploybench.store import load_run, write_run
 from deploybench.store.db import open_store
 from deploybench.web import app as webapp
-from run_folders import make_run_folder
+from tests.support import store_fixtures as fx
+from tests.support.run_folders import make_run_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 

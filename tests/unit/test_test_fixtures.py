@@ -1,6 +1,6 @@
-"""The shared helpers of tests/conftest.py that every other test leans on: a time limit that really
-interrupts, a wait that returns what it waited for or names what never came, and the work units of a
-parallel run."""
+"""The shared helpers of tests/conftest.py and tests/support/fixtures.py that every other test leans on: a
+time limit that really interrupts, a wait that returns what it waited for or names what never came, and the
+work units of a parallel run."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def test_parallel_work_units_keep_what_shares_state_on_one_worker(request):
     assert unit("tests/integration/test_fanout.py::test_a") == unit("tests/integration/test_fanout.py::test_b[x]")
     assert unit("tests/integration/test_fanout.py::test_a") != unit("tests/integration/test_lab.py::test_a")
     assert unit("tests/unit/test_config.py::test_a") != unit("tests/unit/test_config.py::test_b")
+    assert unit("tests/unit/load/test_load.py::test_a") != unit("tests/unit/load/test_load.py::test_b")
     # the browser modules share the session's Airflow, but for those that start their own
     assert unit("tests/browser/test_ui.py::test_a") == unit("tests/browser/test_lifecycle.py::test_b")
     own = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "browser").glob("test_*.py")

@@ -55,13 +55,14 @@ def ssh(key: str) -> dict | None:
 
 
 def kube(key: str) -> Any:
-    """Kubernetes API clients when the run's rollout backend is kubernetes, else None."""
+    """Kubernetes API clients when the run's backend needs them (its capabilities), else None."""
+    from deploybench import rollout
     from deploybench.airflow.connections import kube_clients
     from deploybench.run import Run
 
     run = Run.open_if_validated(key)
-    r = run.cfg.rollout if run else None
-    return kube_clients(r.kubernetes.conn_id) if r and r.backend.value == "kubernetes" else None
+    needs = run is not None and rollout.capabilities(run.cfg).needs_kube
+    return kube_clients(run.cfg.rollout.kubernetes.conn_id) if run is not None and needs else None
 
 
 def _dsn() -> str | None:
@@ -103,10 +104,12 @@ def _load_phase(name: str, rule: TriggerRule):
 
         key = run_key()
         with _leased(key):
-            out = pipeline.load_phase(key, None, name)
-        if out.get("skipped"):
+            got = pipeline.run_stage("load", key, phase=name)
+        if got is None:
             raise AirflowSkipException(f"load phase {name!r} is not in this run's load_phases")
-        return out
+        done = got.phases.get(name)
+        return {"phase": name, "slo_ok": done.result.slo_ok if done and done.result else None,
+                "capacity_rps": got.capacity.capacity_rps}
 
     return phase
 
@@ -128,29 +131,37 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
         flat = dict(ctx["params"]) if conf is None else conf
         return pipeline.validate(run_key(), flat, meta)["nodes"]
 
+    # Each stage reads what the stages before it left from the run's records (deploybench.stages); what a task
+    # returns is for the Grid's XCom tab: the nodes it kept, the endpoints it serves.
     @task(pre_execute=_budget("preflight"))
     def nodes_and_links(_nodes: list[str]) -> list[str]:
-        from deploybench import pipeline
+        from deploybench import pipeline, stages
+        from deploybench.run import Run
 
         key = run_key()
         with _leased(key):
-            return pipeline.preflight(key, ssh(key))["healthy"]
+            pipeline.run_stage("preflight", key, ssh_overrides=ssh(key))
+        return stages.healthy_nodes(Run.open(key))
 
     @task(pre_execute=_budget("fanout"))
-    def copy_and_verify(healthy: list[str]) -> list[str]:
-        from deploybench import pipeline
+    def copy_and_verify(_healthy: list[str]) -> list[str]:
+        from deploybench import pipeline, stages
+        from deploybench.run import Run
 
         key = run_key()
         with _leased(key):
-            return pipeline.fanout(key, healthy, ssh(key))["nodes"]
+            pipeline.run_stage("fanout", key, ssh_overrides=ssh(key))
+        return stages.verified_nodes(Run.open(key))
 
     @task(pre_execute=_budget("rollout"))
-    def canary_then_scale(nodes: list[str]) -> list[dict]:
+    def canary_then_scale(_nodes: list[str]) -> list[dict]:
         from deploybench import pipeline
+        from deploybench.run import Run
 
         key = run_key()
         with _leased(key):
-            return pipeline.rollout(key, nodes, ssh(key), kube(key))["endpoints"]
+            pipeline.run_stage("rollout", key, ssh_overrides=ssh(key), kube=kube(key))
+        return Run.open(key).endpoints()
 
     @task(task_id="teardown", pre_execute=_budget("teardown"))
     def stop_engines() -> dict:
@@ -158,7 +169,7 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
         from deploybench import pipeline
 
         key = run_key()
-        return pipeline.teardown(key, ssh(key), kube(key))
+        return pipeline.run_stage("teardown", key, ssh_overrides=ssh(key), kube=kube(key)) or {}
 
     @task(task_id="release", pre_execute=_budget("lease"))
     def release_lease() -> dict:
@@ -170,7 +181,7 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
     def write_results() -> dict:
         from deploybench import pipeline
 
-        return pipeline.store(run_key(), _dsn())
+        return pipeline.run_stage("store", run_key(), dsn=_dsn()) or {}
 
     @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("report"), **RETRY)
     def render() -> str:

@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from deploybench import paths, pipeline
 from deploybench.airflow.home import airflow_env, metadata_db_ready
@@ -72,20 +74,20 @@ def run_inline(run_key: str, flat: dict, lease: dict | None = None) -> str:
         pipeline.validate(run_key, flat)
         pipeline.acquire_lease(run_key, **(lease or {}))
         leased = True
-        with pipeline.lease_heartbeat(run_key):
-            healthy = pipeline.preflight(run_key)["healthy"]
-            copied = pipeline.fanout(run_key, healthy)["nodes"]
-            endpoints = pipeline.rollout(run_key, copied)["endpoints"]
-            pipeline.load(run_key, endpoints)
+        pipeline.run_all(run_key)
     except DeploybenchError as exc:
         log.error("%s", exc)
     finally:
-        finals = ((pipeline.teardown, pipeline.release_lease) if leased else ()) + (pipeline.store, pipeline.report)
-        for final in finals:
+        finals: list[tuple[str, Callable[[], Any]]] = [
+            ("teardown", lambda: pipeline.run_stage("teardown", run_key)),
+            ("release", lambda: pipeline.release_lease(run_key))] if leased else []
+        finals += [("store", lambda: pipeline.run_stage("store", run_key)),
+                   ("report", lambda: pipeline.report(run_key))]
+        for what, final in finals:
             try:
-                final(run_key)
+                final()
             except Exception as exc:  # noqa: BLE001 - keep going: every final step must get its chance
-                log.error("%s failed: %s", final.__name__, exc)
+                log.error("%s failed: %s", what, exc)
     return pipeline.finish(run_key)
 
 

@@ -7,10 +7,21 @@ verified,started_at}); fields are only ever added.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
+
+from pydantic import ConfigDict
+
+# how a stage record is read back into these classes (deploybench.records): a key they do not declare is refused
+_READ = ConfigDict(extra="forbid")
+# what to_dict adds beside the fields (derived: not read back)
+DERIVED = ("verified_nodes", "bytes_moved")
+NODE_DERIVED = ("mbit_s",)
 
 
 @dataclass
 class NodeCopy:
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     node: str
     # "copied" | "repaired" (only bad files re-fetched) | "skipped" (already verified) | "source"
     # | "failed" | "excluded" (refused before the copy, under the exclude policy)
@@ -34,6 +45,8 @@ class NodeCopy:
 
 @dataclass
 class FanoutResult:
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     model: str
     manifest_digest: str
     total_bytes: int

@@ -54,6 +54,7 @@ from deploybench.config import LinkMode, LoadPhase, RunConfig, canonical_hash
 from deploybench.engines import profile_name
 from deploybench.errors import ConfigError
 from deploybench.matrix.expr import Constraint, ConstraintError
+from deploybench.rollout import capabilities
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,7 @@ def plan(spec: MatrixSpec, matrix_key: str, trigger_prefix: str, *, measured: Me
         flat = {**spec.base, **values}
         try:
             cfg = form.to_config(flat)
-            policy.check(cfg)  # the operator's policy, for every cell before any runs
+            policy.check(cfg, capabilities(cfg).needs_kube)  # the operator's policy, for every cell before any runs
             if cfg.inventory not in inventories:
                 inventories[cfg.inventory] = load_inventory(cfg.inventory)
             inv = inventories[cfg.inventory]
@@ -421,7 +422,7 @@ def _share(cells: list[Cell], configs: dict[str, RunConfig], reuse_s: float) -> 
         return
     groups: dict[str, list[Cell]] = {}
     for c in cells:
-        if c.action == "run" and configs[c.cell_id].rollout.backend.value == "ssh":
+        if c.action == "run" and capabilities(configs[c.cell_id]).shares_deployments:
             groups.setdefault(c.deployment, []).append(c)
     for chain in groups.values():
         for prev, cur in zip(chain, chain[1:]):

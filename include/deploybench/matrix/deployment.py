@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploybench import paths
 from deploybench.errors import ConfigError
+from deploybench.rollout import capabilities
 
 if TYPE_CHECKING:
     from deploybench.config import RunConfig
@@ -149,7 +150,7 @@ def keep(run: Run, ssh_overrides: dict | None = None) -> dict:
     taker = run.cfg.deployment.keep_for
     recs = run.stages()
     why = None
-    if run.cfg.rollout.backend.value != "ssh":
+    if not capabilities(run.cfg).shares_deployments:
         why = f"the {run.cfg.rollout.backend.value} backend does not share deployments"
     elif "rollout" not in recs or recs["rollout"].status != "success":
         why = "the rollout did not succeed"
@@ -163,8 +164,7 @@ def keep(run: Run, ssh_overrides: dict | None = None) -> dict:
         from deploybench.run import Run
 
         source = Run.open(owner)
-    endpoints = source.result("rollout").get("endpoints") or []
-    nodes = [e["node"] for e in endpoints if isinstance(e, dict) and e.get("node") in source.nodes]
+    nodes = [e["node"] for e in source.endpoints() if e.get("node") in source.nodes]
     cluster, dep = _deployer(owner, source.cfg, source.inventory, nodes, ssh_overrides)
     with cluster:
         failures = _unhealthy(dep, nodes)
@@ -197,7 +197,7 @@ def _verify(run: Run, giver: str, ssh_overrides: dict | None) -> dict:
     from deploybench.run import Run
 
     spec = run.cfg.deployment
-    if run.cfg.rollout.backend.value != "ssh":
+    if not capabilities(run.cfg).shares_deployments:
         raise NotAdopted(f"the {run.cfg.rollout.backend.value} backend does not share deployments")
     rec = kept_record(giver)
     if rec is None:
@@ -233,7 +233,10 @@ def _verify(run: Run, giver: str, ssh_overrides: dict | None) -> dict:
     ro = owner.stage("rollout")
     if ro is None or ro.status != "success":
         raise refused(f"run {owner_key} has no successful rollout")
-    served = [e.get("node") for e in owner.result("rollout").get("endpoints") or [] if isinstance(e, dict)]
+    try:
+        served = [e.get("node") for e in owner.endpoints()]
+    except DeploybenchError as exc:  # a record that does not match the contract (records.RecordError)
+        raise refused(f"the rollout record of run {owner_key} cannot be read: {exc}") from None
     nodes = [n for n in served if isinstance(n, str) and n in run.nodes]
     if not served or len(nodes) != len(served):
         raise refused(f"run {owner_key} served on {served}, not among this run's nodes {run.nodes}")

@@ -2,15 +2,19 @@
 
 The field names other stages read are kept stable: ``links[].{src, dst, mbit, ratio,
 nominal_mbit, ok, error}`` for the report's table and matrix, ``healthy`` for fan-out.
-Everything else is added beside them.
+Everything else is added beside them. Records are read back into these same classes
+(deploybench.records: pydantic validates them, ``_READ`` refuses a key they do not declare).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
+
+from pydantic import ConfigDict
 
 Status = Literal["pass", "warn", "fail"]
+_READ = ConfigDict(extra="forbid")  # how a stage record is read back into these classes (deploybench.records)
 
 
 def node_errors() -> tuple[type[BaseException], ...]:
@@ -34,6 +38,8 @@ def worst_status(statuses: list[str]) -> Status:
 class CheckItem:
     """One check on one node: its verdict, the measured value, and a sentence for people."""
 
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     name: str
     status: Status
     value: object = None
@@ -42,6 +48,8 @@ class CheckItem:
 
 @dataclass
 class NodeCheck:
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     node: str
     ok: bool
     reasons: list[str] = field(default_factory=list)  # why it failed (one sentence per failed check)
@@ -72,6 +80,8 @@ class NodeCheck:
 class Direction:
     """One direction of a link test: a cell of the bandwidth matrix."""
 
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     src: str
     dst: str
     mbit: float
@@ -81,6 +91,8 @@ class Direction:
 
 @dataclass
 class LinkTest:
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     src: str
     dst: str
     round: int
@@ -101,6 +113,8 @@ class LinkTest:
 
 @dataclass
 class PreflightResult:
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     nodes: list[NodeCheck]
     links: list[LinkTest]
     healthy: list[str]

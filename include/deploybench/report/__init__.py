@@ -35,19 +35,20 @@ def summary_text(run: Run) -> str:
             lines.append(f"  {s:<10} {'skipped':<8} {'':>8}")
             continue
         lines.append(f"  {s:<10} {r.status:<8} {r.seconds or 0:>8.1f}  {r.summary}")
-    ld = run.result("load")
-    if ld:
-        lines += ["", f"  load result, phase {ld.get('phase')} (warm-up of {ld.get('warmup_s', 0):g} s excluded; "
+    ld = run.load_result()
+    res = ld.headline() if ld is not None else None
+    if res is not None:
+        lines += ["", f"  load result, phase {res.phase} (warm-up of {res.warmup_s:g} s excluded; "
                   "end-to-end latency measured by k6 on the client):",
-                  f"    requests/s     {ld.get('achieved_rps', 0):.2f} (offered {ld.get('offered_rps', 0):g}, "
-                  f"{ld.get('requests', 0)} requests in {ld.get('duration_s', 0):g} s)",
-                  f"    output tok/s   {ld.get('output_tps', 0):.1f}",
-                  f"    latency P50    {_ms(ld.get('latency_p50_ms'))}",
-                  f"    latency P99    {_ms(ld.get('latency_p99_ms'))}",
-                  f"    error rate     {ld.get('error_rate', 0):.2%} {ld.get('errors_by_kind') or ''}",
-                  f"    dropped        {ld.get('dropped_iterations', 0)} iterations",
-                  "    SLO            " + ("met" if ld.get("slo_ok") else
-                                            "NOT met: " + "; ".join((ld.get("slo") or {}).get("reasons") or []))]
+                  f"    requests/s     {res.achieved_rps:.2f} (offered {res.offered_rps:g}, "
+                  f"{res.requests} requests in {res.duration_s:g} s)",
+                  f"    output tok/s   {res.output_tps:.1f}",
+                  f"    latency P50    {_ms(res.latency_p50_ms)}",
+                  f"    latency P99    {_ms(res.latency_p99_ms)}",
+                  f"    error rate     {res.error_rate:.2%} {res.errors_by_kind or ''}",
+                  f"    dropped        {res.dropped_iterations} iterations",
+                  "    SLO            " + ("met" if res.slo_ok else
+                                            "NOT met: " + "; ".join(res.slo.reasons))]
     truth = sim_capacity(run)
     if truth:
         lines += [f"    ground truth   the simulated engine saturates at {truth[0]:.2f} req/s per node, "
@@ -64,7 +65,7 @@ def sim_capacity(run: Run) -> tuple[float, int] | None:
         return None
     from deploybench.sim.service_model import ServiceParams, capacity
 
-    endpoints = run.result("rollout").get("endpoints") or []
+    endpoints = run.endpoints()
     cap = capacity(ServiceParams.from_config(run.cfg.engine), run.cfg.load.prompt_tokens, run.cfg.load.output_tokens)
     return cap.requests_per_s, len(endpoints) or len(run.nodes)
 
@@ -79,7 +80,7 @@ def history_for(run: Run, dsn: str | None = None) -> History | None:
     The series is analysed over all its runs and that state is written back to the store
     (``analyse_series``). The report, though, is a file written now and served later to everyone
     who may read *this* run, so the history it shows is over the runs all of them may read
-    (``web.access.RunReaders``): a DAG run's report keeps the runs of its own DAG, a run started
+    (``store.access.RunReaders``): a DAG run's report keeps the runs of its own DAG, a run started
     outside Airflow (read only by users who may read every DAG) the whole series. Filtering the
     served file per reader instead would mean editing HTML on the way out; the series across DAGs
     is on the results pages' history, filtered per reader when it is asked for.
@@ -104,8 +105,8 @@ def _as_its_readers_see_it(engine: Engine, run_key: str, hist: History) -> Histo
     """``hist`` analysed again over only the runs every reader of ``run_key`` may read (the same one when
     that is all of them)."""
     from deploybench.analyse.history import analyse_figures
+    from deploybench.store.access import RunReaders, may_read_row
     from deploybench.store.query import RunFilter, select_runs
-    from deploybench.web.access import RunReaders, may_read_row
 
     rows = select_runs(engine, RunFilter(run_keys=(run_key, *hist.runs["run_key"])))  # run_key's row first
     readers = RunReaders.of_row(rows.iloc[0])

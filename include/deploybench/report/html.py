@@ -6,7 +6,7 @@ family of number formatters (``fmt_num`` and its named uses: ``fmt_ms``, ``fmt_p
 ``fmt_change``, ``fmt_p``, ``fmt_util``; ``fmt`` is a table cell's default). A cell is escaped
 unless it is ``Html`` (markup the caller built from escaped parts), so a value from a node or the
 store can never turn into markup by accident, and is escaped exactly once.
-tests/unit/test_html_toolkit.py fails when a module elsewhere escapes or builds a table itself.
+tests/unit/report/test_html_toolkit.py fails when a module elsewhere escapes or builds a table itself.
 
 It lives in ``report/`` because the pages already render the reports' own sections (the comparison
 and history sections) and so depend on ``report`` anyway; it imports nothing but the standard

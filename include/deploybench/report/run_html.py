@@ -6,13 +6,17 @@ Read from the run folder only (stage records, samples and metric files the stage
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from deploybench.engines import profile_name
+from deploybench.fanout.result import FanoutResult
+from deploybench.preflight.model import PreflightResult
 from deploybench.report import plots
 from deploybench.report.html import document, esc, figure, fmt_change, fmt_p, fmt_pct, fmt_util, table
+from deploybench.rollout.base import RolloutResult
 from deploybench.run import STAGES, run_status
 
 if TYPE_CHECKING:
@@ -126,7 +130,7 @@ def history_section(hist: History, heading: str = "History of this series", scop
 def _history_scope(run: Run) -> str:
     """Which runs the report's history counts (``report.history_for``): said on every DAG run's report, so
     it tells nothing about whether the series has runs of other DAGs."""
-    from deploybench.web.access import RunReaders
+    from deploybench.store.access import RunReaders
 
     dag_id = run.meta.get("dag_id") or "cli"  # as store.ingest stores it
     if RunReaders(dag_id, run.meta.get("airflow_run_id")).may_read_all_dags():
@@ -150,26 +154,23 @@ def render(run: Run, history: History | None = None) -> str:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
     if history is not None:
         parts += history_section(history, scope=_history_scope(run))
-    pf = run.result("preflight")
-    if pf.get("links"):
-        parts += ["<h2>Preflight links</h2>", f"<p>{esc(pf.get('decision', ''))}</p>",
-                  figure(plots.bandwidth_matrix(pf["links"]), "preflight bandwidth matrix"),
+    pf = run.preflight_result()
+    if isinstance(pf, PreflightResult) and pf.links:
+        parts += ["<h2>Preflight links</h2>", f"<p>{esc(pf.decision)}</p>",
+                  figure(plots.bandwidth_matrix([asdict(lt) for lt in pf.links]), "preflight bandwidth matrix"),
                   table(["from", "to", "Mbit/s", "nominal", "ratio", "retransmits", "RTT ms", "ok", "error"],
-                        [[lt["src"], lt["dst"], lt.get("mbit"), lt.get("nominal_mbit"), lt.get("ratio"),
-                          lt.get("retransmits"), lt.get("rtt_ms"), lt.get("ok"), lt.get("error")]
-                         for lt in pf["links"]])]
-    fo = run.result("fanout")
-    if fo.get("nodes"):
-        parts += ["<h2>Fan-out</h2>", figure(plots.fanout_timeline(fo["nodes"]), "fan-out timeline"),
+                        [[lt.src, lt.dst, lt.mbit, lt.nominal_mbit, lt.ratio, lt.retransmits, lt.rtt_ms, lt.ok,
+                          lt.error] for lt in pf.links])]
+    fo = run.fanout_result()
+    if isinstance(fo, FanoutResult) and fo.nodes:
+        parts += ["<h2>Fan-out</h2>", figure(plots.fanout_timeline([asdict(c) for c in fo.nodes]), "fan-out timeline"),
                   table(["node", "status", "MiB", "seconds", "verified", "error"],
-                        [[c["node"], c["status"], (c.get("bytes") or 0) / 2**20, c.get("seconds"), c.get("verified"),
-                          c.get("error")] for c in fo["nodes"]])]
-    ro = run.result("rollout")
-    if ro.get("steps"):
+                        [[c.node, c.status, c.bytes / 2**20, c.seconds, c.verified, c.error] for c in fo.nodes])]
+    ro = run.rollout_result()
+    if isinstance(ro, RolloutResult) and ro.steps:
         parts += ["<h2>Rollout</h2>", table(
             ["step", "nodes", "added", "slowest ready s", "seconds"],
-            [[s["step"], s["nodes"], ", ".join(s["added"]), max(s["ready_s"].values() or [0]), s["seconds"]]
-             for s in ro["steps"]])]
+            [[s.step, s.nodes, ", ".join(s.added), max(s.ready_s.values() or [0]), s.seconds] for s in ro.steps])]
     errors = [(s, r.error) for s, r in recs.items() if r.error]
     if errors:
         parts += ["<h2>Errors</h2>"] + [f"<h3>{esc(s)}</h3><pre>{esc(e)}</pre>" for s, e in errors]

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import ConfigDict
 
 from deploybench.errors import StageFailed
 
 if TYPE_CHECKING:
+    from deploybench.config import RunConfig
     from deploybench.engines import EngineProfile
+    from deploybench.transport import Cluster
 
 
 class NodeFailure(StageFailed):
@@ -32,8 +36,13 @@ class NodeFailure(StageFailed):
         return {"node": self.node, "pod": self.pod, "reason": self.reason, "log_tail": self.log_tail}
 
 
+_READ = ConfigDict(extra="forbid")  # how a stage record is read back into these classes (deploybench.records)
+
+
 @dataclass
 class StepResult:
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     step: int
     nodes: int
     added: list[str]
@@ -46,6 +55,8 @@ class StepResult:
 
 @dataclass
 class RolloutResult:
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
     profile: str
     steps: list[StepResult] = field(default_factory=list)
     endpoints: list[dict] = field(default_factory=list)  # {"node", "url", "model"}
@@ -58,12 +69,37 @@ class RolloutResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend does: the stages, the matrix and the Airflow tasks ask these, never the backend's name."""
+
+    deploys: bool = True  # starts engines (and stops them at teardown); False: measures engines already running
+    copies_model: bool = True  # the fan-out puts the model on the nodes (an engine started elsewhere holds its own)
+    engines_on_nodes: bool = True  # an engine this run starts listens on each node's port: preflight checks it
+    optional_preflight: bool = False  # preflight may be switched off (the nodes may be out of reach)
+    shares_deployments: bool = False  # a matrix's cells may run one after another on one rollout
+    needs_kube: bool = False  # takes Kubernetes API clients (an Airflow Kubernetes connection)
+    stopped: str = "engines stopped on {n} nodes"  # the teardown summary ({n}: how many)
+
+
 class Deployer(ABC):
     """The engines of one run. Node sets are inventory node names, in rollout order."""
 
     backend: str = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
     exact_placement: bool = True  # False: the backend decides which allowed node a new engine lands on
     profile: EngineProfile  # the engine's profile (engines.profile(cfg.engine)), set by each backend
+
+    @classmethod
+    @abstractmethod
+    def for_run(cls, cluster: Cluster, names: list[str], cfg: RunConfig, kube: Any = None) -> Deployer:
+        """The deployer of the run ``cluster`` works for (its run key) on ``names``."""
+
+    @classmethod
+    def validate_config(cls, cfg: RunConfig, names: list[str]) -> None:  # noqa: B027 - optional hook
+        """Refuse (ConfigError), at validate, before anything touches a node, what this backend cannot run on
+        ``names``. Nothing by default."""
+        return None
 
     @abstractmethod
     def deploy(self, nodes: list[str]) -> None:
@@ -90,5 +126,6 @@ class Deployer(ABC):
         """Back to the engines of ``nodes`` (an earlier, good step): stop every other engine."""
 
     @abstractmethod
-    def teardown(self) -> dict[str, str]:
-        """Stop every engine this run may have started. Idempotent; per node/object: "stopped" or an error."""
+    def teardown(self, names: list[str] | None = None) -> dict[str, str]:
+        """Stop every engine this run may have started (on ``names``, where the backend places engines by node).
+        Idempotent; per node/object: "stopped" or an error."""

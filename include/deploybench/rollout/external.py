@@ -16,13 +16,19 @@ time, before anything touches a node.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from deploybench import engines
 from deploybench.config import RunConfig
 from deploybench.errors import ConfigError, StageFailed
+from deploybench.rollout.base import Capabilities, Deployer, NodeFailure
+
+if TYPE_CHECKING:
+    from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -65,26 +71,79 @@ def check(cfg: RunConfig, nodes: list[str]) -> list[dict]:
     return eps
 
 
+class ExternalDeployer(Deployer):
+    """The given endpoints (``rollout.endpoints``) as a deployer: engines started elsewhere, so nothing is started,
+    scaled or stopped; "deploying" on a node set selects the given engines of those nodes, "ready" is each
+    one passing its profile's readiness check. The stages ask its capabilities: no fan-out, no rollout plan
+    (``run``), preflight optional (``rollout.external_preflight``), nothing for teardown to stop."""
+
+    backend = "external"
+    capabilities = Capabilities(deploys=False, copies_model=False, engines_on_nodes=False, optional_preflight=True,
+                                stopped="nothing stopped ({n} engines not deployed by deploybench)")
+
+    def __init__(self, cfg: RunConfig, nodes: list[str]):
+        self.cfg, self.nodes = cfg, list(nodes)
+        self.profile = engines.profile(cfg.engine)
+        self.serving: list[str] = []
+
+    @functools.cached_property
+    def given(self) -> list[dict]:
+        """The given endpoints, checked (``check``) when first needed: a teardown needs none of them."""
+        return check(self.cfg, self.nodes)
+
+    @classmethod
+    def for_run(cls, cluster: Cluster, names: list[str], cfg: RunConfig, kube: Any = None) -> ExternalDeployer:
+        return cls(cfg, names)
+
+    @classmethod
+    def validate_config(cls, cfg: RunConfig, names: list[str]) -> None:
+        check(cfg, names)  # hostile URLs: refused before anything touches a node
+
+    def deploy(self, nodes: list[str]) -> None:
+        self.scale(nodes)
+
+    def scale(self, nodes: list[str]) -> None:
+        self.serving = [e["node"] for e in self.given if e["node"] in nodes]
+
+    def endpoints(self) -> list[dict]:
+        return [e for e in self.given if e["node"] in self.serving]
+
+    def wait_ready(self, nodes: list[str], timeout_s: float) -> dict[str, float]:
+        t0 = time.monotonic()
+        ready_s: dict[str, float] = {}
+        for ep in (e for e in self.given if e["node"] in nodes):
+            while not self.profile.is_ready(ep["url"], ep["model"]):
+                if time.monotonic() - t0 > timeout_s:
+                    raise NodeFailure(ep["node"], f"the external endpoint {ep['url']} does not pass the "
+                                                  f"{self.profile.name} profile's readiness check "
+                                                  f"({self.profile.readiness.kind} {self.profile.readiness.path}) "
+                                                  f"after {timeout_s:g} s; is it running?")
+                time.sleep(0.2)
+            ready_s[ep["node"]] = round(time.monotonic() - t0, 3)
+        return ready_s
+
+    def check_alive(self, nodes: list[str]) -> list[NodeFailure]:
+        return [NodeFailure(e["node"], f"the external endpoint {e['url']} stopped answering its readiness check")
+                for e in self.given if e["node"] in nodes and not self.profile.is_ready(e["url"], e["model"])]
+
+    def rollback(self, nodes: list[str]) -> None:
+        self.scale(nodes)
+
+    def teardown(self, names: list[str] | None = None) -> dict[str, str]:
+        return {}  # started elsewhere: stopped elsewhere
+
+
 def run(cfg: RunConfig, nodes: list[str], healthy: list[str] | None = None) -> dict:
     """The rollout record of an external run: no step, the given endpoints of the ``healthy`` nodes (those
     preflight kept; default all), each checked ready (its profile's readiness, within
     ``rollout.ready_timeout_s``); StageFailed names one that is not."""
     t0 = time.monotonic()
-    eps = [e for e in check(cfg, nodes) if healthy is None or e["node"] in healthy]
-    if not eps:
+    dep = ExternalDeployer(cfg, nodes)
+    dep.deploy(healthy if healthy is not None else nodes)
+    if not dep.serving:
         raise StageFailed(f"external backend: no given endpoint is on a healthy node ({healthy})")
-    prof = engines.profile(cfg.engine)
-    deadline = t0 + cfg.rollout.ready_timeout_s
-    ready_s: dict[str, float] = {}
-    for ep in eps:
-        while not prof.is_ready(ep["url"], ep["model"]):
-            if time.monotonic() > deadline:
-                raise StageFailed(f"external endpoint of node {ep['node']} ({ep['url']}) does not pass the "
-                                  f"{prof.name} profile's readiness check ({prof.readiness.kind} "
-                                  f"{prof.readiness.path}) after {cfg.rollout.ready_timeout_s:g} s; is it running?")
-            time.sleep(0.2)
-        ready_s[ep["node"]] = round(time.monotonic() - t0, 3)
-    log.info("external backend: %d endpoints given, %s; rollout skipped", len(eps), NOT_DEPLOYED)
-    return {"profile": prof.name, "backend": "external", "skipped": "external", "deployed_by": NOT_DEPLOYED,
-            "version": f"external ({NOT_DEPLOYED})", "steps": [], "plan": [], "endpoints": eps,
+    ready_s = dep.wait_ready(dep.serving, cfg.rollout.ready_timeout_s)
+    log.info("external backend: %d endpoints given, %s; rollout skipped", len(dep.serving), NOT_DEPLOYED)
+    return {"profile": dep.profile.name, "backend": "external", "skipped": "external", "deployed_by": NOT_DEPLOYED,
+            "version": f"external ({NOT_DEPLOYED})", "steps": [], "plan": [], "endpoints": dep.endpoints(),
             "ready_s": ready_s, "failure": None, "seconds": round(time.monotonic() - t0, 3)}

@@ -16,14 +16,17 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploybench import engines
 from deploybench.config import RunConfig
 from deploybench.errors import ConfigError, DeploybenchError
 from deploybench.inventory import Inventory
 from deploybench.rollout import manifests
-from deploybench.rollout.base import Deployer, NodeFailure
+from deploybench.rollout.base import Capabilities, Deployer, NodeFailure
+
+if TYPE_CHECKING:
+    from deploybench.transport import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +94,13 @@ def _pod_problem(pod: dict[str, Any]) -> str:
 
 class KubernetesDeployer(Deployer):
     backend = "kubernetes"
+    # pods, not processes on the nodes: no port or binary on a node to check, one object set per run (not shared)
+    capabilities = Capabilities(engines_on_nodes=False, needs_kube=True, stopped="objects deleted {n}")
     exact_placement = False  # the scheduler picks which allowed node a new stable pod lands on
+
+    @classmethod
+    def for_run(cls, cluster: Cluster, names: list[str], cfg: RunConfig, kube: Any = None) -> KubernetesDeployer:
+        return cls(kube, cluster.inventory, names, cfg, run_key=cluster.run_key)
 
     def __init__(self, kube: KubeClients | None, inventory: Inventory, names: list[str], cfg: RunConfig,
                  run_key: str | None = None):
@@ -226,7 +235,7 @@ class KubernetesDeployer(Deployer):
     def rollback(self, nodes: list[str]) -> None:
         self._scale_stable(max(0, len(nodes) - len(self.canary)))
 
-    def teardown(self) -> dict[str, str]:
+    def teardown(self, names: list[str] | None = None) -> dict[str, str]:
         """Delete the run's objects: by the run's label when it has a run key (whatever names they have),
         else both Deployments, both Services and the ConfigMap by name; absent objects count as done."""
         self._ready_at.clear()

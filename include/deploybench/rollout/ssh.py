@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from deploybench import engines, http
 from deploybench.config import ContainerRuntime, RunConfig
 from deploybench.errors import DeploybenchError
 from deploybench.inventory import Node
-from deploybench.rollout.base import Deployer, NodeFailure
+from deploybench.rollout.base import Capabilities, Deployer, NodeFailure
 from deploybench.transport import Cluster, alive_script, run_tag, spawn_script, stop_script, warn_left_alone
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,11 @@ log = logging.getLogger(__name__)
 
 class SSHDeployer(Deployer):
     backend = "ssh"
+    capabilities = Capabilities(shares_deployments=True)
+
+    @classmethod
+    def for_run(cls, cluster: Cluster, names: list[str], cfg: RunConfig, kube: Any = None) -> SSHDeployer:
+        return cls(cluster, cfg)
 
     def __init__(self, cluster: Cluster, cfg: RunConfig):
         self.cluster = cluster

@@ -104,7 +104,15 @@ def samples_source(load: LoadStageResult) -> Any:
 
 
 def run_facts(run: Run, load: LoadStageResult | None) -> Any:
-    """Identities and the facts of every stage, from the stage records (``load``: the load stage's, typed)."""
+    """Identities and the facts of every stage, from the typed stage results (deploybench.records): a stage
+    skipped (external backend) or reused (a matrix cell on an earlier cell's deployment) has no facts of its
+    own here; its identity fields (the model, the engine) still count."""
+    from dataclasses import asdict
+
+    from deploybench.fanout.result import FanoutResult
+    from deploybench.preflight.model import PreflightResult
+    from deploybench.records import SkippedExternal
+    from deploybench.rollout.base import RolloutResult
     from deploybench.store.facts import (
         FanoutNodeRow,
         PreflightLinkRow,
@@ -114,24 +122,32 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
     )
     from deploybench.store.identity import identity_of
 
-    def unique(rows: list[dict[str, Any]] | None, *key: str) -> list[dict[str, Any]]:
-        """The last row per key: a stage that retried an item lists it twice; the store keeps one."""
-        return list({tuple(r.get(k) for k in key): r for r in rows or [] if isinstance(r, dict)}.values())
+    def unique(items: list[Any], *key: str) -> list[Any]:
+        """The last item per key: a stage that retried an item lists it twice; the store keeps one."""
+        return list({tuple(getattr(i, k) for k in key): i for i in items}.values())
 
-    pf, fo, ro = run.result("preflight"), run.result("fanout"), run.result("rollout")
-    identity = identity_of(run.cfg.model_dump(mode="json"), run.nodes, run.inventory.model_dump(mode="json"), fo, ro)
+    pf, fo, ro = run.preflight_result(), run.fanout_result(), run.rollout_result()
+    model = {} if fo is None or isinstance(fo, SkippedExternal) else {
+        "model": fo.model, "manifest_digest": fo.manifest_digest, "total_bytes": fo.total_bytes, "files": fo.files}
+    engine = {} if ro is None else {
+        "profile": ro.profile, "endpoints": ro.endpoints, "image": getattr(ro, "image", None),
+        "version": getattr(ro, "version", None)}
+    identity = identity_of(run.cfg.model_dump(mode="json"), run.nodes, run.inventory.model_dump(mode="json"), model,
+                           engine)
+    pf = pf if isinstance(pf, PreflightResult) else None
+    fo = fo if isinstance(fo, FanoutResult) else None
+    ro = ro if isinstance(ro, RolloutResult) else None
     return RunFacts(
         identity=identity,
-        preflight_nodes=[PreflightNodeRow(node=n["node"], ok=n["ok"], reasons=n.get("reasons") or [],
-                                          facts=n.get("facts") or {}) for n in unique(pf.get("nodes"), "node")],
-        preflight_links=[PreflightLinkRow(**{k: lt.get(k) for k in PreflightLinkRow.model_fields if k in lt})
-                         for lt in unique(pf.get("links"), "src", "dst", "round")],
-        fanout_nodes=[FanoutNodeRow(node=c["node"], status=c["status"], bytes=c.get("bytes") or 0,
-                                    seconds=c.get("seconds") or 0.0, verified=bool(c.get("verified")),
-                                    started_s=c.get("started_at") or 0.0, error=c.get("error"))
-                      for c in unique(fo.get("nodes"), "node")],
-        rollout_steps=[RolloutStepRow(**{k: s[k] for k in RolloutStepRow.model_fields if k in s})
-                       for s in unique(ro.get("steps"), "step")],
+        preflight_nodes=[PreflightNodeRow(node=n.node, ok=n.ok, reasons=n.reasons, facts=n.facts)
+                         for n in unique(pf.nodes if pf else [], "node")],
+        preflight_links=[PreflightLinkRow(**{k: v for k, v in asdict(lt).items() if k in PreflightLinkRow.model_fields})
+                         for lt in unique(pf.links if pf else [], "src", "dst", "round")],
+        fanout_nodes=[FanoutNodeRow(node=c.node, status=c.status, bytes=c.bytes, seconds=c.seconds,
+                                    verified=c.verified, started_s=c.started_at, error=c.error)
+                      for c in unique(fo.nodes if fo else [], "node")],
+        rollout_steps=[RolloutStepRow(**{k: v for k, v in asdict(s).items() if k in RolloutStepRow.model_fields})
+                       for s in unique(ro.steps if ro else [], "step")],
         capacity_steps=capacity_steps(load) if load else [],
         server_metrics=_server_metrics(load) if load else None,
     )

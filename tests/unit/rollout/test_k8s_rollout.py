@@ -1,14 +1,11 @@
 """Kubernetes backend: manifests validated against the official schema; rollout logic against a FAKE API server.
 
-No Kubernetes API server can run here. tests/fakes/k8s_api.py is a small local FAKE of the apps/v1 and
+No Kubernetes API server can run here. tests/support/k8s_api.py is a small local FAKE of the apps/v1 and
 core/v1 endpoints the deployer calls (it is not Kubernetes); the real `kubernetes` client talks to it
 over HTTP, so the requests (server-side apply, scale subresource patches, pod lists, logs) are real.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +16,7 @@ from deploybench.inventory import Inventory
 from deploybench.rollout import manifests
 from deploybench.rollout.kubernetes import KubeClients, rollout_status
 from deploybench.transport import Cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-from k8s_api import FakeApiServer  # noqa: E402
+from tests.support.k8s_api import FakeApiServer
 
 NODES = [f"n{i:02d}" for i in range(16)]
 

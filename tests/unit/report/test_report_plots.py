@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from deploybench.report import plots, write_html
-from run_folders import make_run_folder, window_samples
+from tests.support.run_folders import make_run_folder, window_samples
 
 
 def test_windows_count_requests_and_errors_per_second():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
@@ -22,13 +21,11 @@ from deploybench.web import app as webapp
 from deploybench.web import compare_page, history_page, matrix_page
 from deploybench.web import markup as html_view
 from deploybench.web.access import AllowAll
+from tests.support.run_folders import make_run_folder
+from tests.unit.web.test_webapp import make_phase, make_run, stored  # the builders of the page tests
+from tests.unit.web.test_webapp_pages import _comparison, _history_view
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the builders of the page and report tests
-from run_folders import make_run_folder  # noqa: E402
-from test_webapp import make_phase, make_run, stored  # noqa: E402
-from test_webapp_pages import _comparison, _history_view  # noqa: E402
-
-LIBRARY = Path(__file__).resolve().parents[2] / "include" / "deploybench"
+LIBRARY = Path(__file__).resolve().parents[3] / "include" / "deploybench"
 TOOLKIT = LIBRARY / "report" / "html.py"
 ROOT = "/deploybench"
 # every character the escaper must turn into an entity: < > ' " &

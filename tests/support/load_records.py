@@ -1,6 +1,6 @@
-"""The load stage's records as the pipeline writes them (importable as ``load_records`` from every test
-folder, tests/conftest.py): phase outcome files in load.phases.run_phase's shape, assembled by
-load.phases.assemble, the one contract deploybench.records types."""
+"""The load stage's records as the pipeline writes them (``from tests.support import load_records``): phase
+outcome files in load.phases.run_phase's shape, assembled by load.phases.assemble, the one contract
+deploybench.records types."""
 
 from __future__ import annotations
 

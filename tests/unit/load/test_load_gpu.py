@@ -250,7 +250,7 @@ def test_a_node_without_nvidia_smi_is_absent_from_the_start_and_not_polled(tmp_p
 # -- shown beside the throughput: the run report and the results pages ------------------------------------------
 def _load_stage(tmp_path: Path) -> dict:
     """The load stage's result as the pipeline writes it, with GPU figures: n1 measured, n2 absent (and why)."""
-    from load_records import write_load_stage
+    from tests.support.load_records import write_load_stage
 
     data = write_load_stage(tmp_path / "load", "s.csv")
     sustained = data["phases"]["sustained"]["result"]

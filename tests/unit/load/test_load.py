@@ -34,7 +34,7 @@ from deploybench.load import (
 )
 from deploybench.load import samples as samples_mod
 
-FIXTURES = Path(__file__).parent / "fixtures" / "load"
+FIXTURES = Path(__file__).parent / "fixtures"
 EPS = [Endpoint("n1", "http://127.0.0.1:8001", "m"), Endpoint("n2", "http://127.0.0.1:8002", "m")]
 
 

@@ -21,7 +21,7 @@ from deploybench.run import STAGES, STORED_STAGES, Run, read_record, recording, 
 from deploybench.store import StoreError
 from deploybench.store.ingest import capacity_steps, phase_records, samples_source, store_run, trigger_of
 from deploybench.store.writer_facts import prepare_metrics
-from load_records import T0, write_load_stage
+from tests.support.load_records import T0, write_load_stage
 
 
 def _record(result: Any) -> StageRecord:

@@ -1,5 +1,5 @@
-"""A run folder with every stage's record, as the pipeline leaves it (importable as ``run_folders`` from every
-test folder, tests/conftest.py): for the report's tests without a database, the unit plots test and the
+"""A run folder with every stage's record, as the pipeline leaves it (``from tests.support import
+run_folders``): for the report's tests without a database, the unit plots test and the
 Chromium render test alike."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import numpy as np
 import pandas as pd
 
 from deploybench.config import RunConfig
+from deploybench.fanout.result import FanoutResult, NodeCopy
+from deploybench.preflight.model import LinkTest, PreflightResult
 from deploybench.records import StageRecord
 from deploybench.run import Run, save_record
-from load_records import T0, write_load_stage
+from tests.support.load_records import T0, write_load_stage
 
 
 def window_samples(n: int = 300, phase: str = "sustained") -> pd.DataFrame:
@@ -29,11 +31,12 @@ def make_run_folder(tmp_path: Path) -> Run:
     """A run with every stage's record in ``tmp_path``: validate, preflight, fanout and the load stage."""
     samples = pd.concat([window_samples(), window_samples(200, "overload")])
     samples.to_csv(tmp_path / "samples.csv", index=False)
-    results = {"validate": {"nodes": ["n1", "n2"]},
-               "preflight": {"decision": "all healthy", "links": [
-                   {"src": "n1", "dst": "n2", "mbit": 950, "nominal_mbit": 1000, "ratio": 0.95, "ok": True}]},
-               "fanout": {"nodes": [{"node": "n2", "status": "copied", "bytes": 2**20, "seconds": 1.0,
-                                     "verified": True, "started_at": 0.1}]},
+    # the stages' own result types, as the stages write them (deploybench.records reads them back typed)
+    preflight = PreflightResult([], [LinkTest("n1", "n2", 0, 1000.0, mbit=950.0, ratio=0.95, ok=True)], ["n1", "n2"],
+                                {}, "all healthy", 1.0)
+    fanout = FanoutResult("sim-model", "d" * 64, 2**20, [], "n1", "chain",
+                          [NodeCopy("n2", "copied", bytes=2**20, seconds=1.0, verified=True, started_at=0.1)])
+    results = {"validate": {"nodes": ["n1", "n2"]}, "preflight": preflight.to_dict(), "fanout": fanout.to_dict(),
                "load": write_load_stage(tmp_path / "load", str(tmp_path / "samples.csv"))}
     for stage, result in results.items():
         save_record(tmp_path, StageRecord(stage=stage, status="success", started_at=T0.isoformat(), seconds=0.1,

@@ -1,0 +1,458 @@
+"""The stages of a run as objects: one class per stage, one registry (``REGISTRY``), in the order they run.
+
+Each stage declares its ``name``, its typed ``result`` (deploybench.records: what its record holds and what
+store, report and pages read back), how it runs (``run``), when it is not done here and why (``skip``: the
+backend deploys nothing, a matrix cell adopts the deployment an earlier cell kept), its summary line
+(``summary``) and its time budget (``budget_s``, from the run's own durations: deploybench.timeouts).
+``deploybench.pipeline.run_stage`` runs one through the recorder (deploybench.run.recording), under the
+cluster's lease for the stages that touch nodes; the Airflow tasks and ``deploybench run`` call it.
+
+A stage reads what the stages before it measured from their records (typed: ``Run.preflight_result`` and
+the like), never from its caller, so a task can run on any worker of any executor that shares the run
+folder, and a cleared task reads what the stages before it left.
+
+What differs between the ssh, kubernetes and external backends is a capability of the run's Deployer
+(deploybench.rollout.base.Capabilities): whether it copies the model, deploys engines, runs them on the
+nodes' ports, may skip preflight, shares a deployment between matrix cells. Whether the run deploys or
+adopts the engines a previous matrix cell kept is decided once, by preflight (``Adoption``), and read by
+fan-out, rollout and teardown. A new stage is one class added to ``REGISTRY``; a new backend one Deployer
+class registered in deploybench.rollout.BACKENDS.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel
+
+from deploybench import paths
+from deploybench.config import LoadPhase
+from deploybench.errors import StageFailed
+from deploybench.records import (
+    FanoutStage,
+    LoadStageResult,
+    PreflightStage,
+    RolloutStage,
+    SkippedExternal,
+    StageRecord,
+    stage_result,
+)
+from deploybench.run import Run, check_owner, now, write_json
+from deploybench.timeouts import stage_budget_s
+
+if TYPE_CHECKING:
+    from deploybench.rollout.base import Capabilities
+    from deploybench.transport import Cluster
+
+log = logging.getLogger(__name__)
+
+
+def dump(result: Any) -> Any:
+    """A typed result as its record holds it (JSON-ready)."""
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json", by_alias=True)
+    if is_dataclass(result) and not isinstance(result, type):
+        return result.to_dict() if hasattr(result, "to_dict") else asdict(result)
+    return result
+
+
+@dataclass
+class Skip:
+    """A stage not done here: its result (what its record says instead) and why, for its summary line;
+    ``record`` False: it leaves no record at all (a load phase the run did not ask for)."""
+
+    result: Any
+    summary: str
+    record: bool = True
+
+
+@dataclass
+class Context:
+    """What a stage works with: the run (its folder, config, inventory, nodes; opened when first asked for) and
+    what the caller has: SSH settings from an Airflow connection, Kubernetes API clients, the results store's
+    DSN, the load phase a load task runs, and for validate the trigger's parameters and how the run started."""
+
+    run_key: str
+    ssh_overrides: dict | None = None
+    kube: Any = None
+    dsn: str | None = None
+    phase: str | None = None
+    params: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
+
+    @functools.cached_property
+    def run(self) -> Run:
+        return Run.open(self.run_key)
+
+    @functools.cached_property
+    def caps(self) -> Capabilities:
+        from deploybench import rollout
+
+        return rollout.capabilities(self.run.cfg)
+
+    def adoption(self, stage: str) -> Skip | None:
+        """The record of ``stage`` when this run adopted the deployment a previous matrix cell kept (decided by
+        preflight, read by fan-out and rollout): the owner's identity fields, and where they came from."""
+        if not self.run.cfg.deployment.adopt:
+            return None
+        from deploybench.matrix import deployment
+
+        got = deployment.adopt(self.run, self.ssh_overrides) if stage == "preflight" else deployment.adoption(self.run)
+        if not got or not got.get("adopted"):
+            return None
+        result, summary = deployment.reused_record(got, stage)
+        return Skip(stage_result(StageRecord(stage=stage, status="success", started_at=now(), result=result),
+                                 self.run.dir), summary)
+
+
+class Stage(ABC):
+    """One stage of a run (the module docstring)."""
+
+    name: ClassVar[str]
+    result: ClassVar[Any]  # the typed result its record holds (deploybench.records)
+    leased: ClassVar[bool] = True  # touches nodes: only under the cluster's lease (deploybench.run.LEASED_STAGES)
+    after_failure: ClassVar[bool] = False  # runs whatever failed before: nothing to do if validate never passed
+
+    def skip(self, ctx: Context) -> Skip | None:
+        """Why this stage is not done here (and the record it leaves instead); None: it runs."""
+        return None
+
+    @abstractmethod
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        """Do the stage's work; returns its typed result (StageFailed, carrying what it measured, on failure)."""
+
+    def measured(self, ctx: Context) -> tuple[Any, str] | None:
+        """(result, summary) of what a failed ``run`` still measured, read after it raised; None: what its
+        StageFailed carries."""
+        return None
+
+    @abstractmethod
+    def summary(self, ctx: Context, result: Any) -> str:
+        """One line for people: what the stage did."""
+
+    def budget_s(self, ctx: Context) -> float:
+        """Seconds its task may take, from the run's own durations (deploybench.timeouts)."""
+        return stage_budget_s(ctx.run.cfg, self.name, len(ctx.run.nodes))
+
+
+def _skipped_external(why: str) -> Skip:
+    return Skip(SkippedExternal(skipped="external", deployed_by="not deployed by deploybench", nodes=[]),
+                f"skipped (external backend: {why})")
+
+
+def _engine_program(run: Run) -> str | None:
+    """The program an engine profile starts (its command's first item), for preflight to find on the nodes:
+    the inventory's python for ``{python}``; None when the item is another placeholder."""
+    from deploybench.engines import profile
+
+    program = profile(run.cfg.engine).program
+    if program == "{python}":
+        return run.inventory.python
+    return program if program and "{" not in program else None
+
+
+class Preflight(Stage):
+    name = "preflight"
+    result = PreflightStage
+
+    def skip(self, ctx: Context) -> Skip | None:
+        if (adopted := ctx.adoption(self.name)) is not None:
+            return adopted
+        if ctx.caps.optional_preflight and not ctx.run.cfg.rollout.external_preflight:
+            return _skipped_external("rollout.external_preflight is off")
+        return None
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench import preflight
+
+        run = ctx.run
+        # Engines this run starts on the nodes need their port free and their binary there; pods do not.
+        on_nodes = ctx.caps.engines_on_nodes
+        runtime = run.cfg.engine.runtime.value  # docker/podman: the engine runs in a container
+        binary = runtime if runtime != "process" else _engine_program(run)
+        return preflight.run(cluster, run.nodes, run.cfg.preflight, source=run.source, model_name=run.cfg.model.name,
+                             engine_port=run.cfg.rollout.port if on_nodes else None,
+                             engine_binary=binary if on_nodes else None)
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        worst = min((lt for lt in result.links if lt.ratio is not None), key=lambda lt: lt.ratio or 0.0, default=None)
+        return f"{len(result.healthy)}/{len(ctx.run.nodes)} nodes healthy, {len(result.links)} links tested" + (
+            f", worst {worst.src}->{worst.dst} {worst.mbit:.0f} Mbit/s ({worst.ratio:.0%} of nominal)" if worst else "")
+
+
+def healthy_nodes(run: Run) -> list[str]:
+    """The nodes preflight kept (every node of the run when it was skipped)."""
+    pf = run.preflight_result()
+    return list(run.nodes) if pf is None or isinstance(pf, SkippedExternal) else list(pf.healthy)
+
+
+class Fanout(Stage):
+    name = "fanout"
+    result = FanoutStage
+
+    def skip(self, ctx: Context) -> Skip | None:
+        if (adopted := ctx.adoption(self.name)) is not None:
+            return adopted
+        if not ctx.caps.copies_model:
+            return _skipped_external("the engines already hold their model")
+        return None
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench import fanout
+
+        run = ctx.run
+        return fanout.run(cluster, healthy_nodes(run), run.source, run.cfg.model.name, run.cfg.fanout,
+                          policy=run.cfg.preflight.policy, min_nodes=run.cfg.preflight.min_nodes)
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        copied = [c for c in result.nodes if c.status == "copied"]
+        return (f"{result.total_bytes / 2**20:.0f} MiB model ({result.manifest_digest[:12]}) verified on "
+                f"{len(result.verified_nodes)} nodes by {result.strategy} in {result.seconds:.1f} s: "
+                f"{len(copied)} copied, {sum(c.status == 'repaired' for c in result.nodes)} repaired, "
+                f"{sum(c.status == 'skipped' for c in result.nodes)} already held it"
+                + (f", {len(result.nodes) - len(result.verified_nodes)} left out"
+                   if len(result.verified_nodes) < len(result.nodes) else ""))
+
+
+def verified_nodes(run: Run) -> list[str]:
+    """The nodes that hold the verified model (the healthy ones when fan-out was skipped)."""
+    fo = run.fanout_result()
+    if fo is None or isinstance(fo, SkippedExternal):
+        return healthy_nodes(run)
+    return list(fo.verified_nodes) or healthy_nodes(run)
+
+
+class Rollout(Stage):
+    name = "rollout"
+    result = RolloutStage
+
+    def skip(self, ctx: Context) -> Skip | None:
+        return ctx.adoption(self.name)
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench import rollout
+        from deploybench.records import ExternalRollout, RolloutResult
+        from deploybench.rollout import external
+
+        run = ctx.run
+        if not ctx.caps.deploys:  # engines started elsewhere: the given endpoints, checked ready
+            return ExternalRollout.model_validate(external.run(run.cfg, run.nodes, verified_nodes(run)))
+        res: RolloutResult = rollout.run(cluster, verified_nodes(run), run.cfg, out_dir=run.dir / "rollout",
+                                         kube=ctx.kube)
+        return res
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        from deploybench.rollout import external
+
+        if not ctx.caps.deploys:
+            return (f"skipped (external backend): {len(result.endpoints)} given endpoints of the {result.profile} "
+                    f"engine ready, {external.NOT_DEPLOYED}")
+        slowest = max((v for s in result.steps for v in s.ready_s.values()), default=0.0)
+        return (f"{result.profile} engine ({result.backend}) on {len(result.endpoints)} nodes in steps "
+                + " -> ".join(f"{s.nodes}" for s in result.steps) + f" (slowest ready {slowest:.1f} s), every gate "
+                "passed")
+
+
+class Load(Stage):
+    """One load phase per task (``ctx.phase``); the record 'load' is rebuilt from every phase run so far
+    (deploybench.load.phases.assemble): the headline phase's LoadResult with ``phases``, ``capacity`` and
+    ``series``. The endpoints are those of the run's latest rollout record (a cleared phase re-deploys first,
+    so it reads the endpoints of that new rollout)."""
+
+    name = "load"
+    result = LoadStageResult
+
+    def skip(self, ctx: Context) -> Skip | None:
+        if ctx.phase not in [p.value for p in ctx.run.cfg.load.phases]:
+            return Skip(None, f"load phase {ctx.phase!r} is not in this run's load_phases", record=False)
+        ro = ctx.run.stage("rollout")
+        if ro is None or ro.status != "success":
+            raise StageFailed(f"load {ctx.phase}: run {ctx.run_key} has no successful rollout to load (rollout "
+                              f"record: {ro.status if ro else 'missing'})")
+        return None
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench.load import Endpoint, phases
+
+        run, phase = ctx.run, str(ctx.phase)
+        out_dir = run.dir / "load"
+        if phase == run.cfg.load.phases[0].value:
+            for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
+                old.unlink()  # the first phase of a (re-)run starts clean
+        eps = [Endpoint(e["node"], e["url"], e["model"]) for e in run.endpoints()]
+        # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no connection
+        # is made unless a node needs it)
+        phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
+                         transports={n: cluster[n] for n in {e.node for e in eps}})
+        return self._assembled(ctx)
+
+    def _assembled(self, ctx: Context) -> LoadStageResult:
+        from deploybench.load import phases
+
+        data = phases.assemble(ctx.run.dir / "load", ctx.run.cfg.load)
+        # the contract the store reads: a mismatch fails here, named
+        return LoadStageResult.of(StageRecord(stage="load", status="success", started_at=now(), result=data),
+                                  ctx.run.dir)
+
+    def measured(self, ctx: Context) -> tuple[Any, str] | None:
+        got = self._assembled(ctx)
+        return got, self.summary(ctx, got)
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        from deploybench.load import phases
+
+        return phases.summary(dump(result))
+
+    def budget_s(self, ctx: Context) -> float:
+        return stage_budget_s(ctx.run.cfg, str(ctx.phase or LoadPhase.SUSTAINED.value), len(ctx.run.nodes))
+
+
+class Teardown(Stage):
+    """Stops the engines of the run on every node (or deletes its Kubernetes objects); always runs, safe twice.
+    A matrix cell that keeps its engines for the next cell leaves them running (deploybench.matrix.deployment),
+    and one that adopted a kept deployment stops that one too."""
+
+    name = "teardown"
+    result = dict[str, Any]  # node (or object) -> "stopped" | "error: ..."; or {"kept": ...}
+    leased = False  # it stops only this run's own engines (per-run pid files, objects labelled with its key)
+    after_failure = True
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench import rollout
+
+        run = ctx.run
+        if run.cfg.deployment.keep_for and (kept := self._keep(ctx)) is not None:
+            return kept
+        theirs = self._stop_adopted(ctx)  # first: an adopted engine answers on the port this run checks
+        stopped = rollout.teardown(cluster, run.nodes, run.cfg, kube=ctx.kube)
+        stopped = {**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}}
+        errors = {n: s for n, s in stopped.items() if s.startswith("error")}
+        if errors:
+            raise StageFailed("teardown: " + "; ".join(f"{n}: {s}" for n, s in errors.items()), stopped)
+        return stopped
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        if "kept" in result:
+            kept = result["kept"]
+            return (f"engines of run {kept['owner']} left running on {', '.join(kept['nodes'])} for run "
+                    f"{kept['kept_for']} (deployment.keep_for); it stops them, or the matrix's cleanup does")
+        return ctx.caps.stopped.format(n=f"{len(result)}/{len(result)}")
+
+    def _keep(self, ctx: Context) -> dict | None:
+        """Leave the engines up for the run ``deployment.keep_for`` names when they are worth it; None: they are
+        stopped as usual (the log says why not)."""
+        from deploybench.matrix import deployment
+
+        kept = deployment.keep(ctx.run, ctx.ssh_overrides)
+        if not kept.get("kept"):
+            log.warning("run %s stops its engines instead of keeping them for run %s: %s", ctx.run.key,
+                        ctx.run.cfg.deployment.keep_for, kept.get("why"))
+            return None
+        return {"kept": kept}
+
+    def _stop_adopted(self, ctx: Context) -> dict[str, str]:
+        """The engines this run adopted from another (and keeps for nobody): stopped with its own."""
+        if not ctx.run.cfg.deployment.adopt:
+            return {}
+        from deploybench.matrix import deployment
+
+        owner = deployment.adopted_owner(ctx.run)
+        if owner is None:
+            return {}
+        nodes = (deployment.adoption(ctx.run) or {}).get("nodes") or []
+        return deployment.stop(owner, [n for n in nodes if n in ctx.run.nodes], ctx.ssh_overrides)
+
+
+class Validate(Stage):
+    """The trigger's parameters -> a RunConfig, within the operator's policy, checked against the inventory;
+    writes run.json. Nothing touches a node here."""
+
+    name = "validate"
+    result = dict[str, Any]  # {"nodes", "fingerprint"}
+    leased = False
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench import params as form
+        from deploybench import policy, rollout
+        from deploybench.inventory import Inventory
+        from deploybench.matrix import planned
+
+        cfg = form.to_config(ctx.params or {})
+        policy.check(cfg, rollout.capabilities(cfg).needs_kube)  # what the form chose, within what the operator allows
+        planned.verify(ctx.run_key, cfg)  # a matrix cell's run id and 'deployment' section: only as its plan wrote them
+        inv = Inventory.load(cfg.inventory)
+        names = cfg.resolve_nodes(inv.names)
+        rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
+        write_json(paths.run_dir(ctx.run_key) / "run.json", {
+            "run_key": ctx.run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
+            "meta": {**(ctx.meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
+        })
+        return {"nodes": names, "fingerprint": cfg.fingerprint()}
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        from deploybench.engines import profile_name
+
+        cfg = ctx.run.cfg
+        return (f"{len(result['nodes'])} nodes of inventory {ctx.run.inventory.name!r}, engine "
+                f"{profile_name(cfg.engine)}, load {cfg.load.rate:g} req/s for {cfg.load.duration_s:g} s")
+
+    def budget_s(self, ctx: Context) -> float:
+        from deploybench.timeouts import FIXED_S
+
+        return FIXED_S[self.name]
+
+    @staticmethod
+    def clear(run_key: str) -> None:
+        """A (re-)validated run starts clean: its stage records go (never another run's folder's)."""
+        d = paths.run_dir(run_key)
+        check_owner(d, run_key)  # before anything in it is deleted
+        for old in (d / "stages").glob("*.json") if (d / "stages").is_dir() else []:
+            old.unlink()
+
+
+class Store(Stage):
+    """The run, its identities, every stage's facts, the load phases and the raw samples into the results store,
+    in one transaction (deploybench.store.ingest); runs whatever failed before, a retry replaces."""
+
+    name = "store"
+    result = dict[str, int]
+    leased = False
+    after_failure = True
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench.store import ingest
+
+        return ingest.store_run(ctx.run, ctx.dsn)
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        return f"run {ctx.run_key} stored: " + ", ".join(f"{k} {v}" for k, v in result.items())
+
+
+class Report(Stage):
+    """The run's HTML report, with the change points of its series' history and the verdict on it."""
+
+    name = "report"
+    result = dict[str, Any]  # {"path", "verdicts"}
+    leased = False
+    after_failure = True
+
+    def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench import report
+
+        history = report.history_for(ctx.run, ctx.dsn)  # change points of the run's series; None if not stored
+        path = report.write_html(ctx.run, history)
+        return {"path": str(path), "verdicts": history.verdicts if history else None,
+                "verdict_line": report.verdict_line(history) if history else ""}
+
+    def summary(self, ctx: Context, result: Any) -> str:
+        return f"report at {result['path']}" + (f"; {result['verdict_line']}" if result["verdict_line"] else "")
+
+
+# The run's stages in the order they run (the lease is taken after validate and released after teardown:
+# deploybench.pipeline); the DAG's tasks, the reports' stage table, the store's stage rows and the CLI follow it.
+REGISTRY: dict[str, Stage] = {s.name: s for s in (Validate(), Preflight(), Fanout(), Rollout(), Load(), Teardown(),
+                                                  Store(), Report())}
