@@ -37,7 +37,7 @@ pytestmark = [
     pytest.mark.e2e, pytest.mark.integration, pytest.mark.netns,
     pytest.mark.quiet,  # a 10 % slowdown must stand out of the run-to-run noise: no neighbours' load in it
 ]
-pytest.importorskip("aiosmtpd", reason="needs aiosmtpd (requirements.txt)")
+pytest.importorskip("aiosmtpd", reason="needs aiosmtpd (requirements-test.txt)")
 
 LAB = lab_names.unique("lbrg")  # conftest's lab_inventory brings it up for this module
 FIRST = date(2026, 3, 1)

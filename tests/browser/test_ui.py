@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.skipif(not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
                        reason="needs Debian's chromium and chromium-driver (.ci/bootstrap installs them)"),
 ]
-pytest.importorskip("selenium", reason="needs the selenium wheel (requirements.txt)")
+pytest.importorskip("selenium", reason="needs the selenium wheel (requirements-test.txt)")
 from selenium.common.exceptions import ElementClickInterceptedException, TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
