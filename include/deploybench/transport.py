@@ -448,10 +448,14 @@ LEFT_ALONE = "deploybench: left alone:"  # what stop_script prints (on stderr) f
 
 
 def _cmdline_test(argv: Sequence[str] | None) -> str:
-    """Shell test: /proc/$pid/cmdline is ``argv`` (arguments compared one per line)."""
+    """Shell test: /proc/$pid/cmdline is ``argv`` (arguments compared one per line), or ``argv`` still behind the
+    wrappers ``spawn_script`` starts it with (``setsid nohup argv``, then ``nohup argv``, for the moment before
+    each execs the next): a stop right after a start must stop it, not leave it alone."""
     if argv is None:
         return "true"
-    return f'[ "$(tr \'\\0\' \'\\n\' < /proc/$pid/cmdline 2>/dev/null)" = {shlex.quote(chr(10).join(argv))} ]'
+    want = "\n".join(argv)
+    ours = " || ".join(f'[ "$_cmd" = {shlex.quote(w)} ]' for w in (want, f"nohup\n{want}", f"setsid\nnohup\n{want}"))
+    return f'{{ _cmd="$(tr \'\\0\' \'\\n\' < /proc/$pid/cmdline 2>/dev/null)"; {ours}; }}'
 
 
 def alive_script(pid_path: str, argv: Sequence[str] | None = None) -> str:
