@@ -23,6 +23,7 @@ from starlette.testclient import TestClient
 from deploybench.store import load_run, set_excluded, write_run
 from deploybench.web import app as webapp
 from tests.support import store_fixtures as fx
+from tests.support.access import Access
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
@@ -71,19 +72,6 @@ def stored(dsn):
     series = load_run(dsn, history[0]).series_fingerprint
     assert series and load_run(dsn, keys["secret"]).series_fingerprint == series  # the secret run is in it
     return dsn, keys, history, series
-
-
-class Access:
-    """A stand-in for Airflow's auth manager: reads the DAGs in ``dags``; every DAG when ``all_dags``."""
-
-    def __init__(self, dags: set[str], all_dags: bool = False) -> None:
-        self.dags, self.all_dags, self.user_name = dags, all_dags, "tester"
-
-    def may_read_dag(self, dag_id: str) -> bool:
-        return self.all_dags or dag_id in self.dags
-
-    def may_read_all_dags(self) -> bool:
-        return self.all_dags
 
 
 def _client(dsn: str, access: Access | None) -> TestClient:

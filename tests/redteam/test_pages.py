@@ -29,25 +29,13 @@ from deploybench.store import load_run, write_run
 from deploybench.store.db import open_store
 from deploybench.web import app as webapp
 from tests.support import store_fixtures as fx
+from tests.support.access import Access
 from tests.support.run_folders import make_run_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
 DAG_A, DAG_B = "team_a", "team_b"
 PICKS = 100  # the run= keys of the comparison attack
-
-
-class Access:
-    """A stand-in for Airflow's auth manager: reads the DAGs in ``dags``; every DAG when ``all_dags``."""
-
-    def __init__(self, dags: set[str], all_dags: bool = False) -> None:
-        self.dags, self.all_dags, self.user_name = dags, all_dags, "attacker"
-
-    def may_read_dag(self, dag_id: str) -> bool:
-        return self.all_dags or dag_id in self.dags
-
-    def may_read_all_dags(self) -> bool:
-        return self.all_dags
 
 
 def _client(dsn: str, access: Access | None) -> TestClient:
