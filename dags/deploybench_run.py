@@ -4,7 +4,10 @@ validate -> lease -> preflight -> fanout -> rollout (canary, then scale steps) -
 sustained, overload) -> teardown -> lease release -> store -> report -> finish.
 
 The tasks are declared by ``deploybench.airflow.stages.run_stages`` (the scheduled regression
-benchmark declares the same ones); the trigger form's fields come from ``deploybench.params``.
+benchmark declares the same ones); the trigger form's fields come from ``deploybench.params``: the
+everyday ones (inventory, nodes, model, engine, preset, phases, rate, durations, SLO) open, the rest in
+closed sections. A preset (``include/presets/``, or the operator's ``$DEPLOYBENCH_PRESETS``) fills in
+the fields left at their defaults; the validate task's log and run.json say what it set.
 Runs on one cluster never overlap: each holds the cluster's lease (a row in the results
 database) from before preflight to after teardown, and a run that finds the cluster busy waits
 for it deferred, or fails naming the holder (``lease_on_busy``). Runs on different clusters go

@@ -361,8 +361,10 @@ class LoadPhase(str, Enum):
 
 class LoadSpec(_Strict):
     rate: float = Field(8.0, gt=0, le=100000, title="Load rate (req/s)",
-                        description="Arrival rate for the whole cluster, requests/s (open model): without the probe, "
-                                    "the capacity that sustained (sustained_fraction x it) and overload work from.")
+                        description="Arrival rate for the whole cluster, requests/s (open model). Without the probe "
+                                    "phase the sustained phase offers exactly this rate, and overload ramps from it "
+                                    "to overload_factor x it; with the probe both work from the measured capacity "
+                                    "instead (sustained at sustained_fraction x it).")
     duration_s: float = Field(30.0, gt=0, le=86400, title="Sustained duration (s)",
                               description="Measured duration of the sustained phase, after its warm-up.")
     warmup_s: float = Field(5.0, ge=0, le=3600, title="Warm-up (s)",
@@ -391,7 +393,8 @@ class LoadSpec(_Strict):
                                     json_schema_extra={"uniqueItems": True},
                                     description="Phases to run, in order: probe (find the capacity), sustained (hold "
                                                 "a fraction of it), overload (ramp past it, then recover). Without "
-                                                "probe, the load rate is taken as the capacity.")
+                                                "probe, sustained offers the load rate as typed and overload works "
+                                                "from it.")
     probe_start_rps: float = Field(1.0, gt=0, le=100000, title="Probe: first rate (req/s)",
                                    description="First rate tried; doubled until a step breaks the SLO, then bisected.")
     probe_max_rps: float = Field(1000.0, gt=0, le=100000, title="Probe: highest rate (req/s)",
@@ -404,13 +407,16 @@ class LoadSpec(_Strict):
     probe_max_steps: int = Field(14, ge=2, le=100)
     min_achieved_ratio: float = Field(0.99, gt=0.5, le=1, description="achieved / offered a step must reach")
     sustained_fraction: float = Field(0.8, gt=0, le=1.5, title="Sustained fraction",
-                                      description="Sustained rate as a fraction of the capacity.")
+                                      description="Sustained rate as a fraction of the capacity the probe found; "
+                                                  "not applied without the probe (then the load rate is offered "
+                                                  "as typed).")
     drift_threshold: float = Field(0.1, gt=0, le=10, title="Drift threshold",
                                    description="Report drift when throughput or P99 moves more than this fraction "
                                                "between first and last window.")
     window_s: float = Field(5.0, gt=0, le=3600, title="Window (s)", description="Window of per-window figures.")
     overload_factor: float = Field(2.0, gt=1, le=20, title="Overload: peak factor",
-                                   description="The overload ramp ends at this multiple of the capacity.")
+                                   description="The overload ramp ends at this multiple of the capacity (of the "
+                                               "load rate, without the probe).")
     overload_ramp_s: float = Field(30.0, gt=0, le=86400, title="Overload: ramp (s)",
                                    description="Length of the overload ramp.")
     recovery_s: float = Field(30.0, gt=0, le=86400, title="Overload: recovery (s)",

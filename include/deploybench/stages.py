@@ -381,7 +381,9 @@ class Validate(Stage):
         from deploybench.inventory import Inventory
         from deploybench.matrix import planned
 
-        cfg = form.to_config(ctx.params or {})
+        cfg, preset = form.configure(ctx.params or {})
+        if preset is not None:  # what the form's preset did, in the task log and in run.json
+            log.info("run %s: %s", ctx.run_key, preset.describe())
         policy.check(cfg, rollout.capabilities(cfg).needs_kube)  # what the form chose, within what the operator allows
         planned.verify(ctx.run_key, cfg)  # a matrix cell's run id and 'deployment' section: only as its plan wrote them
         inv = Inventory.load(cfg.inventory)
@@ -390,6 +392,7 @@ class Validate(Stage):
         write_json(paths.run_dir(ctx.run_key) / "run.json", {
             "run_key": ctx.run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
             "meta": {**(ctx.meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
+            "preset": preset.record() if preset else None,
         })
         return {"nodes": names, "fingerprint": cfg.fingerprint()}
 

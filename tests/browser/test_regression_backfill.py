@@ -57,7 +57,7 @@ DONE_TIMEOUT_S = 60 * 60
 # a sustained phase of 5 s at 8 req/s, 40 requests (test_history_accuracy.py finds a 10 % slowdown in 20).
 PARAMS = {
     "inventory": LAB, "nodes": 2, "canary_nodes": 2, "iperf_seconds": 1, "link_threshold": 0.5,
-    "gate_duration_s": 3, "load_rate": 10, "load_duration_s": 5, "warmup_s": 1, "output_tokens": 16,
+    "gate_duration_s": 3, "load_rate": 8, "load_duration_s": 5, "warmup_s": 1, "output_tokens": 16,
     "prompt_tokens": 64, "lease_wait_s": 3600,
 }
 

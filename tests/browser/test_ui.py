@@ -1,10 +1,12 @@
-"""The Airflow UI as a person meets it, in headless Chromium against a real Airflow (issue 11).
+"""The Airflow UI as a person meets it, in headless Chromium against a real Airflow (issues 11 and 32).
 
-Log in, open deploybench_run, press Trigger: with the defaults the form must be submittable (no
-section flagged red, the modal's Trigger button enabled). Then point the form at a 2-node lab and
-shorten the run (fields in the Cluster, Preflight and Load sections), trigger, wait for the run to succeed, and
-read what a person reads: the run's "Benchmark results" tab, the series history and the comparison
-page of the results plugin, checked against what the run stored.
+Log in, open deploybench_run, press Trigger. The form opens with its everyday fields (the preset among them)
+in its first section, open, and every other section closed; with the defaults it must be submittable (no
+section flagged red, the modal's Trigger button enabled), and triggering it as it stands gives the run exactly
+the form's defaults. Then point the form at a 2-node lab, choose the preset ``quick``, change a few fields
+(one the preset also sets: the typed value must win), trigger, wait for the run to succeed, and read what a
+person reads: what the preset set (the validate task's log, run.json), the run's "Benchmark results" tab,
+the series history and the comparison page of the results plugin, checked against what the run stored.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 
-from deploybench import paths
+from deploybench import params, paths
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's packages
 pytestmark = [
@@ -39,13 +41,17 @@ FORM_TIMEOUT_S = 30
 RUN_TIMEOUT_S = 480
 STAGES = ("validate", "preflight", "fanout", "rollout", "load", "teardown")
 
-# What the test changes in the form (field, value), by section; everything else keeps its default.
+# The run triggered from the form: the preset PRESET, and what the test types (field, value), by section; every
+# other field keeps its default, or takes the preset's value where the preset sets one.
+PRESET = "quick"
 LOAD_DURATION_S = 8
 CHANGES = {
-    "Preflight": [("link_threshold", "0.5")],  # 2 s iperf3 tests on a busy 2-core machine read ~75 %
+    # the preset sets load_duration_s=10: the typed 8 must win
+    params.OPEN_SECTION: [("load_duration_s", str(LOAD_DURATION_S))],
+    "Preflight": [("link_threshold", "0.5")],  # 1-2 s iperf3 tests on a busy 2-core machine read ~75 %
     # 16 output tokens: P99 ~0.4 s instead of ~1.9 s with the default 64, far from the 2 s SLO that the
     # rollout gates enforce (a loaded machine must not fail the run)
-    "Load": [("load_duration_s", str(LOAD_DURATION_S)), ("warmup_s", "2"), ("output_tokens", "16")],
+    "Workload": [("output_tokens", "16")],
 }
 
 
@@ -60,6 +66,18 @@ return [...arguments[0].querySelectorAll('[data-part=item-trigger]')].map(b => {
   return {name: b.innerText.trim(), icon: !!b.querySelector(':scope > div:first-child svg'),
           color: getComputedStyle(title).color, expanded: b.getAttribute('aria-expanded') === 'true'};
 });
+"""
+# the form's fields a person sees now: a field is a labelled row (Chakra's field root) whose input, select or
+# number input is named or id'd "element_<name>"; shown when it takes up room and the section around it is not
+# closed (a closed one is data-state=closed and hidden; the one open from the start carries no data-state)
+_VISIBLE_FIELDS_JS = """
+const named = r => [r, ...r.querySelectorAll('[name],[id]')].map(e => (e.getAttribute('name') || '') + ' ' + e.id)
+  .map(t => (t.match(/element_([A-Za-z0-9_]+)/) || [])[1]).find(Boolean);
+return [...arguments[0].querySelectorAll('[data-scope=field][data-part=root]')]
+  .filter(e => e.getClientRects().length > 0 && getComputedStyle(e).visibility !== 'hidden')
+  .filter(e => { const c = e.closest('[data-part=item-content]');
+                 return !c || (c.dataset.state !== 'closed' && !c.hidden); })
+  .map(named).filter(Boolean);
 """
 _EMPTY_REQUIRED_JS = """
 return [...arguments[0].querySelectorAll('input[required], textarea[required]')]
@@ -93,6 +111,11 @@ def open_trigger_form(driver, url: str):
         (e for e in d.find_elements(By.CSS_SELECTOR, "[role=dialog][data-state=open]")
          if "Trigger Dag" in e.text and e.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")), None))
     return dialog
+
+
+def visible_fields(dialog) -> list[str]:
+    """The names of the form fields shown now (a closed section's are not), in the form's order."""
+    return dialog.parent.execute_script(_VISIBLE_FIELDS_JS, dialog)
 
 
 def submit_button(dialog):
@@ -151,11 +174,7 @@ def _click(element) -> None:
 
 def set_field(dialog, section: str, name: str, value: str) -> None:
     """Open ``section`` and type ``value`` into the field ``name`` (select all, then type, as a person)."""
-    trigger = next(b for b in dialog.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")
-                   if b.text.strip() == section)
-    if trigger.get_attribute("aria-expanded") != "true":
-        _still(trigger)
-        _click(trigger)
+    open_section(dialog, section)
     field = _wait(dialog.parent, 10).until(lambda d: next(
         (e for e in dialog.find_elements(By.CSS_SELECTOR, f"[name=element_{name}]") if e.is_displayed()), None))
     _still(field)
@@ -176,6 +195,32 @@ def set_field(dialog, section: str, name: str, value: str) -> None:
     pytest.fail(f"field {name} in section {section} shows {shown!r} after typing {value!r} three times")
 
 
+def open_section(dialog, section: str) -> None:
+    """Open ``section`` (a click on its title, as a person does) unless it is open."""
+    trigger = next(b for b in dialog.find_elements(By.CSS_SELECTOR, "[data-part=item-trigger]")
+                   if b.text.strip() == section)
+    if trigger.get_attribute("aria-expanded") != "true":
+        _still(trigger)
+        _click(trigger)
+
+
+def choose(dialog, section: str, name: str, value: str) -> None:
+    """Pick the option ``value`` of the select ``name`` (its label starts with the value: values_display), as a
+    person does: open the section, click the select, click the option."""
+    open_section(dialog, section)
+    driver = dialog.parent
+    box = _wait(driver, 10).until(lambda d: next(
+        (e for e in dialog.find_elements(By.ID, f"element_{name}") if e.is_displayed()), None))
+    _still(box)
+    _click(box)
+    option = _wait(driver, 10).until(lambda d: next(
+        (o for o in dialog.find_elements(By.CSS_SELECTOR, "[role=option]")
+         if o.is_displayed() and o.text.strip().startswith(f"{value} - ")), None))
+    _click(option)
+    _wait(driver, 5).until(lambda d: any(i.get_attribute("value") == value for i in dialog.find_elements(
+        By.CSS_SELECTOR, f"input[name=element_{name}]")))
+
+
 # -- the run ---------------------------------------------------------------------------------------
 def _run_ids(airflow) -> set[str]:
     runs = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
@@ -191,52 +236,116 @@ def _why_failed(airflow, run_id: str) -> dict:
     return {"tasks": states, "stage errors": {k: v for k, v in errors.items() if v}}
 
 
-@pytest.fixture(scope="module")
-def form_run(airflow, browser, lab_inventory, results_dsn, shot) -> dict:
-    """A run triggered from the form (the lab's inventory, and CHANGES), finished; with its stored results."""
+def submit(airflow, dialog) -> str:
+    """Press the modal's Trigger button; the id of the run it made."""
     before = _run_ids(airflow)
-    dialog = open_trigger_form(browser, airflow.url)
-    set_field(dialog, "Cluster", "inventory", str(lab_inventory))
-    for section, changes in CHANGES.items():
-        for name, value in changes:
-            set_field(dialog, section, name, value)
-    assert_submittable(dialog, "with the test's changes")
-    shot("02-trigger-form-changed")
     submit_button(dialog).click()
     new = airflow.wait_for("the triggered run", lambda: _run_ids(airflow) - before, 30, every_s=0.5)
     assert len(new) == 1, new
-    run_id = new.pop()
-    run = airflow.wait_for(
+    return new.pop()
+
+
+def finished(airflow, run_id: str) -> dict:
+    """The DAG run once it succeeded or failed."""
+    return airflow.wait_for(
         f"run {run_id} to finish",
         lambda: (r := airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"))["state"]
         in ("success", "failed") and r,
         RUN_TIMEOUT_S, every_s=2,
     )
+
+
+def task_log(airflow, run_id: str, task_id: str) -> str:
+    """A task's log (first try) as the UI's log view reads it, through the REST API."""
+    got = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}"
+                                 "/logs/1?full_content=true")
+    return json.dumps(got.get("content"))
+
+
+@pytest.fixture(scope="module")
+def form_run(airflow, browser, lab_inventory, results_dsn, shot) -> dict:
+    """A run triggered from the form (the lab's inventory, the preset PRESET, and CHANGES), finished; with its
+    run.json and its stored results."""
+    dialog = open_trigger_form(browser, airflow.url)
+    set_field(dialog, params.OPEN_SECTION, "inventory", str(lab_inventory))
+    choose(dialog, params.OPEN_SECTION, params.PRESET, PRESET)
+    for section, changes in CHANGES.items():
+        for name, value in changes:
+            set_field(dialog, section, name, value)
+    assert_submittable(dialog, f"with the preset {PRESET} and the test's changes")
+    shot("02-trigger-form-changed")
+    run_id = submit(airflow, dialog)
+    run = finished(airflow, run_id)
     assert run["state"] == "success", _why_failed(airflow, run_id)
     from deploybench.store import load_run
 
     key = paths.dag_run_key(DAG_ID, run_id)
     stored = load_run(results_dsn, key)
     assert stored is not None, f"run {key} is not in the results database the connection names"
-    return {"run_id": run_id, "key": key, "conf": run["conf"], "stored": stored}
+    return {"run_id": run_id, "key": key, "conf": run["conf"], "stored": stored,
+            "run_json": json.loads((paths.run_dir(key) / "run.json").read_text())}
 
 
 # -- tests -----------------------------------------------------------------------------------------
-def test_trigger_form_can_be_submitted_with_its_defaults(airflow, browser, shot):
+def test_the_form_opens_with_the_everyday_fields_and_every_other_section_closed(airflow, browser, shot):
+    """Before a person opens a section they see the everyday fields (15) and the titles of the closed sections."""
     dialog = open_trigger_form(browser, airflow.url)
     shot("01-trigger-form-defaults")
-    sections = [s["name"] for s in browser.execute_script(_SECTIONS_JS, dialog)]
-    for section in ("Cluster", "Preflight", "Rollout", "Load", "SLO"):
-        assert section in sections, sections
+    sections = browser.execute_script(_SECTIONS_JS, dialog)
+    names = [s["name"] for s in sections]
+    assert names[0] == params.OPEN_SECTION and sections[0]["expanded"], sections
+    for section in params.SECTIONS:
+        assert section in names, names
+    assert [s["name"] for s in sections if s["expanded"]] == [params.OPEN_SECTION], sections
+    shown = visible_fields(dialog)
+    assert shown == list(params.EVERYDAY_ORDER) and len(shown) == 15, shown
     assert_submittable(dialog, "with its defaults")
+    # one section open at a time: opening another closes the everyday one (set_field opens it again)
+    open_section(dialog, "Workload")
+    _wait(browser, 10).until(lambda d: [s["name"] for s in d.execute_script(_SECTIONS_JS, dialog)
+                                        if s["expanded"]] == ["Workload"])
+    assert visible_fields(dialog) == ["prompt_tokens", "output_tokens", "api", "stream", "output_spread"]
 
 
-def test_the_run_gets_what_was_typed_into_the_form(form_run, lab_inventory):
+def test_triggering_with_the_defaults_gives_the_run_the_forms_defaults(airflow, browser):
+    """Trigger as the form opens, nothing changed: the run gets every field at its default and no preset. The
+    defaults name the demo lab, which this session does not have: validate stops the run there, before any node
+    is touched, and says how to get one."""
+    from deploybench.inventory import resolve
+
+    if resolve(params.default_inventory()).is_file():
+        pytest.skip("this home has a demo lab: triggering the defaults would benchmark it")
+    dialog = open_trigger_form(browser, airflow.url)
+    assert_submittable(dialog, "with its defaults")
+    run_id = submit(airflow, dialog)
+    run = finished(airflow, run_id)
+    conf, want = run["conf"], params.defaults()
+    assert conf[params.PRESET] is None, conf
+    differ = {n: (conf.get(n), v) for n, v in want.items() if (None if conf.get(n) == "" else conf.get(n)) != v}
+    assert not differ, f"fields not at their defaults (sent, default): {differ}"
+    assert set(conf) == {*want, params.PRESET}, set(conf) ^ {*want, params.PRESET}
+    assert run["state"] == "failed"
+    error = json.loads((paths.run_dir(paths.dag_run_key(DAG_ID, run_id)) / "stages" / "validate.json")
+                       .read_text())["error"]
+    assert "inventory 'demo' does not exist" in error and "deploybench lab up" in error, error
+
+
+def test_the_run_gets_the_preset_and_what_was_typed_into_the_form(airflow, form_run, lab_inventory):
     conf = form_run["conf"]
-    assert conf["inventory"] == str(lab_inventory)
+    assert conf["inventory"] == str(lab_inventory) and conf[params.PRESET] == PRESET
     for changes in CHANGES.values():
         for name, value in changes:
             assert float(conf[name]) == float(value), (name, conf[name])
+    # the preset filled in what was left at its default; what was typed won, also where the preset sets it
+    preset = params.preset(PRESET)
+    used = form_run["run_json"]["preset"]
+    assert used["name"] == PRESET and used["kept"] == {"load_duration_s": LOAD_DURATION_S}, used
+    assert used["set"] == {k: v for k, v in preset.values.items() if k != "load_duration_s"}, used
+    load = form_run["run_json"]["config"]["load"]
+    assert load["duration_s"] == LOAD_DURATION_S and load["warmup_s"] == preset.values["warmup_s"], load
+    assert form_run["run_json"]["config"]["preflight"]["iperf_seconds"] == preset.values["iperf_seconds"]
+    log = task_log(airflow, form_run["run_id"], "validate")
+    assert f"preset '{PRESET}' set" in log and f"kept the typed load_duration_s={LOAD_DURATION_S}" in log, log[-3000:]
     stored = form_run["stored"]
     assert stored.run.status == "success"
     assert stored.run.node_count == LAB_NODES

@@ -70,7 +70,8 @@ def test_params_form_matches_library():
     from deploybench import params
 
     dag = _dagbag().dags["deploybench_run"]
-    assert set(dag.params.keys()) == {f.name for f in params.FIELDS}
+    assert list(dag.params.keys()) == params.form_order()  # every field and the preset, in the form's order
+    assert set(dag.params.keys()) == {f.name for f in params.FIELDS} | {params.PRESET}
     assert dag.params.get_param("engine_profile").schema["enum"] == ["sim", "vllm", "triton", "file"]
 
 

@@ -164,3 +164,49 @@ def test_tags_are_bounded_and_a_refused_value_is_not_echoed_whole():
     with pytest.raises(ConfigError, match="at most 128"):
         params.to_config({"tags": {"k" * 129: "v"}})
     assert params.to_config({"tags": {"purpose": "nightly"}}).tags == {"purpose": "nightly"}
+
+
+# -- the form a person meets: everyday fields open, the rest in closed sections ---------------------------------
+def test_about_fifteen_everyday_fields_are_open_and_the_rest_in_closed_sections():
+    """Airflow's form opens only its default section (the Params without a section); every named section starts
+    closed. 15 fields are visible before a section is opened: the preset and 14 of RunConfig's 85."""
+    form = params.trigger_form()
+    open_ = [n for n, (_, schema) in form.items() if "section" not in schema]
+    assert open_ == list(params.EVERYDAY_ORDER) and len(open_) == 15, open_
+    assert list(form)[:15] == open_  # they come first: the open section is the form's first
+    assert {"inventory", "nodes", "model_name", "engine_profile", params.PRESET, "load_rate", "load_duration_s",
+            "slo_p99_latency_ms"} <= set(open_)
+    assert {"sim_decode_per_seq_ms", "k6_max_vus", "sustained_fraction", "k8s_namespace"}.isdisjoint(open_)
+    # every RunConfig field once, in SECTIONS order, each section a block of its own
+    assert sorted(form) == sorted([*(f.name for f in params.FIELDS), params.PRESET])
+    sections = [schema["section"] for _, schema in list(form.values())[15:]]
+    assert list(dict.fromkeys(sections)) == list(params.SECTIONS)
+    assert sections == sorted(sections, key=params.SECTIONS.index)
+    assert params.OPEN_SECTION not in params.SECTIONS
+
+
+def test_the_dags_params_are_the_trigger_form_in_its_order():
+    from deploybench.airflow.stages import run_params
+
+    got = run_params()
+    assert list(got) == params.form_order()
+    assert got[params.PRESET].value is None and got["load_rate"].value == params.defaults()["load_rate"]
+    assert "section" not in got["load_rate"].schema and got["k6_max_vus"].schema["section"] == "Load generator"
+
+
+def test_the_preset_field_is_a_select_of_the_presets_empty_by_default(monkeypatch):
+    monkeypatch.delenv(params.PRESET_ENV, raising=False)
+    default, schema = params.trigger_form()[params.PRESET]
+    assert default is None and schema["enum"] == [None, "capacity", "quick", "runbook", "soak"]
+    assert set(schema["values_display"]) == {"null", "capacity", "quick", "runbook", "soak"}
+    p = Param(default, **schema)
+    assert p.resolve(None) is None and p.resolve("quick") == "quick"
+    for bad in ("nightly", "../quick", 1):
+        with pytest.raises(Exception):  # noqa: B017 - ParamValidationError: not one of the choices
+            p.resolve(bad)
+
+
+def test_load_rate_says_what_it_means_in_the_form():
+    by = {f.name: f for f in params.FIELDS}
+    assert "offers exactly this rate" in by["load_rate"].description
+    assert "not applied without the probe" in by["sustained_fraction"].description

@@ -34,9 +34,10 @@ RETRY = {"retries": 3, "retry_delay": timedelta(seconds=10), "retry_exponential_
 
 
 def run_params() -> dict[str, Param]:
-    """The trigger form: one Param per field of ``deploybench.params`` (schema read from RunConfig)."""
-    defaults = form.defaults()
-    return {f.name: Param(defaults[f.name], section=f.section, **f.schema) for f in form.FIELDS}
+    """The trigger form: one Param per field of ``deploybench.params`` (schema read from RunConfig), in the form's
+    order: the everyday fields and the preset first (no section: the form's first section, open when the form
+    opens), then the named sections, closed (``deploybench.params.SECTIONS``)."""
+    return {name: Param(default, **schema) for name, (default, schema) in form.trigger_form().items()}
 
 
 def run_key(context: Any = None) -> str:

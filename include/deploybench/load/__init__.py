@@ -8,7 +8,8 @@ whatever the server does, so a slow server cannot slow the client down and hide 
   and dropped iterations.
 * ``gpu`` — each node's GPU utilisation and memory beside every k6 run (DCGM gauges, or nvidia-smi over
   the run's transport; absent when neither answers), and the SLO's optional utilisation objective.
-* ``sustained.run`` — a fraction of the capacity held for the configured time; per-window figures, drift.
+* ``sustained.run`` — a fraction of the probed capacity (without the probe: the load rate as typed) held
+  for the configured time; per-window figures, drift.
 * ``overload.run`` — a ramp past the capacity, then recovery at half of it; where each objective broke,
   errors by kind, recovery time.
 * ``phases.run_phases`` — the three in order, as the pipeline's load stage runs them.

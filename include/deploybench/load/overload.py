@@ -1,8 +1,9 @@
 """Overload: a ramp past the capacity, then a recovery period at half of it.
 
-After the warm-up at ``sustained_fraction`` x capacity, the offered rate ramps linearly to
-``overload_factor`` x capacity over ``overload_ramp_s``, drops to 0.5 x capacity and stays there for
-``recovery_s``. Judged window by window (``window_figures`` of the run):
+After the warm-up at the sustained rate (``sustained_fraction`` x a probed capacity; without the probe
+the capacity is ``load.rate`` and the warm-up runs at it: ``phases.phase_spec``), the offered rate
+ramps linearly to ``overload_factor`` x capacity over ``overload_ramp_s``, drops to 0.5 x capacity
+and stays there for ``recovery_s``. Judged window by window (``window_figures`` of the run):
 
 * ``broke_at``: for each objective (P99 latency, P99 TTFT, error rate, achieved ÷ offered), the offered
   rate of the first ramp window that broke it (None: it held through the ramp);

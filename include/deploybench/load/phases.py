@@ -12,7 +12,8 @@ present into the load stage's result::
 ``phases[p]`` is ``{"status": "success"|"failed", "result": LoadResult dump | None, "error": str | None,
 "analysis": {...}}``; analysis is the probe's CapacityResult, sustained's Drift or overload's
 OverloadAnalysis. The sustained and overload phases take the probe's capacity when it ran, else
-``load.rate``.
+``load.rate``; ``sustained_fraction`` scales a probed capacity only: without the probe, the sustained
+phase offers exactly the load rate a person typed (``phase_spec``).
 
 Every k6 run (each probe step, sustained, overload) is measured with the nodes' GPUs beside it
 (``gpu.GpuSampler``: the engine's DCGM gauges, a DCGM exporter, or nvidia-smi over ``transports``):
@@ -114,6 +115,14 @@ def capacity_of(out_dir: Path, spec: LoadSpec) -> tuple[float, str]:
         raise LoadError(f"the probe found no capacity ({why}); "
                         "lower probe_start_rps, loosen the SLO, or run without the probe at a fixed load_rate")
     return float(cap), "probe"
+
+
+def phase_spec(spec: LoadSpec, source: str) -> LoadSpec:
+    """The spec the sustained and overload phases run with, given where their capacity came from
+    (``capacity_of``). ``sustained_fraction`` is a fraction of a capacity the probe measured; a load rate a
+    person typed means what it says: without the probe the sustained phase offers exactly ``load.rate``, and
+    overload starts there and ramps to ``overload_factor`` x it."""
+    return spec if source == "probe" else spec.model_copy(update={"sustained_fraction": 1.0})
 
 
 def with_gpu(run: Callable[[], LoadResult], nodes: list[Endpoint], spec: LoadSpec, out_dir: Path, phase: str,
@@ -271,11 +280,12 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             outcome["series"] = [p for r in steps.values() for p in _series(r)]
         else:
             cap, source = capacity_of(out_dir, spec)
+            shaped = phase_spec(spec, source)
             mod = sustained if phase == "sustained" else overload
             done: dict[str, Any] = {}
 
             def run() -> LoadResult:
-                done["res"], done["analysis"] = mod.run(load_eps, spec, slo, out_dir, cap, tags=tags, api=api,
+                done["res"], done["analysis"] = mod.run(load_eps, shaped, slo, out_dir, cap, tags=tags, api=api,
                                                         scrape_endpoints=scrape_eps)
                 return done["res"]
 

@@ -1,4 +1,6 @@
 """Sustained: a constant arrival rate at ``sustained_fraction`` x the capacity, held for ``duration_s``.
+The capacity is the probe's; without the probe the phase offers ``load.rate`` as typed (the fraction is
+1 then: ``phases.phase_spec``).
 
 Figures per window (``window_s``) come with the result (``LoadResult.windows``); drift compares the
 first and the last full window: throughput (requests answered per second) and P99 end-to-end latency

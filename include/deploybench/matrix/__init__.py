@@ -63,7 +63,7 @@ MAX_AXIS_VALUES = 64
 OVERHEAD_S = 60.0  # scheduling ~13 task processes, lease, store and report of one run on a small cluster
 RUN_DAG_ID = "deploybench_run"
 # parameters that change only how the service is loaded or judged, not what is deployed
-_NOT_DEPLOYMENT = {f.name for f in form.FIELDS if f.section in ("Load", "SLO")} | {
+_NOT_DEPLOYMENT = {f.name for f in form.FIELDS if f.path[0] in ("load", "slo")} | {
     "lease_on_busy", "lease_wait_s", "lease_ttl_s", "lease_heartbeat_s", "tags"}
 _SHORT = {"tensor_parallel_size": "tp"}  # label abbreviations a serving engineer reads at a glance
 _FORM_ORDER = {f.name: i for i, f in enumerate(form.FIELDS)}

@@ -12,7 +12,7 @@ import pytest
 from deploybench import params as form
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
-from deploybench.load import Endpoint, overload, probe, scrape, sustained
+from deploybench.load import Endpoint, overload, phases, probe, scrape, sustained
 from deploybench.load.results import LoadResult, SloVerdict, WindowFigures
 from deploybench.load.runner import build_env, offered_at, sampler_share
 from deploybench.load.scrape import _quantile, engine_figures, parse_metrics
@@ -330,6 +330,47 @@ def test_overload_shape():
     assert start == 80 and stages == [(300, 20), (50, overload.DROP_S), (50, 10)]
 
 
+# -- what the sustained and overload phases offer: the load rate as typed, or a fraction of the probed capacity ---
+@pytest.fixture
+def offered(monkeypatch) -> dict:
+    """phase -> (rate, stages) that phase asked k6 for (run_load stood in for; no k6, no server)."""
+    asked: dict = {}
+
+    def run_load(endpoints, spec, slo, out_dir, phase="sustained", rate=None, stages=None, **_):
+        asked[phase] = (rate, stages)
+        return _result(rate, rate).model_copy(update={"phase": phase})
+
+    monkeypatch.setattr(sustained, "run_load", run_load)
+    monkeypatch.setattr(overload, "run_load", run_load)
+    return asked
+
+
+EPS = [Endpoint("n1", "http://127.0.0.1:9", "m")]
+
+
+def test_without_the_probe_the_sustained_phase_offers_the_load_rate_as_typed(offered, tmp_path):
+    """load_rate 60 offers 60 req/s (it offered 0.8 x 60 = 48 before: the default sustained_fraction applied to
+    the typed rate); overload starts there and ramps to overload_factor x it."""
+    spec = LoadSpec(rate=60, phases=["sustained", "overload"], overload_factor=2, overload_ramp_s=20, recovery_s=10,
+                    scrape_interval_s=0)
+    assert spec.sustained_fraction == 0.8  # the default, not applied to a typed rate
+    out = phases.run_phase("sustained", EPS, spec, SLO(), tmp_path)
+    assert offered["sustained"] == (60, None) and out["analysis"]["capacity_source"] == "config"
+    phases.run_phase("overload", EPS, spec, SLO(), tmp_path)
+    assert offered["overload"] == (60, [(120, 20), (30, overload.DROP_S), (30, 10)])
+
+
+def test_with_the_probe_the_sustained_phase_offers_its_fraction_of_the_capacity(offered, tmp_path):
+    phases._write(tmp_path, "probe", {"phase": "probe", "status": "success", "analysis": {"capacity_rps": 50.0}})
+    spec = LoadSpec(rate=60, phases=["probe", "sustained", "overload"], overload_factor=2, overload_ramp_s=20,
+                    recovery_s=10, scrape_interval_s=0)
+    out = phases.run_phase("sustained", EPS, spec, SLO(), tmp_path)
+    assert offered["sustained"] == (40, None) and out["analysis"]["capacity_source"] == "probe"
+    phases.run_phase("overload", EPS, spec, SLO(), tmp_path)
+    assert offered["overload"] == (40, [(100, 20), (25, overload.DROP_S), (25, 10)])
+    assert phases.phase_spec(spec, "probe") is spec and phases.phase_spec(spec, "config").sustained_fraction == 1
+
+
 # -- load shape and environment -------------------------------------------------------------------------
 def test_offered_rate_along_a_ramp():
     stages = [(30.0, 4.0), (5.0, 0.001), (5.0, 3.0)]
@@ -374,8 +415,9 @@ def test_bad_load_params_are_refused_before_anything_runs(flat, words):
 def test_form_schema_bounds_the_new_fields():
     fields = {f.name: f for f in form.FIELDS}
     assert fields["load_phases"].schema["items"]["enum"] == ["probe", "sustained", "overload"]
-    assert fields["overload_factor"].schema["exclusiveMinimum"] == 1 and fields["sustained_fraction"].section == "Load"
-    assert fields["slo_p99_ttft_ms"].section == "SLO"
+    assert fields["overload_factor"].schema["exclusiveMinimum"] == 1
+    assert fields["sustained_fraction"].section == "Phase settings"
+    assert fields["slo_p99_ttft_ms"].section is form.EVERYDAY  # the SLO is among the fields the form shows open
     assert form.to_config({"inventory": "x"}).load.phases == ["sustained"]  # the default: one phase
 
 
