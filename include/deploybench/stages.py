@@ -219,8 +219,13 @@ class Fanout(Stage):
 
 
 def verified_nodes(run: Run) -> list[str]:
-    """The nodes that hold the verified model (the healthy ones when fan-out was skipped)."""
+    """The nodes that hold the verified model: fan-out's own; the healthy ones when it was skipped (or when a
+    reused record does not name them); never a node a fan-out of this run did not verify."""
+    from deploybench.fanout.result import FanoutResult
+
     fo = run.fanout_result()
+    if isinstance(fo, FanoutResult):
+        return list(fo.verified_nodes)
     if fo is None or isinstance(fo, SkippedExternal):
         return healthy_nodes(run)
     return list(fo.verified_nodes) or healthy_nodes(run)

@@ -104,3 +104,21 @@ def test_what_differs_between_backends_is_a_capability_not_a_name_compared():
     found = [f"{p.relative_to(LIB)}:{i}" for p in LIB.rglob("*.py") if p.name != "config.py"
              for i, line in enumerate(p.read_text().splitlines(), 1) if compared.search(line)]
     assert found == [], f"backend names compared outside deploybench.rollout.BACKENDS: {found}"
+
+
+def test_the_next_stage_reads_its_nodes_from_the_records(tmp_path):
+    """Fan-out deploys onto the nodes preflight kept and rollout onto those fan-out verified, read from their
+    records; a fan-out that verified fewer nodes than preflight kept never hands the others to the rollout."""
+    from deploybench.run import Run, save_record
+
+    run = Run("deploybench_run__x", tmp_path, RunConfig(inventory="lab"), None, ["n1", "n2", "n3"], {})  # type: ignore[arg-type]
+    assert stages.healthy_nodes(run) == stages.verified_nodes(run) == ["n1", "n2", "n3"]  # nothing ran yet
+    save_record(tmp_path, _rec("preflight", stages.dump(PreflightResult([], [], ["n1", "n3"], {"n2": "no ssh"},
+                                                                        "exclude", 1.0))))
+    assert stages.healthy_nodes(run) == stages.verified_nodes(run) == ["n1", "n3"]
+    fo = FanoutResult("m", "d", 1, [], "n1", "chain", [NodeCopy("n1", "source", verified=True),
+                                                         NodeCopy("n3", "failed", verified=False)])
+    save_record(tmp_path, _rec("fanout", stages.dump(fo)))
+    assert stages.verified_nodes(run) == ["n1"]
+    save_record(tmp_path, _rec("fanout", stages.dump(FanoutResult("m", "d", 1, [], "n1", "chain", []))))
+    assert stages.verified_nodes(run) == []  # not the healthy ones: none holds this run's verified copy
