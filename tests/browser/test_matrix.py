@@ -98,6 +98,26 @@ def _log(airflow, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
         if isinstance(content, list) else str(content)
 
 
+def _why(airflow, matrix_run: str) -> str:
+    """Why a matrix run failed: its finish task's error and, for each cell run that failed, the error of each
+    task that failed in it (the Grid's red squares), so a failure in CI says which stage of which cell."""
+    out = [_errors(_log(airflow, MATRIX, matrix_run, "finish"))]
+    for r in airflow.request("GET", f"/api/v2/dags/{RUN}/dagRuns?limit=200")["dag_runs"]:
+        if r["state"] != "failed" or matrix_run not in r["dag_run_id"]:
+            continue
+        for t in _tis(airflow, RUN, r["dag_run_id"]):
+            if t["state"] in ("failed", "upstream_failed") and t["task_id"] != "finish":
+                out.append(f"{r['dag_run_id']} {t['task_id']} {t['state']}: "
+                           + _errors(_log(airflow, RUN, r["dag_run_id"], t["task_id"])))
+    return "\n".join(out)
+
+
+def _errors(log: str) -> str:
+    """The error lines of a task log (level error, or an exception's text), else its last 2000 characters."""
+    lines = [ln for ln in log.splitlines() if '"level": "error"' in ln or "exc_value" in ln]
+    return "\n".join(ln[:3000] for ln in lines) or log[-2000:]
+
+
 def _run_ids(airflow) -> set[str]:
     return {r["dag_run_id"] for r in airflow.request("GET", f"/api/v2/dags/{RUN}/dagRuns?limit=200")["dag_runs"]}
 
@@ -132,7 +152,7 @@ def test_matrix_runs_the_gaps_skips_the_measured_cell_and_names_the_best(airflow
     mrun = _trigger(airflow, MATRIX, {"base": base, "axes": GRID})
     state = _wait_done(airflow, MATRIX, mrun)
     TIMES["2x2 matrix, 3 cells run"] = time.monotonic() - t0
-    assert state == "success", _log(airflow, MATRIX, mrun, "finish")
+    assert state == "success", _why(airflow, mrun)
 
     plan_log = _log(airflow, MATRIX, mrun, "plan")
     assert "4 cells - 3 will run, 1 skipped (already measured)" in plan_log, plan_log[-3000:]
