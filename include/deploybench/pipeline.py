@@ -18,7 +18,7 @@ from typing import Any
 
 from deploybench import paths
 from deploybench.errors import StageFailed
-from deploybench.records import StageRecord
+from deploybench.records import KeptDeployment, KeptEngines, StageRecord
 from deploybench.run import (
     LEASED_STAGES,
     LOAD_PHASES,
@@ -72,8 +72,8 @@ def run_stage(name: str, run_key: str, *, ssh_overrides: dict | None = None, kub
 
 def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | None = None) -> dict:
     """Params -> RunConfig, checked against the policy and the inventory (deploybench.stages.Validate)."""
-    got: dict = run_stage("validate", run_key, params=flat_params, meta=meta)
-    return got
+    got = run_stage("validate", run_key, params=flat_params, meta=meta)
+    return dump(got)
 
 
 def run_all(run_key: str, *, ssh_overrides: dict | None = None, kube: Any = None) -> None:
@@ -92,7 +92,7 @@ def report(run_key: str, dsn: str | None = None) -> dict:
     got = run_stage("report", run_key, dsn=dsn)
     if got is None:
         return {"path": "", "text": f"run {run_key}: validation failed, nothing ran (see the validate task's log)"}
-    return {"path": got["path"], "text": stage_mod.summary_text(Run.open(run_key))}
+    return {"path": got.path, "text": stage_mod.summary_text(Run.open(run_key))}
 
 
 def finish(run_key: str) -> str:
@@ -183,8 +183,8 @@ def _lease_spec(run: Run):
     """The lease settings acquire_lease used (its record), else the run's config."""
     from deploybench.config import LeaseSpec
 
-    got = run.result("lease").get("spec")
-    return LeaseSpec.model_validate(got) if got else run.cfg.lease
+    got = run.typed("lease")
+    return LeaseSpec.model_validate(got.spec) if got is not None else run.cfg.lease
 
 
 @contextlib.contextmanager
@@ -212,8 +212,9 @@ def release_lease(run_key: str, dsn: str | None = None) -> dict:
     if run is None or rec is None or rec.status != "success":
         return {"released": False}
     td = run.stage("teardown")
-    if td and td.status == "success" and (run.result("teardown").get("kept") or {}).get("kept"):
-        return _hand_over(run, rec, td.result["kept"], dsn)
+    kept = run.typed("teardown") if td and td.status == "success" else None
+    if isinstance(kept, KeptEngines):
+        return _hand_over(run, rec, kept.kept, dsn)
     worked = any(run.stage(s) for s in LEASED_STAGES)
     dirty = (td is not None and td.status == "failed") or (td is None and worked)
     released = LeaseStore(dsn).release(run.inventory.name, run_key, leftovers=dirty)
@@ -226,21 +227,21 @@ def release_lease(run_key: str, dsn: str | None = None) -> dict:
 HANDOVER_TTL_S = 600.0  # the next cell must take the handed-over lease within this long, else it expires
 
 
-def _hand_over(run: Run, rec: StageRecord, kept: dict, dsn: str | None) -> dict:
+def _hand_over(run: Run, rec: StageRecord, kept: KeptDeployment, dsn: str | None) -> dict:
     """Release of a run that kept its engines for another run (its teardown's ``kept``): the lease goes to that
     run by name. If this run no longer holds it, the kept engines are stopped here (nobody else would)."""
     from deploybench import rollout
     from deploybench.lease import LeaseStore
 
     spec = _lease_spec(run)
-    handed = LeaseStore(dsn).hand_over(run.inventory.name, run.key, kept["kept_for"], [kept["owner"]],
+    handed = LeaseStore(dsn).hand_over(run.inventory.name, run.key, kept.kept_for, [kept.owner],
                                        max(spec.ttl_s, HANDOVER_TTL_S))
-    out: dict[str, Any] = {"released": False, "handed_over_to": kept["kept_for"] if handed else None,
+    out: dict[str, Any] = {"released": False, "handed_over_to": kept.kept_for if handed else None,
                            "leftovers": False}
     if not handed:  # the owner's engines, by the owner's own pid files and command lines
-        owner = Run.open(kept["owner"])
+        owner = Run.open(kept.owner)
         with owner.cluster() as cluster:
-            out["stopped"] = rollout.teardown(cluster, list(kept["nodes"]), owner.cfg)
+            out["stopped"] = rollout.teardown(cluster, list(kept.nodes), owner.cfg)
     rec.result = {**(rec.result or {}), "released_at": now(), **out}
     save_record(run.dir, rec)
     return out

@@ -8,8 +8,11 @@ unknown keys refused), the load stage's ``LoadStageResult`` (deploybench.load.ph
 or, for preflight, fan-out and rollout, one of the shapes a stage writes when it did not do its work itself,
 each marked by its own key: ``SkippedExternal`` (``skipped``: the external backend deploys nothing),
 ``ExternalRollout`` (the external backend's rollout: the given endpoints, checked ready), and ``Reused...``
-(``reused``: a matrix cell on the deployment of an earlier cell). A record that does not match is refused
-with ``RecordError`` naming the stage, the field and the run folder: readers never guess between shapes.
+(``reused``: a matrix cell on the deployment of an earlier cell). The other records are one model each:
+validate's ``ValidateResult``, the lease's ``LeaseResult``, teardown's ``StoppedEngines`` (or ``KeptEngines``,
+a matrix cell that left its engines for the next cell), store's ``StoreResult`` and report's ``ReportResult``.
+A record that does not match is refused with ``RecordError`` naming the stage, the field and the run folder:
+readers never guess between shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter, ValidationError
 
 from deploybench.config import LoadPhase
 from deploybench.errors import DeploybenchError
@@ -199,6 +202,73 @@ class ExternalRollout(_Shape):
     seconds: float = 0.0
 
 
+class ValidateResult(_Shape):
+    """Validate: the nodes the run works on (resolved from the inventory) and its config's fingerprint."""
+
+    nodes: list[str]
+    fingerprint: str
+
+
+class StoppedEngines(RootModel[dict[str, str]]):
+    """Teardown: each node (or Kubernetes object) -> "stopped" or "error: ..." (deploybench.rollout.teardown)."""
+
+    def errors(self) -> dict[str, str]:
+        return {n: s for n, s in self.root.items() if s.startswith("error")}
+
+
+class KeptDeployment(_Shape):
+    """A deployment left running for the next matrix cell (deploybench.matrix.deployment.keep)."""
+
+    kept: Literal[True]
+    kept_by: str
+    kept_for: str
+    owner: str  # the run whose engines they are (kept_by, or the run it adopted them from)
+    cluster: str
+    nodes: list[str]
+    deployment: str  # what is deployed (deploybench.matrix.deployment.fingerprint)
+    kept_at: str
+    preflight_at: str | None = None
+    fanout_at: str | None = None
+    deployed_at: str | None = None
+
+
+class KeptEngines(_Shape):
+    """Teardown of a matrix cell that left its engines for the next cell."""
+
+    kept: KeptDeployment
+
+
+class StoreResult(RootModel[dict[str, int]]):
+    """Store: rows written per kind (stages, phases, samples, replaced, and the facts tables that got rows:
+    deploybench.store.ingest.store_run)."""
+
+
+class ReportResult(_Shape):
+    """Report: where the HTML report is, and the verdict on the run's series history (none when not stored)."""
+
+    path: str
+    verdicts: Any = None
+    verdict_line: str = ""
+
+
+class LeaseResult(_Shape):
+    """The lease's record (deploybench.pipeline.acquire_lease / release_lease): what was asked, what was granted,
+    whom it cleaned up after, and how it ended."""
+
+    cluster: str
+    spec: dict[str, Any]
+    holder: dict[str, Any] | None = None  # who held the cluster when it was refused
+    waited_s: float | None = None
+    taken_over: Any = None
+    cleaned: list[dict[str, Any]] = []
+    acquired_at: str | None = None
+    released_at: str | None = None
+    released: bool | None = None
+    leftovers: bool | None = None
+    handed_over_to: str | None = None
+    stopped: dict[str, str] | None = None
+
+
 PreflightStage = PreflightResult | ReusedPreflight | SkippedExternal
 FanoutStage = FanoutResult | ReusedFanout | SkippedExternal
 RolloutStage = RolloutResult | ReusedRollout | ExternalRollout
@@ -224,11 +294,15 @@ def _shape(stage: str, data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return {"preflight": PreflightResult, "rollout": RolloutResult}[stage], data
 
 
-TYPED_STAGES = ("preflight", "fanout", "rollout", "load")
+TeardownStage = KeptEngines | StoppedEngines
+# the stages whose result is one model, whatever happened
+_ONE_MODEL: dict[str, Any] = {"validate": ValidateResult, "lease": LeaseResult, "teardown": TeardownStage,
+                              "store": StoreResult, "report": ReportResult}
+TYPED_STAGES = ("validate", "lease", "preflight", "fanout", "rollout", "load", "teardown", "store", "report")
 
 
 def stage_result(record: StageRecord, where: Path | str) -> Any:
-    """The typed result of a preflight, fan-out, rollout or load record (``TYPED_STAGES``; the module doc);
+    """The typed result of a stage's record (``TYPED_STAGES``: every stage; the module doc);
     None when the record holds none (a stage that failed before it measured anything). RecordError names what
     does not match."""
     if record.result is None:
@@ -238,7 +312,8 @@ def stage_result(record: StageRecord, where: Path | str) -> Any:
     if record.stage not in TYPED_STAGES or not isinstance(record.result, dict):
         raise RecordError(f"run folder {where}: the {record.stage!r} stage record's result is not a "
                           f"{' or '.join(TYPED_STAGES)} result; re-run the stage to rewrite it")
-    model, data = _shape(record.stage, record.result)
+    model, data = (_ONE_MODEL[record.stage], record.result) if record.stage in _ONE_MODEL else \
+        _shape(record.stage, record.result)
     try:
         return TypeAdapter(model).validate_python(data)
     except ValidationError as exc:

@@ -130,24 +130,25 @@ class Run:
         return {s: r for s in STAGES if (r := self.stage(s)) is not None}
 
     def result(self, name: str) -> dict[str, Any]:
-        """A stage's result as written ({} when the stage did not run or wrote none): for the records of the
-        lease, teardown and report stages; preflight, fan-out, rollout and load are read typed (below)."""
+        """A stage's result as written on disk ({} when the stage did not run or wrote none): for a look at the
+        record itself; the library reads results typed (``typed`` and the methods below)."""
         rec = self.stage(name)
         return rec.result if rec is not None and isinstance(rec.result, dict) else {}
 
-    def _typed(self, name: str) -> Any:
+    def typed(self, name: str) -> Any:
+        """A stage's typed result (deploybench.records.stage_result); None when it did not run or wrote none."""
         rec = self.stage(name)
         return stage_result(rec, self.dir) if rec is not None else None
 
     def preflight_result(self) -> PreflightStage | None:
         """Preflight's typed result (deploybench.records); None when it did not run or wrote no result."""
-        return self._typed("preflight")
+        return self.typed("preflight")
 
     def fanout_result(self) -> FanoutStage | None:
-        return self._typed("fanout")
+        return self.typed("fanout")
 
     def rollout_result(self) -> RolloutStage | None:
-        return self._typed("rollout")
+        return self.typed("rollout")
 
     def endpoints(self) -> list[dict[str, Any]]:
         """The engines the run's rollout left serving ({"node", "url", "model"} each); [] without a rollout."""
@@ -156,7 +157,7 @@ class Run:
 
     def load_result(self) -> LoadStageResult | None:
         """The load stage's typed result; None when the load stage did not run or wrote no result."""
-        return self._typed("load")
+        return self.typed("load")
 
 
 def run_status(records: dict[str, StageRecord]) -> str:

@@ -34,14 +34,20 @@ from deploybench.config import LoadPhase
 from deploybench.errors import StageFailed
 from deploybench.records import (
     FanoutStage,
+    KeptEngines,
     LoadStageResult,
     PreflightStage,
+    ReportResult,
     RolloutStage,
     SkippedExternal,
     StageRecord,
+    StoppedEngines,
+    StoreResult,
+    TeardownStage,
+    ValidateResult,
     stage_result,
 )
-from deploybench.run import Run, check_owner, now, write_json
+from deploybench.run import LOAD_PHASES, Run, check_owner, now, write_json
 from deploybench.timeouts import stage_budget_s
 
 if TYPE_CHECKING:
@@ -116,6 +122,12 @@ class Stage(ABC):
     result: ClassVar[Any]  # the typed result its record holds (deploybench.records)
     leased: ClassVar[bool] = True  # touches nodes: only under the cluster's lease (deploybench.run.LEASED_STAGES)
     after_failure: ClassVar[bool] = False  # runs whatever failed before: nothing to do if validate never passed
+    # How a DAG runs it (deploybench.airflow.stages builds every task from these; nothing there names a stage):
+    task: ClassVar[str] = ""  # its task's id inside a group named after the stage; "": the stage's name, no group
+    phases: ClassVar[tuple[str, ...]] = ()  # one task per phase instead (in a group named after the stage)
+    needs: ClassVar[frozenset[str]] = frozenset()  # what its task hands it: "ssh", "kube", "dsn", "params"
+    retries: ClassVar[bool] = False  # its task retries (safe: it reads the run folder and writes the store)
+    undoes: ClassVar[str | None] = None  # the stage whose work it undoes: its task is that one's Airflow teardown
 
     def skip(self, ctx: Context) -> Skip | None:
         """Why this stage is not done here (and the record it leaves instead); None: it runs."""
@@ -138,6 +150,14 @@ class Stage(ABC):
         """Seconds its task may take, from the run's own durations (deploybench.timeouts)."""
         return stage_budget_s(ctx.run.cfg, self.name, len(ctx.run.nodes))
 
+    def returns(self, ctx: Context, result: Any) -> Any:
+        """What its task returns (the Grid's XCom tab): by default the result as its record holds it."""
+        return dump(result)
+
+    def task_log(self, ctx: Context, result: Any) -> str | None:
+        """Text its task prints to its log beside the stage's summary line; None: nothing more."""
+        return None
+
 
 def _skipped_external(why: str) -> Skip:
     return Skip(SkippedExternal(skipped="external", deployed_by="not deployed by deploybench", nodes=[]),
@@ -158,6 +178,8 @@ def _engine_program(run: Run) -> str | None:
 class Preflight(Stage):
     name = "preflight"
     result = PreflightStage
+    task = "nodes_and_links"
+    needs = frozenset({"ssh"})
 
     def skip(self, ctx: Context) -> Skip | None:
         if (adopted := ctx.adoption(self.name)) is not None:
@@ -183,6 +205,9 @@ class Preflight(Stage):
         return f"{len(result.healthy)}/{len(ctx.run.nodes)} nodes healthy, {len(result.links)} links tested" + (
             f", worst {worst.src}->{worst.dst} {worst.mbit:.0f} Mbit/s ({worst.ratio:.0%} of nominal)" if worst else "")
 
+    def returns(self, ctx: Context, result: Any) -> Any:
+        return healthy_nodes(ctx.run)
+
 
 def healthy_nodes(run: Run) -> list[str]:
     """The nodes preflight kept (every node of the run when it was skipped)."""
@@ -193,6 +218,8 @@ def healthy_nodes(run: Run) -> list[str]:
 class Fanout(Stage):
     name = "fanout"
     result = FanoutStage
+    task = "copy_and_verify"
+    needs = frozenset({"ssh"})
 
     def skip(self, ctx: Context) -> Skip | None:
         if (adopted := ctx.adoption(self.name)) is not None:
@@ -217,6 +244,9 @@ class Fanout(Stage):
                 + (f", {len(result.nodes) - len(result.verified_nodes)} left out"
                    if len(result.verified_nodes) < len(result.nodes) else ""))
 
+    def returns(self, ctx: Context, result: Any) -> Any:
+        return verified_nodes(ctx.run)
+
 
 def verified_nodes(run: Run) -> list[str]:
     """The nodes that hold the verified model: fan-out's own; the healthy ones when it was skipped (or when a
@@ -234,6 +264,8 @@ def verified_nodes(run: Run) -> list[str]:
 class Rollout(Stage):
     name = "rollout"
     result = RolloutStage
+    task = "canary_then_scale"
+    needs = frozenset({"ssh", "kube"})
 
     def skip(self, ctx: Context) -> Skip | None:
         return ctx.adoption(self.name)
@@ -261,6 +293,9 @@ class Rollout(Stage):
                 + " -> ".join(f"{s.nodes}" for s in result.steps) + f" (slowest ready {slowest:.1f} s), every gate "
                 "passed")
 
+    def returns(self, ctx: Context, result: Any) -> Any:
+        return ctx.run.endpoints()
+
 
 class Load(Stage):
     """One load phase per task (``ctx.phase``); the record 'load' is rebuilt from every phase run so far
@@ -270,6 +305,8 @@ class Load(Stage):
 
     name = "load"
     result = LoadStageResult
+    phases = LOAD_PHASES
+    needs = frozenset({"ssh"})  # nodes without DCGM metrics report their GPUs through nvidia-smi
 
     def skip(self, ctx: Context) -> Skip | None:
         if ctx.phase not in [p.value for p in ctx.run.cfg.load.phases]:
@@ -315,6 +352,11 @@ class Load(Stage):
     def budget_s(self, ctx: Context) -> float:
         return stage_budget_s(ctx.run.cfg, str(ctx.phase or LoadPhase.SUSTAINED.value), len(ctx.run.nodes))
 
+    def returns(self, ctx: Context, result: Any) -> Any:
+        done = result.phases.get(str(ctx.phase))
+        return {"phase": ctx.phase, "slo_ok": done.result.slo_ok if done and done.result else None,
+                "capacity_rps": result.capacity.capacity_rps}
+
 
 class Teardown(Stage):
     """Stops the engines of the run on every node (or deletes its Kubernetes objects); always runs, safe twice.
@@ -322,9 +364,11 @@ class Teardown(Stage):
     and one that adopted a kept deployment stops that one too."""
 
     name = "teardown"
-    result = dict[str, Any]  # node (or object) -> "stopped" | "error: ..."; or {"kept": ...}
+    result = TeardownStage  # StoppedEngines (node or object -> "stopped" | "error: ..."), or KeptEngines
     leased = False  # it stops only this run's own engines (per-run pid files, objects labelled with its key)
     after_failure = True
+    needs = frozenset({"ssh", "kube"})
+    undoes = "rollout"
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import rollout
@@ -334,20 +378,19 @@ class Teardown(Stage):
             return kept
         theirs = self._stop_adopted(ctx)  # first: an adopted engine answers on the port this run checks
         stopped = rollout.teardown(cluster, run.nodes, run.cfg, kube=ctx.kube)
-        stopped = {**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}}
-        errors = {n: s for n, s in stopped.items() if s.startswith("error")}
-        if errors:
-            raise StageFailed("teardown: " + "; ".join(f"{n}: {s}" for n, s in errors.items()), stopped)
-        return stopped
+        got = StoppedEngines({**stopped, **{n: s for n, s in theirs.items() if stopped.get(n, "stopped") == "stopped"}})
+        if errors := got.errors():
+            raise StageFailed("teardown: " + "; ".join(f"{n}: {s}" for n, s in errors.items()), got.root)
+        return got
 
     def summary(self, ctx: Context, result: Any) -> str:
-        if "kept" in result:
-            kept = result["kept"]
-            return (f"engines of run {kept['owner']} left running on {', '.join(kept['nodes'])} for run "
-                    f"{kept['kept_for']} (deployment.keep_for); it stops them, or the matrix's cleanup does")
-        return ctx.caps.stopped.format(n=f"{len(result)}/{len(result)}")
+        if isinstance(result, KeptEngines):
+            kept = result.kept
+            return (f"engines of run {kept.owner} left running on {', '.join(kept.nodes)} for run "
+                    f"{kept.kept_for} (deployment.keep_for); it stops them, or the matrix's cleanup does")
+        return ctx.caps.stopped.format(n=f"{len(result.root)}/{len(result.root)}")
 
-    def _keep(self, ctx: Context) -> dict | None:
+    def _keep(self, ctx: Context) -> KeptEngines | None:
         """Leave the engines up for the run ``deployment.keep_for`` names when they are worth it; None: they are
         stopped as usual (the log says why not)."""
         from deploybench.matrix import deployment
@@ -357,7 +400,7 @@ class Teardown(Stage):
             log.warning("run %s stops its engines instead of keeping them for run %s: %s", ctx.run.key,
                         ctx.run.cfg.deployment.keep_for, kept.get("why"))
             return None
-        return {"kept": kept}
+        return KeptEngines.model_validate({"kept": kept})
 
     def _stop_adopted(self, ctx: Context) -> dict[str, str]:
         """The engines this run adopted from another (and keeps for nobody): stopped with its own."""
@@ -377,8 +420,9 @@ class Validate(Stage):
     writes run.json. Nothing touches a node here."""
 
     name = "validate"
-    result = dict[str, Any]  # {"nodes", "fingerprint"}
+    result = ValidateResult
     leased = False
+    needs = frozenset({"params"})
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import params as form
@@ -399,19 +443,22 @@ class Validate(Stage):
             "meta": {**(ctx.meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
             "preset": preset.record() if preset else None,
         })
-        return {"nodes": names, "fingerprint": cfg.fingerprint()}
+        return ValidateResult(nodes=names, fingerprint=cfg.fingerprint())
 
     def summary(self, ctx: Context, result: Any) -> str:
         from deploybench.engines import profile_name
 
         cfg = ctx.run.cfg
-        return (f"{len(result['nodes'])} nodes of inventory {ctx.run.inventory.name!r}, engine "
+        return (f"{len(result.nodes)} nodes of inventory {ctx.run.inventory.name!r}, engine "
                 f"{profile_name(cfg.engine)}, load {cfg.load.rate:g} req/s for {cfg.load.duration_s:g} s")
 
     def budget_s(self, ctx: Context) -> float:
         from deploybench.timeouts import FIXED_S
 
         return FIXED_S[self.name]
+
+    def returns(self, ctx: Context, result: Any) -> Any:
+        return result.nodes
 
     @staticmethod
     def clear(run_key: str) -> None:
@@ -427,37 +474,51 @@ class Store(Stage):
     in one transaction (deploybench.store.ingest); runs whatever failed before, a retry replaces."""
 
     name = "store"
-    result = dict[str, int]
+    result = StoreResult
     leased = False
     after_failure = True
+    task = "write_results"
+    needs = frozenset({"dsn"})
+    retries = True
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench.store import ingest
 
-        return ingest.store_run(ctx.run, ctx.dsn)
+        return StoreResult(ingest.store_run(ctx.run, ctx.dsn))
 
     def summary(self, ctx: Context, result: Any) -> str:
-        return f"run {ctx.run_key} stored: " + ", ".join(f"{k} {v}" for k, v in result.items())
+        return f"run {ctx.run_key} stored: " + ", ".join(f"{k} {v}" for k, v in result.root.items())
 
 
 class Report(Stage):
     """The run's HTML report, with the change points of its series' history and the verdict on it."""
 
     name = "report"
-    result = dict[str, Any]  # {"path", "verdicts"}
+    result = ReportResult
     leased = False
     after_failure = True
+    task = "render"
+    needs = frozenset({"dsn"})
+    retries = True
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import report
 
         history = report.history_for(ctx.run, ctx.dsn)  # change points of the run's series; None if not stored
         path = report.write_html(ctx.run, history)
-        return {"path": str(path), "verdicts": history.verdicts if history else None,
-                "verdict_line": report.verdict_line(history) if history else ""}
+        return ReportResult(path=str(path), verdicts=history.verdicts if history else None,
+                            verdict_line=report.verdict_line(history) if history else "")
 
     def summary(self, ctx: Context, result: Any) -> str:
-        return f"report at {result['path']}" + (f"; {result['verdict_line']}" if result["verdict_line"] else "")
+        return f"report at {result.path}" + (f"; {result.verdict_line}" if result.verdict_line else "")
+
+    def returns(self, ctx: Context, result: Any) -> Any:
+        return result.path
+
+    def task_log(self, ctx: Context, result: Any) -> str | None:
+        from deploybench import report
+
+        return report.summary_text(ctx.run)  # the run's summary table, in the task log
 
 
 # The run's stages in the order they run (the lease is taken after validate and released after teardown:

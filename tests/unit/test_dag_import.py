@@ -90,3 +90,46 @@ def test_dag_file_does_not_import_heavy_modules():
     assert out.returncode == 0, out.stderr[-1500:]
     heavy = [line for line in out.stdout.splitlines() if line.startswith("HEAVY=")]
     assert heavy == ["HEAVY="], out.stdout[-1500:]
+
+
+def test_a_stage_added_to_the_registry_is_a_task_in_its_place(monkeypatch):
+    """The tasks come from the registry: one class registered (no line in the DAG code) is a task of every run,
+    where its kind puts it: a stage that touches nodes after the rollout, under the lease, before the teardown;
+    one that runs after failures after the report, before finish."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from deploybench import stages
+    from deploybench.airflow.stages import run_stages
+
+    class Warm(stages.Stage):
+        name, task, needs = "warm", "caches", frozenset({"ssh"})
+
+        def run(self, ctx, cluster):
+            return {}
+
+        def summary(self, ctx, result):
+            return ""
+
+    class Notify(stages.Stage):
+        name, leased, after_failure, retries, needs = "notify", False, True, True, frozenset({"dsn"})
+
+        def run(self, ctx, cluster):
+            return {}
+
+        def summary(self, ctx, result):
+            return ""
+
+    order = list(stages.REGISTRY.values())
+    at = [s.name for s in order].index("load")
+    monkeypatch.setattr(stages, "REGISTRY", {s.name: s for s in [*order[:at], Warm(), *order[at:], Notify()]})
+    with DAG("registry_probe", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        run_stages()
+    chain = ["rollout.canary_then_scale", "warm.caches", "load.probe", "load.sustained", "load.overload", "teardown",
+             "lease.release", "store.write_results", "report.render", "notify", "finish"]
+    for a, b in zip(chain, chain[1:]):
+        assert b in dag.get_task(a).downstream_task_ids, f"{a} must come right before {b}"
+    assert dag.get_task("load.probe").trigger_rule == "all_success"  # still right after the stage before it
+    assert dag.get_task("notify").trigger_rule == "all_done" and dag.get_task("notify").retries >= 2
+    assert dag.get_task("warm.caches").trigger_rule == "all_success"
+    assert [t.task_id for t in dag.leaves] == ["finish"]

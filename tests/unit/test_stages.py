@@ -18,12 +18,18 @@ from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.preflight.model import CheckItem, LinkTest, NodeCheck, PreflightResult
 from deploybench.records import (
     ExternalRollout,
+    KeptEngines,
+    LeaseResult,
     RecordError,
+    ReportResult,
     ReusedFanout,
     ReusedPreflight,
     ReusedRollout,
     SkippedExternal,
     StageRecord,
+    StoppedEngines,
+    StoreResult,
+    ValidateResult,
     stage_result,
 )
 from deploybench.rollout.base import RolloutResult, StepResult
@@ -76,6 +82,35 @@ def test_the_shapes_of_work_not_done_here_read_back_typed(stage, result, kind):
     assert isinstance(got, kind)
     if kind in (ReusedPreflight, ReusedFanout, ReusedRollout):
         assert got.reused.from_ == "r1" and stages.dump(got)["reused"]["from"] == "r1"  # written back as read
+
+
+KEPT = {"kept": True, "kept_by": "r1", "kept_for": "r2", "owner": "r1", "cluster": "lab", "nodes": ["n1", "n2"],
+        "deployment": "f" * 16, "kept_at": "2026-12-06T00:00:00+00:00", "preflight_at": "t", "fanout_at": "t",
+        "deployed_at": None}
+
+
+@pytest.mark.parametrize("stage, result, kind", [
+    ("validate", {"nodes": ["n1", "n2"], "fingerprint": "be2cf0df196a"}, ValidateResult),
+    ("lease", {"cluster": "lab", "spec": {"ttl_s": 900.0}, "waited_s": 0.4, "taken_over": None, "cleaned": [],
+               "acquired_at": "t", "released_at": "t", "released": True, "leftovers": False}, LeaseResult),
+    ("lease", {"cluster": "lab", "spec": {}, "holder": {"run_key": "other"}}, LeaseResult),  # refused: who held it
+    ("lease", {"cluster": "lab", "spec": {}, "waited_s": 0.0, "taken_over": None, "cleaned": [], "acquired_at": "t",
+               "released_at": "t", "released": False, "handed_over_to": "r2", "leftovers": False}, LeaseResult),
+    ("teardown", {"n1": "stopped", "n2": "error: pid 7 still running"}, StoppedEngines),
+    ("teardown", {"kept": KEPT}, KeptEngines),
+    ("store", {"stages": 7, "phases": 3, "samples": 10, "replaced": 0, "fanout_nodes": 2}, StoreResult),
+    ("report", {"path": "/runs/x/report.html", "verdicts": None, "verdict_line": ""}, ReportResult),
+])
+def test_the_other_stages_records_read_back_typed_and_write_back_as_they_were(stage, result, kind):
+    """validate, the lease, teardown, store and report: typed too; the file on disk is the same as before."""
+    got = stage_result(_rec(stage, result), "/runs/x")
+    assert isinstance(got, kind)
+    assert got.model_dump(mode="json", exclude_unset=True) == result  # the same record, read and written again
+    if kind is StoppedEngines:
+        assert got.errors() == {"n2": "error: pid 7 still running"}
+    with pytest.raises(RecordError, match=rf"'{stage}' stage record"):
+        stage_result(_rec(stage, {**result, "nodes": "n1"} if stage != "teardown" else {"kept": {**KEPT, "nodes": 2}}),
+                     "/runs/x")
 
 
 def test_a_record_that_does_not_match_is_refused_naming_the_field():

@@ -94,103 +94,80 @@ def _budget(stage: str):
     return hook
 
 
-def _load_phase(name: str, rule: TriggerRule):
-    """A load phase task. It reads the endpoints of the run's latest rollout from the run's records,
-    not from XCom, so that only the first phase hangs off the rollout (Airflow wants ALL_SUCCESS
-    right after a setup) and the others can follow a skipped phase (NONE_FAILED)."""
+def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = None):
+    """The task of one stage of the registry (one load phase of the load stage): everything about it comes
+    from the stage's class (deploybench.stages.Stage: its task id, what it needs, whether it renews the lease,
+    runs after failures, retries); it calls ``deploybench.pipeline.run_stage`` and returns ``Stage.returns``.
+    Each stage reads what the stages before it left from the run's records (deploybench.stages), not XCom, so
+    only the first load phase hangs off the rollout (Airflow wants ALL_SUCCESS right after a setup) and the
+    others can follow a skipped phase (NONE_FAILED)."""
+    from deploybench.stages import REGISTRY
 
-    @task(task_id=name, trigger_rule=rule, pre_execute=_budget(name))
-    def phase() -> dict:
+    stage = REGISTRY[name]
+    if rule is None and stage.after_failure and not stage.undoes:
+        rule = TriggerRule.ALL_DONE  # store and report run whatever failed before; finish gives the verdict
+    kwargs: dict[str, Any] = {**(RETRY if stage.retries else {}), **({"trigger_rule": rule} if rule else {})}
+
+    @task(task_id=phase or stage.task or name, pre_execute=_budget(phase or name), **kwargs)
+    def run_one(conf: dict | None = None) -> Any:
         from deploybench import pipeline
+        from deploybench.stages import Context
 
         key = run_key()
-        with _leased(key):
-            got = pipeline.run_stage("load", key, phase=name)
+        given: dict[str, Any] = {"phase": phase}
+        if "ssh" in stage.needs:
+            given["ssh_overrides"] = ssh(key)
+        if "kube" in stage.needs:
+            given["kube"] = kube(key)
+        if "dsn" in stage.needs:
+            given["dsn"] = _dsn()
+        if "params" in stage.needs:  # the DAG run's params (the trigger form), or a benchmark's or a cell's conf
+            ctx = get_current_context()
+            given["params"] = dict(ctx["params"]) if conf is None else conf
+            given["meta"] = {"dag_id": ctx["dag"].dag_id, "airflow_run_id": ctx["run_id"],
+                             "run_type": str(getattr(ctx["dag_run"], "run_type", "") or ""),
+                             "logical_date": str(ctx.get("logical_date") or "") or None}
+        with _leased(key) if stage.leased else contextlib.nullcontext():
+            got = pipeline.run_stage(name, key, **given)
         if got is None:
-            raise AirflowSkipException(f"load phase {name!r} is not in this run's load_phases")
-        done = got.phases.get(name)
-        return {"phase": name, "slo_ok": done.result.slo_ok if done and done.result else None,
-                "capacity_rps": got.capacity.capacity_rps}
+            if phase is not None:
+                raise AirflowSkipException(f"load phase {phase!r} is not in this run's load_phases")
+            return None  # a stage after failures, of a run whose validate failed: nothing to do
+        done = Context(key, phase=phase, dsn=given.get("dsn"))
+        if (text := stage.task_log(done, got)) is not None:
+            print(text)  # the task log shows it (the report: the run's summary table)
+        return stage.returns(done, got)
 
-    return phase
+    return run_one
+
+
+def _declare(name: str, conf: Any = None) -> tuple[Any, Any]:
+    """The task(s) of one stage, in a group named after it when it has a task id or phases of its own;
+    returns (first, last) of its tasks."""
+    from deploybench.stages import REGISTRY
+
+    stage = REGISTRY[name]
+    if stage.phases:
+        with task_group_named(name):
+            tasks = [_stage_task(name, p, TriggerRule.ALL_SUCCESS if i == 0 else TriggerRule.NONE_FAILED)()
+                     for i, p in enumerate(stage.phases)]
+        for a, b in zip(tasks, tasks[1:]):
+            a >> b
+        return tasks[0], tasks[-1]
+    with task_group_named(name) if stage.task else contextlib.nullcontext():
+        one = _stage_task(name)(conf) if "params" in stage.needs else _stage_task(name)()
+    return one, one
 
 
 def run_stages(conf: Any = None) -> dict[str, Any]:
-    """Declare the run's tasks in the DAG being built; returns the ones other tasks hang off
-    (``validate``, ``report``, ``finish``). ``conf``: an XComArg of flat parameters (a reference
+    """Declare the run's tasks in the DAG being built, from the registry (deploybench.stages.REGISTRY) in its
+    order: the stages before the lease (validate), the lease's acquire, the stages that touch nodes (under the
+    lease; the last of them the setup its undoing stage tears down), the stage that undoes it (teardown), the
+    lease's release, the stages that run after failures (store, report), and finish. Returns the ones other
+    tasks hang off (``validate``, ``report``, ``finish``). ``conf``: an XComArg of flat parameters (a reference
     benchmark, a matrix cell); None = the DAG run's params (the trigger form)."""
     from deploybench.airflow.lease import AcquireLease
-
-    @task(pre_execute=_budget("validate"))
-    def validate(conf: dict | None = None) -> list[str]:
-        from deploybench import pipeline
-
-        ctx = get_current_context()
-        meta = {"dag_id": ctx["dag"].dag_id, "airflow_run_id": ctx["run_id"],
-                "run_type": str(getattr(ctx["dag_run"], "run_type", "") or ""),
-                "logical_date": str(ctx.get("logical_date") or "") or None}
-        flat = dict(ctx["params"]) if conf is None else conf
-        return pipeline.validate(run_key(), flat, meta)["nodes"]
-
-    # Each stage reads what the stages before it left from the run's records (deploybench.stages); what a task
-    # returns is for the Grid's XCom tab: the nodes it kept, the endpoints it serves.
-    @task(pre_execute=_budget("preflight"))
-    def nodes_and_links(_nodes: list[str]) -> list[str]:
-        from deploybench import pipeline, stages
-        from deploybench.run import Run
-
-        key = run_key()
-        with _leased(key):
-            pipeline.run_stage("preflight", key, ssh_overrides=ssh(key))
-        return stages.healthy_nodes(Run.open(key))
-
-    @task(pre_execute=_budget("fanout"))
-    def copy_and_verify(_healthy: list[str]) -> list[str]:
-        from deploybench import pipeline, stages
-        from deploybench.run import Run
-
-        key = run_key()
-        with _leased(key):
-            pipeline.run_stage("fanout", key, ssh_overrides=ssh(key))
-        return stages.verified_nodes(Run.open(key))
-
-    @task(pre_execute=_budget("rollout"))
-    def canary_then_scale(_nodes: list[str]) -> list[dict]:
-        from deploybench import pipeline
-        from deploybench.run import Run
-
-        key = run_key()
-        with _leased(key):
-            pipeline.run_stage("rollout", key, ssh_overrides=ssh(key), kube=kube(key))
-        return Run.open(key).endpoints()
-
-    @task(task_id="teardown", pre_execute=_budget("teardown"))
-    def stop_engines() -> dict:
-        """Stops only this run's engines (per-run pid files, objects labelled with its key): no lease needed."""
-        from deploybench import pipeline
-
-        key = run_key()
-        return pipeline.run_stage("teardown", key, ssh_overrides=ssh(key), kube=kube(key)) or {}
-
-    @task(task_id="release", pre_execute=_budget("lease"))
-    def release_lease() -> dict:
-        from deploybench import pipeline
-
-        return pipeline.release_lease(run_key(), _dsn())
-
-    @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("store"), **RETRY)
-    def write_results() -> dict:
-        from deploybench import pipeline
-
-        return pipeline.run_stage("store", run_key(), dsn=_dsn()) or {}
-
-    @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("report"), **RETRY)
-    def render() -> str:
-        from deploybench import pipeline
-
-        out = pipeline.report(run_key(), _dsn())
-        print(out["text"])  # the task log shows the summary
-        return out["path"]
+    from deploybench.stages import REGISTRY
 
     @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("finish"))
     def finish() -> str:
@@ -199,37 +176,46 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
 
         return pipeline.finish(run_key())
 
+    @task(task_id="release", pre_execute=_budget("lease"))
+    def release_lease() -> dict:
+        from deploybench import pipeline
+
+        return pipeline.release_lease(run_key(), _dsn())
+
     @task_group(group_id="lease")
     def lease_group():
         take = AcquireLease(task_id="acquire", pre_execute=_budget("lease"))
         return take, release_lease().as_teardown(setups=take)
 
-    @task_group(group_id="load")
-    def load():
-        """probe (capacity search) -> sustained -> overload; a phase not in load_phases is skipped."""
-        probe = _load_phase("probe", TriggerRule.ALL_SUCCESS)()
-        sustained = _load_phase("sustained", TriggerRule.NONE_FAILED)()
-        probe >> sustained >> _load_phase("overload", TriggerRule.NONE_FAILED)()
-
-    nodes = validate(conf)
+    stages = list(REGISTRY.values())
+    declared: dict[str, tuple[Any, Any]] = {}
+    last = None
+    for st in (s for s in stages if not s.leased and not s.after_failure):  # validate: before the lease
+        declared[st.name] = first, end = _declare(st.name, conf)
+        if last is not None:
+            last >> first
+        last = end
     take, release = lease_group()
-    nodes >> take
-    with task_group_named("preflight"):
-        healthy = nodes_and_links(nodes)
-    take >> healthy
-    with task_group_named("fanout"):
-        copied = copy_and_verify(healthy)
-    with task_group_named("rollout"):
-        deployed = canary_then_scale(copied)
-    down = stop_engines().as_teardown(setups=deployed)
-    deployed >> load() >> down >> release
-    with task_group_named("store"):
-        stored = write_results()
-    with task_group_named("report"):
-        reported = render()
+    last >> take
+    last = take
+    for st in (s for s in stages if s.leased):  # preflight, fanout, rollout, load: under the lease
+        declared[st.name] = first, end = _declare(st.name)
+        last >> first
+        last = end
+    for st in (s for s in stages if s.undoes):  # teardown: Airflow runs it even when the work failed
+        declared[st.name] = first, end = _declare(st.name)
+        first.as_teardown(setups=declared[str(st.undoes)][1])
+        last >> first
+        last = end
+    last >> release
+    last = release
+    for st in (s for s in stages if s.after_failure and not s.undoes):  # store, report
+        declared[st.name] = first, end = _declare(st.name)
+        last >> first
+        last = end
     done = finish()
-    release >> stored >> reported >> done
-    return {"validate": nodes, "report": reported, "finish": done}
+    last >> done
+    return {"validate": declared["validate"][0], "report": declared["report"][1], "finish": done}
 
 
 def task_group_named(group_id: str):

@@ -15,6 +15,8 @@ whatever the server does, so a slow server cannot slow the client down and hide 
 * ``phases.run_phases`` — the three in order, as the pipeline's load stage runs them.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from deploybench.load.results import (
     Endpoint,
     EndpointNotReady,
@@ -25,9 +27,33 @@ from deploybench.load.results import (
     SloVerdict,
     WindowFigures,
 )
-from deploybench.load.runner import build_env, find_k6, k6_command, k6_timeout_s, run_load, size_vus
-from deploybench.load.samples import SAMPLE_COLUMNS, SAMPLE_METRIC, load_samples, read_k6_json, save_samples
-from deploybench.load.stats import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
+
+if TYPE_CHECKING:
+    from deploybench.load.runner import build_env, find_k6, k6_command, k6_timeout_s, run_load, size_vus
+    from deploybench.load.samples import (
+        SAMPLE_COLUMNS,
+        SAMPLE_METRIC,
+        load_samples,
+        read_k6_json,
+        save_samples,
+    )
+    from deploybench.load.stats import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
+
+# The modules behind these names import pandas: loaded when a name is first used, so that what only reads a
+# result (the records, the stage registry a DAG file builds its tasks from) does not pay for it.
+_LAZY = {**dict.fromkeys(("build_env", "find_k6", "k6_command", "k6_timeout_s", "run_load", "size_vus"), "runner"),
+         **dict.fromkeys(("SAMPLE_COLUMNS", "SAMPLE_METRIC", "load_samples", "read_k6_json", "save_samples"),
+                         "samples"),
+         **dict.fromkeys(("figures", "node_figures", "slo_verdict", "thresholds_crossed", "window_figures"), "stats")}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = [
     "Endpoint", "EndpointNotReady", "Figures", "LoadError", "LoadResult", "NodeFigures", "SAMPLE_COLUMNS",

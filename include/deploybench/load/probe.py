@@ -51,7 +51,6 @@ from pydantic import BaseModel
 
 from deploybench.config import SLO, LoadSpec
 from deploybench.load.results import Figures, LoadResult
-from deploybench.load.stats import slo_verdict
 
 LOG = logging.getLogger(__name__)
 MIN_RATE_FACTOR = 1 / 64  # a first step that fails is halved down to start x this
@@ -110,6 +109,8 @@ class CapacityResult(BaseModel):
 
 def judge(res: LoadResult, slo: SLO, spec: LoadSpec) -> tuple[bool, list[str], float]:
     """(passed, reasons, achieved ÷ offered) of one step."""
+    from deploybench.load.stats import slo_verdict  # pandas: not for what only reads a probe's steps
+
     reasons = list(slo_verdict(res, slo).reasons)
     expected = res.offered_rps * res.duration_s
     answered = res.achieved_rps * res.duration_s

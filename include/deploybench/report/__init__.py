@@ -53,9 +53,9 @@ def summary_text(run: Run) -> str:
     if truth:
         lines += [f"    ground truth   the simulated engine saturates at {truth[0]:.2f} req/s per node, "
                   f"{truth[0] * truth[1]:.1f} req/s for {truth[1]} nodes (closed form; SLO not considered)"]
-    rep = run.result("report")
-    if rep.get("path"):
-        lines += ["", f"  report: {rep['path']}"]
+    rep = run.typed("report")
+    if rep is not None and rep.path:
+        lines += ["", f"  report: {rep.path}"]
     return "\n".join(lines)
 
 
