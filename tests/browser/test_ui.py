@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 
-from deploybench import params, paths
+from deploybench import params, paths, presets
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's packages
 pytestmark = [
@@ -337,7 +337,7 @@ def test_the_run_gets_the_preset_and_what_was_typed_into_the_form(airflow, form_
         for name, value in changes:
             assert float(conf[name]) == float(value), (name, conf[name])
     # the preset filled in what was left at its default; what was typed won, also where the preset sets it
-    preset = params.preset(PRESET)
+    preset = presets.preset(PRESET)
     used = form_run["run_json"]["preset"]
     assert used["name"] == PRESET and used["kept"] == {"load_duration_s": LOAD_DURATION_S}, used
     assert used["set"] == {k: v for k, v in preset.values.items() if k != "load_duration_s"}, used

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lab, sim", ("deploybench.lab", "deploybench.sim")),
     ("run", ("deploybench.run",)),
     ("records", ("deploybench.records",)),
-    ("base", ("deploybench", "deploybench.config", "deploybench.inventory", "deploybench.params",
+    ("base", ("deploybench", "deploybench.config", "deploybench.inventory", "deploybench.params", "deploybench.presets",
               "deploybench.manifest", "deploybench.transport", "deploybench.engines", "deploybench.paths",
               "deploybench.errors", "deploybench.http", "deploybench.policy", "deploybench.timeouts")),
 ]

@@ -8,7 +8,7 @@ import pytest
 from airflow.sdk import Param
 from pydantic import ValidationError
 
-from deploybench import params
+from deploybench import params, presets
 from deploybench.config import MAX_K6_VUS, RunConfig
 from deploybench.errors import ConfigError
 
@@ -195,7 +195,7 @@ def test_the_dags_params_are_the_trigger_form_in_its_order():
 
 
 def test_the_preset_field_is_a_select_of_the_presets_empty_by_default(monkeypatch):
-    monkeypatch.delenv(params.PRESET_ENV, raising=False)
+    monkeypatch.delenv(presets.PRESET_ENV, raising=False)
     default, schema = params.trigger_form()[params.PRESET]
     assert default is None and schema["enum"] == [None, "capacity", "quick", "runbook", "soak"]
     assert set(schema["values_display"]) == {"null", "capacity", "quick", "runbook", "soak"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploybench import params, paths, pipeline
+from deploybench import params, paths, pipeline, presets
 from deploybench.errors import ConfigError
 
 SHIPPED = ("capacity", "quick", "runbook", "soak")
@@ -23,7 +23,7 @@ def operator_dir(tmp_path, monkeypatch) -> Path:
     """An empty folder of the operator's presets, named by $DEPLOYBENCH_PRESETS."""
     folder = tmp_path / "presets"
     folder.mkdir()
-    monkeypatch.setenv(params.PRESET_ENV, str(folder))
+    monkeypatch.setenv(presets.PRESET_ENV, str(folder))
     return folder
 
 
@@ -35,11 +35,11 @@ def _write(folder: Path, name: str, text: str) -> Path:
 
 # -- the files -------------------------------------------------------------------------------------------------
 def test_the_shipped_presets_load_and_each_makes_a_valid_run_by_itself(monkeypatch):
-    monkeypatch.delenv(params.PRESET_ENV, raising=False)
-    found = params.presets()
+    monkeypatch.delenv(presets.PRESET_ENV, raising=False)
+    found = presets.presets()
     assert tuple(sorted(found)) == SHIPPED
     for name, p in found.items():
-        assert p.description and p.values and Path(p.source) == params.PRESET_DIR / f"{name}.toml"
+        assert p.description and p.values and Path(p.source) == presets.PRESET_DIR / f"{name}.toml"
         cfg = params.to_config({params.PRESET: name})
         assert [ph.value for ph in cfg.load.phases] == p.values["load_phases"], name
     assert params.to_config({params.PRESET: "capacity"}).load.phases[0].value == "probe"
@@ -51,10 +51,10 @@ def test_the_shipped_presets_load_and_each_makes_a_valid_run_by_itself(monkeypat
 def test_an_unknown_parameter_is_refused_naming_the_file_and_the_key(operator_dir):
     path = _write(operator_dir, "typo", 'description = "x"\n[params]\nload_rat = 5\n')
     with pytest.raises(ConfigError) as exc:
-        params.load_preset_file(path)
+        presets.load_preset_file(path)
     assert str(path) in str(exc.value) and "'load_rat'" in str(exc.value) and "load_rate" in str(exc.value)
     with pytest.raises(ConfigError, match="load_rat"):
-        params.presets()  # the strict listing refuses it too
+        presets.presets()  # the strict listing refuses it too
     with pytest.raises(ConfigError, match="load_rat"):
         params.to_config({params.PRESET: "typo"})  # and a run naming it fails at validate, naming it
 
@@ -62,60 +62,60 @@ def test_an_unknown_parameter_is_refused_naming_the_file_and_the_key(operator_di
 def test_an_unknown_top_level_key_and_a_bad_value_are_refused_naming_the_file(operator_dir):
     path = _write(operator_dir, "odd", 'description = "x"\nvalues = {}\n[params]\nload_rate = 5\n')
     with pytest.raises(ConfigError, match=r"odd\.toml: unknown key\(s\) \['values'\]"):
-        params.load_preset_file(path)
+        presets.load_preset_file(path)
     path = _write(operator_dir, "neg", 'description = "x"\n[params]\nload_rate = -5\n')
     with pytest.raises(ConfigError) as exc:
-        params.load_preset_file(path)
+        presets.load_preset_file(path)
     assert str(path) in str(exc.value) and "load_rate" in str(exc.value)
     path = _write(operator_dir, "bare", "[params]\nload_rate = 5\n")
     with pytest.raises(ConfigError, match=r"bare\.toml: description"):
-        params.load_preset_file(path)
+        presets.load_preset_file(path)
     path = _write(operator_dir, "nested", 'description = "x"\n[params]\npreset = "quick"\n')
     with pytest.raises(ConfigError, match="'preset'"):  # a preset does not name another
-        params.load_preset_file(path)
+        presets.load_preset_file(path)
 
 
 def test_the_operators_folder_adds_presets_and_may_not_redefine_one(operator_dir, monkeypatch):
     _write(operator_dir, "rack1-nightly", 'description = "the nightly run on rack 1"\n'
                                           '[params]\ninventory = "rack1"\nnodes = 16\nload_rate = 40\n')
-    assert set(params.presets()) == {*SHIPPED, "rack1-nightly"}
+    assert set(presets.presets()) == {*SHIPPED, "rack1-nightly"}
     cfg = params.to_config({params.PRESET: "rack1-nightly"})
     assert (cfg.inventory, cfg.nodes, cfg.load.rate) == ("rack1", 16, 40)
-    schema = params.preset_schema()
+    schema = presets.preset_schema()
     assert schema["enum"] == [None, *SHIPPED[:2], "rack1-nightly", *SHIPPED[2:]]
     assert schema["values_display"]["rack1-nightly"] == "rack1-nightly - the nightly run on rack 1"
 
     _write(operator_dir, "quick", 'description = "mine"\n[params]\nload_rate = 1\n')
     with pytest.raises(ConfigError, match="'quick' is defined twice"):
-        params.presets()
+        presets.presets()
     with pytest.raises(ConfigError, match="'quick' is defined twice"):
         params.to_config({params.PRESET: "quick"})
-    assert "quick" not in params.form_presets()  # the form leaves it out rather than break the DAG
+    assert "quick" not in presets.form_presets()  # the form leaves it out rather than break the DAG
 
-    monkeypatch.setenv(params.PRESET_ENV, str(operator_dir / "missing"))
+    monkeypatch.setenv(presets.PRESET_ENV, str(operator_dir / "missing"))
     with pytest.raises(ConfigError, match="not a folder"):
-        params.presets()
-    assert set(params.form_presets()) == set(SHIPPED)
+        presets.presets()
+    assert set(presets.form_presets()) == set(SHIPPED)
 
 
 def test_a_bad_operator_file_is_left_out_of_the_form_and_logged(operator_dir, caplog):
     _write(operator_dir, "broken", 'description = "x"\n[params]\nnodez = 3\n')
     with caplog.at_level(logging.ERROR, logger=params.__name__):
-        assert set(params.form_presets()) == set(SHIPPED)
+        assert set(presets.form_presets()) == set(SHIPPED)
     assert "broken.toml" in caplog.text and "nodez" in caplog.text
 
 
 @pytest.mark.parametrize("name", ["../quick", "/etc/passwd", "Quick", "quick\n", "", "q" * 65, 7])
 def test_a_preset_name_is_a_name_not_a_path(name):
     if name == "":
-        assert params.apply_preset({params.PRESET: name}) == ({}, None)  # empty: no preset
+        assert presets.apply_preset({params.PRESET: name}) == ({}, None)  # empty: no preset
         return
     with pytest.raises(ConfigError, match="not a preset name"):
         params.to_config({params.PRESET: name})
 
 
 def test_an_unknown_preset_lists_the_known_ones(monkeypatch):
-    monkeypatch.delenv(params.PRESET_ENV, raising=False)
+    monkeypatch.delenv(presets.PRESET_ENV, raising=False)
     with pytest.raises(ConfigError, match=r"unknown preset 'nightly'; choose one of: capacity, quick, runbook, soak"):
         params.to_config({params.PRESET: "nightly"})
 
@@ -130,7 +130,7 @@ def test_preset_values_fill_the_fields_left_at_their_defaults_and_changed_fields
              "warmup_s": 5,  # the default, typed or not: the preset's value applies
              "iperf_seconds": 2,  # the default 2.0 sent as an integer: still the default
              "target_url": ""}  # an optional text field left empty: the default
-    resolved, used = params.apply_preset(form)
+    resolved, used = presets.apply_preset(form)
     assert params.PRESET not in resolved
     assert used is not None and used.name == "mine" and used.source == str(operator_dir / "mine.toml")
     assert used.set == {"warmup_s": 2, "iperf_seconds": 1, "target_url": "http://lb:8000",
@@ -150,7 +150,7 @@ def test_booleans_and_lists_are_compared_as_they_are(operator_dir):
                                   'min_nodes = 1\n')
     # iperf_bidir at its default (true) and scale_steps at theirs ([]) take the preset's values; min_nodes=true
     # is not the default 1 (a boolean is no number, however Python compares them): kept, then refused by the schema
-    _, used = params.apply_preset(params.defaults() | {params.PRESET: "flags", "iperf_bidir": True,
+    _, used = presets.apply_preset(params.defaults() | {params.PRESET: "flags", "iperf_bidir": True,
                                                        "scale_steps": [], "min_nodes": True})
     assert used is not None and used.set == {"iperf_bidir": False, "scale_steps": [2, 4]}
     assert used.kept == {"min_nodes": True}  # True is not the default 1: kept, and the schema refuses it
@@ -167,7 +167,7 @@ def test_an_error_from_a_preset_value_says_the_preset_set_it(operator_dir):
 
 def test_no_preset_is_the_conf_as_it_stands():
     base = params.defaults()
-    assert params.apply_preset(base | {params.PRESET: None}) == (base, None)
+    assert presets.apply_preset(base | {params.PRESET: None}) == (base, None)
     assert params.configure(base)[1] is None
     assert params.to_config(base | {params.PRESET: None}) == params.to_config(base)
 
@@ -184,7 +184,7 @@ def inventory(tmp_path, monkeypatch) -> str:
     (folder / "rack.json").write_text(json.dumps(inv))
     monkeypatch.setenv("DEPLOYBENCH_INVENTORIES", str(folder))
     monkeypatch.delenv("DEPLOYBENCH_POLICY", raising=False)
-    monkeypatch.delenv(params.PRESET_ENV, raising=False)
+    monkeypatch.delenv(presets.PRESET_ENV, raising=False)
     return "rack"
 
 
