@@ -54,8 +54,8 @@ def _leave_nothing_running():
 # A time limit is doubled in a worker (tests/support/fixtures.py: TIME_LIMIT_FACTOR).
 
 
-# browser modules that start an Airflow of their own (AIRFLOW_METADATA = "sqlite" in the module): a unit each
-OWN_AIRFLOW = {"tests/browser/test_matrix.py"}
+# browser modules that start an Airflow of their own (AIRFLOW = "own" in the module): a unit each
+OWN_AIRFLOW = {"tests/browser/test_matrix.py", "tests/browser/test_matrix_failures.py"}
 
 
 def work_unit(nodeid: str) -> str:

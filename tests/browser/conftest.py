@@ -261,14 +261,13 @@ def shared_airflow(results_dsn, benchmarks_dir) -> Iterator[Airflow]:
 @pytest.fixture(scope="module")
 def airflow(request, results_dsn, benchmarks_dir) -> Iterator[Airflow]:
     """``airflow standalone`` on a free loopback port; deploybench_run parsed and unpaused. The session's
-    one (PostgreSQL metadata), unless the module sets ``AIRFLOW_METADATA = "sqlite"``: then one of its
-    own on SQLite, stopped after the module. Each module's ``lab_inventory`` waits for the module's DAG
-    runs to end before its lab goes down, so no task touches a lab being taken down."""
-    metadata = getattr(request.module, "AIRFLOW_METADATA", "postgres")
-    if metadata == "postgres":
+    one (PostgreSQL metadata), unless the module sets ``AIRFLOW = "own"``: then one of its own (on a
+    throwaway PostgreSQL database too), stopped after the module. Each module's ``lab_inventory`` waits for
+    the module's DAG runs to end before its lab goes down, so no task touches a lab being taken down."""
+    if getattr(request.module, "AIRFLOW", "shared") != "own":
         yield request.getfixturevalue("shared_airflow")
         return
-    with _standalone(results_dsn, benchmarks_dir, metadata) as af:
+    with _standalone(results_dsn, benchmarks_dir, "postgres") as af:
         yield af
 
 
@@ -347,6 +346,22 @@ def _dag_is_parsed(af: Airflow) -> bool:
                 pytest.fail(f"the DAG folder has import errors: {errors['import_errors']}")
             return False
         raise
+
+
+@pytest.fixture(scope="module")
+def matrix_dag(airflow) -> str:
+    """deploybench_matrix, parsed and unpaused on the module's Airflow."""
+    dag_id = "deploybench_matrix"
+
+    def unpaused() -> bool:
+        try:
+            return airflow.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})["is_paused"] is False
+        except Exception as exc:  # noqa: BLE001 - 404 until the dag-processor has parsed it
+            if "404" in str(exc):
+                return False
+            raise
+    airflow.wait_for(f"{dag_id} parsed and unpaused", unpaused, 240, every_s=2)
+    return dag_id
 
 
 # -- the lab ---------------------------------------------------------------------------------------

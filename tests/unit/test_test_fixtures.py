@@ -54,7 +54,7 @@ def test_parallel_work_units_keep_what_shares_state_on_one_worker(request):
     # the browser modules share the session's Airflow, but for those that start their own
     assert unit("tests/browser/test_ui.py::test_a") == unit("tests/browser/test_lifecycle.py::test_b")
     own = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "browser").glob("test_*.py")
-           if re.search(r"^AIRFLOW_METADATA = \"sqlite\"", p.read_text(), re.M)}
+           if re.search(r"^AIRFLOW = \"own\"", p.read_text(), re.M)}
     assert own == conftest.OWN_AIRFLOW, "tests/conftest.py's OWN_AIRFLOW must list the modules with their own Airflow"
     for path in own:
         assert unit(f"{path}::test_a") == path != unit("tests/browser/test_ui.py::test_a")
