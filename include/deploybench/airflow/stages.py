@@ -5,7 +5,10 @@
 
 Every DAG that runs a benchmark (``deploybench_run``, the scheduled regression benchmark) calls
 ``run_stages`` once, so every stage shows in its Grid and a run is the same run whichever DAG
-started it. Each task calls one function of ``deploybench.pipeline``.
+started it. The tasks and their order come from the stage registry (deploybench.stages.REGISTRY: each stage's
+class says its task id, what its task hands it, whether it renews the lease, runs after failures, retries,
+and which stage's work it undoes), so a stage registered there is a task here with no line added. Each task
+calls one function of ``deploybench.pipeline``.
 
 Airflow's own lifecycle keeps the cluster clean: taking the lease and the rollout are *setup*
 tasks, releasing the lease and stopping the engines their *teardowns*. Clearing a load phase
