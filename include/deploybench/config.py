@@ -144,7 +144,8 @@ class KubernetesSpec(_Strict):
                               description="kubernetes backend: engine image; empty = the engine's image, else the "
                                           "engine profile's default.")
     gpus_per_pod: int = Field(1, ge=0, le=64, title="Kubernetes: GPUs per pod",
-                              description="kubernetes backend: GPU limit of each engine pod.")
+                              description="kubernetes backend: GPU limit of each engine pod (at least "
+                                          "tensor_parallel_size: one GPU per shard; 0 = no GPU limit).")
     gpu_resource: str = Field("nvidia.com/gpu", max_length=253, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$",
                               title="Kubernetes: GPU resource",
                               description="kubernetes backend: the extended resource name of a GPU (nvidia.com/gpu, "
@@ -236,9 +237,13 @@ class TritonKnobs(_Strict):
     """What Triton's generated config.pbtxt says (see deploybench.engines.triton_config)."""
 
     backend: str = Field("vllm", pattern=r"^[a-z][a-z0-9_]{0,63}$", description="Triton backend serving the model")
-    max_batch_size: int = Field(8, ge=0, le=4096, title="Triton: max batch size",
+    # 0 and KIND_MODEL: what Triton's vLLM backend runs with. Its auto_complete_config sets max_batch_size 0 (vLLM
+    # batches itself), which the Python backend refuses when config.pbtxt says more (triton-inference-server/
+    # vllm_backend src/model.py; python_backend src/resources/triton_python_backend_utils.py, set_max_batch_size);
+    # and it refuses KIND_GPU for a model on more than one GPU (vllm_backend src/model.py, _validate_device_config).
+    max_batch_size: int = Field(0, ge=0, le=4096, title="Triton: max batch size",
                                 description="config.pbtxt max_batch_size; 0 = the backend batches itself (no dynamic "
-                                            "batching).")
+                                            "batching; what the vllm backend requires).")
     preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
                                              default_factory=list, max_length=32, title="Triton: preferred batch sizes",
                                              description="dynamic_batching preferred_batch_size, e.g. [4, 8]; each at "
@@ -247,7 +252,10 @@ class TritonKnobs(_Strict):
                                     description="dynamic_batching max_queue_delay_microseconds.")
     instance_count: int = Field(1, ge=1, le=64, title="Triton: instances",
                                 description="instance_group count (model instances per server).")
-    instance_kind: Literal["KIND_GPU", "KIND_CPU", "KIND_MODEL", "KIND_AUTO"] = "KIND_GPU"
+    instance_kind: Literal["KIND_GPU", "KIND_CPU", "KIND_MODEL", "KIND_AUTO"] = Field(
+        "KIND_MODEL", title="Triton: instance kind",
+        description="instance_group kind: KIND_MODEL lets the backend place the model on the GPUs it was given "
+                    "(what the vllm backend requires for tensor parallel); KIND_GPU one instance per GPU.")
 
     @model_validator(mode="after")
     def _sizes(self) -> TritonKnobs:

@@ -32,7 +32,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -83,6 +83,7 @@ class EngineProfile:
     readiness: Readiness = Readiness()
     source: str = ""  # the profile file it was read from
     program: str = ""  # the command's first item as written ("{python}", "vllm"): what preflight looks for
+    liveness_path: str = ""  # where a Kubernetes liveness probe looks ("" = health_path)
 
     def container_args(self, ctx: LaunchContext) -> list[str]:
         argv = self.command(ctx)
@@ -223,6 +224,8 @@ class _ReadinessFile(BaseModel):
     kind: Literal["health", "models", "completion"] = "health"
     path: str = Field("/health", pattern=r"^/[A-Za-z0-9._~/%-]*$", max_length=256)
     timeout_s: float = Field(2.0, gt=0, le=300)
+    # the liveness check's path where the engine has one of its own (Triton: /v2/health/live); else ``path``
+    live_path: str | None = Field(None, pattern=r"^/[A-Za-z0-9._~/%-]*$", max_length=256)
 
 
 class ProfileFile(BaseModel):
@@ -263,7 +266,7 @@ class ProfileFile(BaseModel):
                              image=self.image, entrypoint=tuple(self.entrypoint),
                              files=FILE_GENERATORS.get(self.files, lambda ctx: {}), metrics=dict(self.metrics),
                              readiness=Readiness(r.kind, r.path, r.timeout_s), source=source,
-                             program=template[0])
+                             program=template[0], liveness_path=r.live_path or "")
 
 
 def load_profile_file(path: str | Path) -> EngineProfile:
@@ -337,23 +340,56 @@ def image_of(spec: EngineSpec, override: str | None = None) -> str:
     return img
 
 
+def check_triton_backend(cfg: Any, tensor_parallel_size: int) -> None:
+    """Refuse a parsed config.pbtxt that Triton accepts but its vLLM backend would not load (the model would never
+    become ready): ConfigError names the value and what to set instead."""
+    if cfg.backend != "vllm":
+        return
+    # vllm_backend src/model.py auto_complete_config: set_max_batch_size(0), which python_backend's
+    # triton_python_backend_utils.ModelConfig.set_max_batch_size refuses below a configured value
+    if cfg.max_batch_size > 0:
+        raise ConfigError(f"Triton's vllm backend batches itself and refuses max_batch_size={cfg.max_batch_size} "
+                          "(it sets 0 and the Python backend refuses a smaller value than the config's); set "
+                          "triton_max_batch_size to 0")
+    kinds = {g.kind for g in cfg.instance_group}
+    kind_gpu = 1  # inference.ModelInstanceGroup.Kind.KIND_GPU
+    # vllm_backend src/model.py _validate_device_config: "KIND_GPU is currently for single-GPU models"
+    if tensor_parallel_size > 1 and kind_gpu in kinds:
+        raise ConfigError(f"Triton's vllm backend refuses KIND_GPU for a model on {tensor_parallel_size} GPUs "
+                          "(tensor_parallel_size > 1); set triton_instance_kind to KIND_MODEL")
+
+
 def check(spec: EngineSpec, model_name: str) -> None:
     """Refuse knobs the profile cannot run with, before anything touches a node."""
     prof = profile(spec)
     if prof.files is _triton_files:
-        parse_triton_config(triton_config(model_name, spec.triton))
+        check_triton_backend(parse_triton_config(triton_config(model_name, spec.triton)), spec.tensor_parallel_size)
     if spec.runtime is not ContainerRuntime.PROCESS:
         image_of(spec)
 
 
+def in_container(ctx: LaunchContext) -> LaunchContext:
+    """``ctx`` as the engine's container sees it: the model under CONTAINER_MODEL_ROOT (the node's model root is
+    mounted there); its own folder is bound at the same path."""
+    return LaunchContext(ctx.inventory, ctx.node, f"{CONTAINER_MODEL_ROOT}/{ctx.model_name}", ctx.model_name,
+                         ctx.port, ctx.engine, ctx.work_dir, ctx.host)
+
+
+def engine_files(spec: EngineSpec, ctx: LaunchContext) -> dict[str, str]:
+    """The files the engine reads (Triton's model repository), with the paths the engine itself sees: a process
+    the node's, a container's its own (model.json must name /models/<model>, not the node's folder)."""
+    return profile(spec).files(ctx if spec.runtime is ContainerRuntime.PROCESS else in_container(ctx))
+
+
 def container_command(spec: EngineSpec, ctx: LaunchContext, name: str) -> list[str]:
     """``docker|podman run`` for the ssh backend: host network, model root read-only, and the engine's folder of
-    this run (``LaunchContext.work_dir``) as its only writable folder of the node."""
+    this run (``LaunchContext.work_dir``) as its only writable folder of the node. ``--ipc=host``: PyTorch shares
+    tensors between the processes of a tensor-parallel engine through /dev/shm, which is 64 MiB in a container by
+    default (vllm-project/vllm docs/deployment/docker.md: "use the ipc=host flag or --shm-size flag")."""
     prof = profile(spec)
     root = ctx.inventory.model_root_of(ctx.node).rstrip("/")
-    inner = LaunchContext(ctx.inventory, ctx.node, f"{CONTAINER_MODEL_ROOT}/{ctx.model_name}", ctx.model_name,
-                          ctx.port, ctx.engine, ctx.work_dir, ctx.host)
-    argv = [spec.runtime.value, "run", "--rm", "--name", name, "--network", "host",
+    inner = in_container(ctx)
+    argv = [spec.runtime.value, "run", "--rm", "--name", name, "--network", "host", "--ipc", "host",
             "-v", f"{root}:{CONTAINER_MODEL_ROOT}:ro", "-v", f"{ctx.work_dir}:{ctx.work_dir}"]
     if spec.runtime is ContainerRuntime.DOCKER:
         argv += ["--gpus", "all"]

@@ -139,6 +139,7 @@ FIELDS: list[FormField] = [
     _f("triton_preferred_batch_sizes", "engine.triton.preferred_batch_sizes", "Triton"),
     _f("triton_max_queue_delay_us", "engine.triton.max_queue_delay_us", "Triton"),
     _f("triton_instance_count", "engine.triton.instance_count", "Triton"),
+    _f("triton_instance_kind", "engine.triton.instance_kind", "Triton"),
     _f("sim_decode_base_ms", "engine.sim.decode_base_ms", "Simulated engine"),
     _f("sim_decode_per_seq_ms", "engine.sim.decode_per_seq_ms", "Simulated engine"),
     _f("sim_prefill_per_token_ms", "engine.sim.prefill_per_token_ms", "Simulated engine"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from deploybench import engines
@@ -25,7 +27,8 @@ def test_vllm_command_carries_the_serving_knobs():
 
 
 def test_triton_config_round_trips_through_tritons_model_config_protobuf():
-    knobs = TritonKnobs(max_batch_size=16, preferred_batch_sizes=[4, 8], max_queue_delay_us=250, instance_count=2)
+    knobs = TritonKnobs(max_batch_size=16, preferred_batch_sizes=[4, 8], max_queue_delay_us=250, instance_count=2,
+                        instance_kind="KIND_GPU")
     cfg = engines.parse_triton_config(engines.triton_config("llama", knobs))
     assert cfg.name == "llama" and cfg.backend == "vllm" and cfg.max_batch_size == 16
     assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8]
@@ -49,6 +52,36 @@ def test_a_config_triton_would_reject_is_refused(text, words):
         engines.parse_triton_config(text)
 
 
+def test_the_default_triton_repository_is_one_the_vllm_backend_loads():
+    """Issue 28, point 1. Upstream: vllm_backend src/model.py (auto_complete_config calls set_max_batch_size(0);
+    _validate_device_config refuses KIND_GPU when tensor_parallel_size x pipeline_parallel_size > 1) and
+    python_backend src/resources/triton_python_backend_utils.py (set_max_batch_size refuses a value below the
+    config's). The seeds' config said max_batch_size 8 and KIND_GPU: Triton's protobuf took it, the backend not."""
+    for tp in (1, 2, 8):
+        spec = EngineSpec(profile="triton", tensor_parallel_size=tp)
+        cfg = engines.parse_triton_config(engines.triton_config("llama", spec.triton))
+        assert cfg.max_batch_size == 0 and not cfg.HasField("dynamic_batching")
+        assert [g.kind for g in cfg.instance_group] == [3]  # KIND_MODEL = 3 in inference.ModelInstanceGroup.Kind
+        engines.check(spec, "llama")  # accepted
+
+
+@pytest.mark.parametrize("knobs, tp, words", [
+    ({"max_batch_size": 8}, 1, "refuses max_batch_size=8 .* set triton_max_batch_size to 0"),
+    ({"max_batch_size": 16, "preferred_batch_sizes": [4, 8]}, 2, "refuses max_batch_size=16"),
+    ({"instance_kind": "KIND_GPU"}, 2, "refuses KIND_GPU for a model on 2 GPUs .* set triton_instance_kind to "
+                                       "KIND_MODEL"),
+])
+def test_a_repository_the_vllm_backend_would_refuse_is_refused_before_any_node_is_touched(knobs, tp, words):
+    with pytest.raises(ConfigError, match=words):
+        engines.check(EngineSpec(profile="triton", tensor_parallel_size=tp, triton=TritonKnobs(**knobs)), "llama")
+
+
+def test_kind_gpu_on_one_gpu_and_batching_for_another_backend_stay_allowed():
+    engines.check(EngineSpec(profile="triton", triton=TritonKnobs(instance_kind="KIND_GPU")), "llama")
+    engines.check(EngineSpec(profile="triton", tensor_parallel_size=2,
+                             triton=TritonKnobs(backend="python", max_batch_size=8, instance_kind="KIND_GPU")), "m")
+
+
 def test_triton_repository_files_hold_the_config_and_the_weights_path():
     files = engines.profile("triton").files(_ctx(EngineSpec(profile="triton")))
     assert set(files) == {"/var/tmp/db/n1/triton-repo/llama/config.pbtxt",
@@ -60,7 +93,8 @@ def test_triton_repository_files_hold_the_config_and_the_weights_path():
 
 def test_knobs_out_of_range_and_unknown_profiles_are_refused_before_anything_starts():
     with pytest.raises(ConfigError, match="go past max_batch_size=8"):
-        RunConfig.parse({"inventory": "x", "engine": {"triton": {"preferred_batch_sizes": [4, 16]}}})
+        RunConfig.parse({"inventory": "x",
+                         "engine": {"triton": {"max_batch_size": 8, "preferred_batch_sizes": [4, 16]}}})
     with pytest.raises(ConfigError, match="increasing positive"):
         RunConfig.parse({"inventory": "x", "engine": {"triton": {"preferred_batch_sizes": [8, 4]}}})
     with pytest.raises(ConfigError, match="engine.profile"):
@@ -77,6 +111,25 @@ def test_container_command_mounts_the_model_read_only_and_drops_the_image_entryp
     assert argv[:3] == ["docker", "run", "--rm"] and "/srv/m:/models:ro" in argv
     img = argv.index(engines.profile("vllm").image)
     assert argv[img + 1] == "/models/llama"  # `vllm serve` is the image's entrypoint
+
+
+def test_a_container_gets_the_hosts_ipc_for_tensor_parallel():
+    """Issue 28, point 6 (containers). vllm-project/vllm docs/deployment/docker.md: "You can either use the
+    `ipc=host` flag or `--shm-size` flag to allow the container to access the host's shared memory"."""
+    for runtime in ("docker", "podman"):
+        spec = EngineSpec(profile="vllm", runtime=runtime, tensor_parallel_size=2)
+        argv = engines.container_command(spec, _ctx(spec), "deploybench-n1")
+        assert argv[argv.index("--ipc") + 1] == "host", argv
+
+
+def test_tritons_model_json_names_the_weights_where_the_engine_sees_them():
+    """Issue 28, point 5: under docker or podman the node's model root is mounted at /models, so model.json (read
+    by Triton inside the container) must name /models/<model>; a process reads the node's own path."""
+    for runtime, want in (("process", "/srv/m/llama"), ("docker", "/models/llama"), ("podman", "/models/llama")):
+        spec = EngineSpec(profile="triton", runtime=runtime)
+        files = engines.engine_files(spec, _ctx(spec))
+        got = json.loads(files["/var/tmp/db/n1/triton-repo/llama/1/model.json"])
+        assert got["model"] == want, (runtime, got)
 
 
 def test_new_engine_knobs_at_their_defaults_keep_the_fingerprint():

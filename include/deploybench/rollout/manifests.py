@@ -34,6 +34,7 @@ TRACK = "deploybench/track"
 RUN = "deploybench/run"  # the run key (run_label): teardown and recovery delete by it
 POD_WORK_DIR = "/var/run/deploybench"
 PROBE_PERIOD_S = 5
+SHM_SIZE = "2Gi"  # /dev/shm of a tensor-parallel pod (the size vLLM's Kubernetes guide gives)
 
 
 def _digest(run_key: str) -> str:
@@ -107,11 +108,16 @@ def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], rep
         "volumeMounts": [{"name": "models", "mountPath": engines.CONTAINER_MODEL_ROOT, "readOnly": True}],
         "startupProbe": _probe(prof.health_path, r.port, max(1, math.ceil(r.ready_timeout_s / PROBE_PERIOD_S))),
         "readinessProbe": _probe(prof.health_path, r.port, 2),
-        "livenessProbe": _probe(prof.health_path, r.port, 3),
+        "livenessProbe": _probe(prof.liveness_path or prof.health_path, r.port, 3),
     }
-    if k.gpus_per_pod:
-        container["resources"] = {"limits": {k.gpu_resource: str(k.gpus_per_pod)}}
+    tp = cfg.engine.tensor_parallel_size
+    if k.gpus_per_pod:  # a tensor-parallel engine needs a GPU per shard: at least tensor_parallel_size
+        container["resources"] = {"limits": {k.gpu_resource: str(max(k.gpus_per_pod, tp))}}
     volumes: list[dict[str, Any]] = [{"name": "models", "hostPath": {"path": roots.pop(), "type": "Directory"}}]
+    if tp > 1:  # PyTorch's shards talk through /dev/shm; a pod's is 64 MiB unless a memory volume is mounted there
+        # (vllm-project/vllm docs/deployment/k8s.md: an emptyDir of medium Memory, sizeLimit 2Gi, at /dev/shm)
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}})
     files = prof.files(ctx)
     if files:
         container["volumeMounts"].append({"name": "files", "mountPath": f"{POD_WORK_DIR}/triton-repo",

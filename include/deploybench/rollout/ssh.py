@@ -85,7 +85,7 @@ class SSHDeployer(Deployer):
         t = self.cluster[node]
         try:
             self._stop_node(node)  # a leftover engine of this run (a retried task); other runs': deploybench.leftovers
-            files = self.profile.files(self._context(node))
+            files = engines.engine_files(self.cfg.engine, self._context(node))
             if self.cfg.engine.runtime is not ContainerRuntime.PROCESS:
                 t.run(["mkdir", "-p", self.work_dir(node)], timeout=30).check()  # the container's bind source
             if files:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploybench import rollout
+from deploybench import engines, rollout
 from deploybench.config import RunConfig
 from deploybench.errors import ConfigError, StageFailed
 from deploybench.inventory import Inventory
@@ -52,6 +52,27 @@ def test_every_manifest_validates_against_the_kubernetes_schema(profile):
         == "kubernetes.io/hostname"
     headless = next(o for o in objs if o["kind"] == "Service" and o["spec"].get("clusterIP") == "None")
     assert headless["metadata"]["name"].endswith("-pods")
+
+
+@pytest.mark.parametrize("profile, live", [("vllm", "/health"), ("triton", "/v2/health/live")])
+def test_a_tensor_parallel_pod_gets_a_gpu_per_shard_a_memory_shm_and_the_engines_own_liveness_path(profile, live):
+    """Issue 28, point 6. Upstream: vllm-project/vllm docs/deployment/k8s.md (an emptyDir of medium Memory,
+    sizeLimit "2Gi", mounted at /dev/shm: "vLLM needs to access the host's shared memory for tensor parallel
+    inference"); Triton's KServe v2 liveness endpoint /v2/health/live (its readiness is /v2/health/ready)."""
+    cfg = RunConfig.parse({"inventory": "x", "engine": {"profile": profile, "tensor_parallel_size": 2}})
+    objs = manifests.render_all(cfg, _inv(), NODES[:2], NODES[2:], 2, 0)
+    for o in objs:
+        manifests.validate(o)  # the official schema
+    pod = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "2"}  # gpus_per_pod 1 is raised to the shards' 2
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+    assert c["livenessProbe"]["httpGet"]["path"] == live
+    assert c["readinessProbe"]["httpGet"]["path"] == engines.profile(cfg.engine).health_path
+    one = next(o for o in manifests.render_all(RunConfig.parse({"inventory": "x", "engine": {"profile": profile}}),
+                                               _inv(), NODES[:2], NODES[2:], 2, 0) if o["kind"] == "Deployment")
+    assert "dshm" not in str(one)  # one GPU, no shards to talk between
 
 
 def test_a_manifest_the_schema_refuses_is_reported_with_its_path():
