@@ -55,7 +55,7 @@ def _leave_nothing_running():
 
 
 # browser modules that start an Airflow of their own (AIRFLOW = "own" in the module): a unit each
-OWN_AIRFLOW = {"tests/browser/test_matrix.py", "tests/browser/test_matrix_failures.py"}
+OWN_AIRFLOW = {"tests/browser/test_matrix.py"}
 
 
 def work_unit(nodeid: str) -> str:

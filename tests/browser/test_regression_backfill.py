@@ -1,10 +1,10 @@
-"""The scheduled regression benchmark under the real scheduler: two backfills (6 and 3 dates) on a 2-node lab.
+"""The scheduled regression benchmark under the real scheduler: two backfills (6 and 2 dates) on a 2-node lab.
 
 ``airflow standalone`` (the ``airflow`` fixture of conftest.py) parses two reference benchmarks
 from a throwaway benchmarks folder: ``slowed``, whose versions file switches to software 10 %
 slower (``sim_slowdown`` 1.1) on the fifth date, and ``steady``, whose software never changes.
 ``slowed`` is backfilled over 6 dates with ``airflow backfill create`` (the CLI), ``steady`` over the
-first 3 of them from the DAG page's Trigger -> Backfill dialog in headless Chromium (without chromium,
+first 2 of them from the DAG page's Trigger -> Backfill dialog in headless Chromium (without chromium,
 the REST call the dialog makes); they queue for the one lab's lease. Expected: the DAG run of
 the fifth ``slowed`` date fails with ``regression`` and the SMTP server on loopback (aiosmtpd)
 receives exactly one message, naming the benchmark, the metric and the magnitude and linking the
@@ -50,10 +50,10 @@ FIRST = date(2026, 3, 1)
 #   reported again ("the first slow date only"); one such run shows it, more add nothing new.
 DATES = [FIRST + timedelta(days=i) for i in range(6)]
 SLOW_FROM = DATES[4]
-# steady: 3 dates. It shows the dialog's backfill, the lease taken in turns and runs of unchanged software that
+# steady: 2 dates. They show the dialog's backfill, the lease taken in turns and runs of unchanged software that
 # pass; that a longer series of unchanged software is never flagged is test_history_accuracy.py's (8 runs of each),
-# and 3 more runs here would add about 2 minutes to the quiet part of `make test` (run one at a time).
-STEADY_DATES = DATES[:3]
+# and each run here adds about 40 s to the quiet part of `make test` (they run one at a time).
+STEADY_DATES = DATES[:2]
 SMTP_CONN = "deploybench_test_smtp"
 DONE_TIMEOUT_S = 60 * 60
 # Short runs (about 30 s each; 12 run one after another): canary_nodes = nodes, a rollout of one step with one

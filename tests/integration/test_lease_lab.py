@@ -83,12 +83,12 @@ class RunProc:
 def runs(dsn):
     started: list[RunProc] = []
 
-    def start(key: str, inv, on_busy: str = "wait", **conf) -> RunProc:
+    def start(key: str, inv, on_busy: str = "wait", ttl_s: float = TTL_S, **conf) -> RunProc:
         flat = {"inventory": str(paths.lab_dir(inv.lab["name"]) / "inventory.json"), "nodes": len(inv.nodes),
                 **FAST, **conf}
         log = paths.home() / f"{key}.log"
         argv = [sys.executable, "-m", "deploybench.cli", "run", "--key", key, "--conf", json.dumps(flat),
-                "--on-busy", on_busy, "--lease-wait", "150", "--lease-ttl", str(TTL_S),
+                "--on-busy", on_busy, "--lease-wait", "150", "--lease-ttl", str(ttl_s),
                 "--lease-heartbeat", str(HEARTBEAT_S)]
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, env={**os.environ, "DEPLOYBENCH_DSN": dsn}, stdout=out,
@@ -326,14 +326,17 @@ def test_postgres_restarted_while_a_run_holds_the_lease(lab_a, runs, dsn):
 
 # -- broken by hand ---------------------------------------------------------------------------------------------
 def test_a_lease_broken_by_hand_stops_the_run_at_its_next_heartbeat(lab_a, runs, dsn):
-    r = runs("lz-broken", lab_a, load_duration_s=20)
+    # a TTL of 60 s: what stops the run must be the break, never an expiry (on a loaded machine, CI once saw the
+    # 6 s lease expire, and the run release it, between the status and the break)
+    r = runs("lz-broken", lab_a, load_duration_s=20, ttl_s=60)
     _wait_for(paths.run_dir(r.key) / "load" / "sustained.k6.pid", r)
     time.sleep(0.5)
     status = _cli(dsn, "lease", "status", f"lab-{LAB_A}")
     assert f"leased by run '{r.key}'" in status.stdout, status.stdout + status.stderr
     since = _db_now(dsn)
     broke = _cli(dsn, "lease", "break", f"lab-{LAB_A}")
-    assert broke.returncode == 0 and "broke the lease" in broke.stdout, broke.stdout + broke.stderr
+    assert broke.returncode == 0 and "broke the lease" in broke.stdout, \
+        broke.stdout + broke.stderr[-2000:] + "\nthe run's output:\n" + r.output()[-4000:]
     assert r.wait(60) == 1
     out = r.output()
     load = _rec(r.key, "load")

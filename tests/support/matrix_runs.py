@@ -1,4 +1,4 @@
-"""What the matrix browser tests (tests/browser/test_matrix*.py) do to and read from a real Airflow: trigger a DAG
+"""What the matrix browser tests (tests/browser/test_matrix.py) do to and read from a real Airflow: trigger a DAG
 run, wait for it, read its task instances, logs and XComs through the REST API, as a script or the UI would."""
 
 from __future__ import annotations
