@@ -81,9 +81,9 @@ class SSHDeployer(Deployer):
 
     def start(self, name: str) -> None:
         node = self._node(name)
-        pid, logf = self._paths(node)
-        t = self.cluster[node]
-        try:
+        try:  # all of it: an unreachable node (its run folder is checked over SSH first) fails as itself, named
+            pid, logf = self._paths(node)
+            t = self.cluster[node]
             self._stop_node(node)  # a leftover engine of this run (a retried task); other runs': deploybench.leftovers
             files = engines.engine_files(self.cfg.engine, self._context(node))
             if self.cfg.engine.runtime is not ContainerRuntime.PROCESS:
