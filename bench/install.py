@@ -4,7 +4,8 @@
 
 Each round creates two fresh virtual environments in a temporary folder and installs the same pinned
 requirements into each, as a fresh machine would: pip with ``--no-cache-dir``, uv with ``--no-cache`` (both
-download every wheel from the package index). Prints each installer's wall time per round and the ratio
+download every wheel from the package index; uv with ``--compile-bytecode``, as the bootstrap runs it, so both
+write the .pyc files pip writes by default). Prints each installer's wall time per round and the ratio
 pip ÷ uv; .ci/bootstrap installs the run layer with uv because of it. Needs the network to the package
 index (nothing else is contacted) and about 2 GB of disk in $TMPDIR.
 """
@@ -38,8 +39,8 @@ def one_round(requirements: Path, tmp: Path) -> dict[str, float]:
         py = str(venv / "bin" / "python")
         if tool == "uv":  # installing uv itself counts: the bootstrap does it too
             out[tool] = _timed([py, "-m", "pip", "install", "-q", "--no-cache-dir", f"uv=={UV_VERSION}"], ROOT)
-            out[tool] += _timed([str(venv / "bin" / "uv"), "pip", "install", "-q", "--no-cache", "--python", py,
-                                 "-r", str(requirements)], ROOT)
+            out[tool] += _timed([str(venv / "bin" / "uv"), "pip", "install", "-q", "--no-cache", "--compile-bytecode",
+                                 "--python", py, "-r", str(requirements)], ROOT)
         else:
             out[tool] = _timed([py, "-m", "pip", "install", "-q", "--no-cache-dir", "-r", str(requirements)], ROOT)
         subprocess.run(["rm", "-rf", str(venv)], check=True)
