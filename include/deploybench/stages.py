@@ -133,6 +133,10 @@ class Stage(ABC):
         """Why this stage is not done here (and the record it leaves instead); None: it runs."""
         return None
 
+    def phases_not_asked(self, ctx: Context) -> list[str]:
+        """Its phases this run does not ask for (a DAG marks their tasks skipped before they would start)."""
+        return []
+
     @abstractmethod
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         """Do the stage's work; returns its typed result (StageFailed, carrying what it measured, on failure)."""
@@ -307,6 +311,10 @@ class Load(Stage):
     result = LoadStageResult
     phases = LOAD_PHASES
     needs = frozenset({"ssh"})  # nodes without DCGM metrics report their GPUs through nvidia-smi
+
+    def phases_not_asked(self, ctx: Context) -> list[str]:
+        asked = {p.value for p in ctx.run.cfg.load.phases}
+        return [p for p in self.phases if p not in asked]
 
     def skip(self, ctx: Context) -> Skip | None:
         if ctx.phase not in [p.value for p in ctx.run.cfg.load.phases]:
