@@ -1,12 +1,12 @@
-"""The scheduled regression benchmark under the real scheduler: two backfills (6 and 2 dates) on a 2-node lab.
+"""The scheduled regression benchmark under the real scheduler: two backfills (5 and 2 dates) on a 2-node lab.
 
 ``airflow standalone`` (the ``airflow`` fixture of conftest.py) parses two reference benchmarks
-from a throwaway benchmarks folder: ``slowed``, whose versions file switches to software 10 %
-slower (``sim_slowdown`` 1.1) on the fifth date, and ``steady``, whose software never changes.
-``slowed`` is backfilled over 6 dates with ``airflow backfill create`` (the CLI), ``steady`` over the
+from a throwaway benchmarks folder: ``slowed``, whose versions file switches to software 50 %
+slower (``sim_slowdown`` 1.5) on the fourth date, and ``steady``, whose software never changes.
+``slowed`` is backfilled over 5 dates with ``airflow backfill create`` (the CLI), ``steady`` over the
 first 2 of them from the DAG page's Trigger -> Backfill dialog in headless Chromium (without chromium,
 the REST call the dialog makes); they queue for the one lab's lease. Expected: the DAG run of
-the fifth ``slowed`` date fails with ``regression`` and the SMTP server on loopback (aiosmtpd)
+the fourth ``slowed`` date fails with ``regression`` and the SMTP server on loopback (aiosmtpd)
 receives exactly one message, naming the benchmark, the metric and the magnitude and linking the
 report; every other run of both succeeds, and every stored run is announced on its benchmark's
 results Asset.
@@ -35,28 +35,30 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 
 pytestmark = [
     pytest.mark.e2e, pytest.mark.integration, pytest.mark.netns,
-    pytest.mark.quiet,  # a 10 % slowdown must stand out of the run-to-run noise: no neighbours' load in it
+    pytest.mark.quiet,  # the slowdown must stand out of the run-to-run noise: no neighbours' load in it
 ]
 pytest.importorskip("aiosmtpd", reason="needs aiosmtpd (requirements-test.txt)")
 
 LAB = lab_names.unique("lbrg")  # conftest's lab_inventory brings it up for this module
 FIRST = date(2026, 3, 1)
-# slowed: 6 dates (was 8; each run costs about half a minute here, one at a time on the lab):
-# - 4 before the slow date: the judge needs min_baseline = 3 earlier runs to know the noise at all, and
+# slowed: 5 dates (was 8, then 6; each run costs about half a minute here, one at a time on the lab):
+# - 3 before the slow date: the judge needs min_baseline = 3 earlier runs to know the noise at all, and
 #   its prediction test is Student's t with (earlier runs - 1) degrees of freedom: at alpha 0.01 the
-#   critical t is 6.96 with 3 earlier runs but 4.54 with 4, so a 10 % slowdown on a few % run-to-run noise
-#   would often stay "suspect" with 3; the assertion below needs "regression" and p < 0.01.
+#   critical t is 6.96 with 3 earlier runs (4.54 with 4), so the slowdown must be large against a few % of
+#   run-to-run noise: 50 % slower software, not 10 % (whether the judge finds 10 % is test_history_accuracy.py's
+#   question, over 8 runs; this test is about the scheduler, the backfills, the lease and the mail). The
+#   assertion below needs "regression" and p < 0.01.
 # - 1 after it: a flagged run starts a new level, so the next run of the slow software must not be
 #   reported again ("the first slow date only"); one such run shows it, more add nothing new.
-DATES = [FIRST + timedelta(days=i) for i in range(6)]
-SLOW_FROM = DATES[4]
+DATES = [FIRST + timedelta(days=i) for i in range(5)]
+SLOW_FROM = DATES[3]
 # steady: 2 dates. They show the dialog's backfill, the lease taken in turns and runs of unchanged software that
 # pass; that a longer series of unchanged software is never flagged is test_history_accuracy.py's (8 runs of each),
 # and each run here adds about 40 s to the quiet part of `make test` (they run one at a time).
 STEADY_DATES = DATES[:2]
 SMTP_CONN = "deploybench_test_smtp"
 DONE_TIMEOUT_S = 60 * 60
-# Short runs (about 30 s each; 12 run one after another): canary_nodes = nodes, a rollout of one step with one
+# Short runs (about 30 s each; 7 run one after another): canary_nodes = nodes, a rollout of one step with one
 # gate (this test is about the judge; the rollout's steps are tested in tests/integration/test_rollout_lab.py);
 # a sustained phase of 5 s at 8 req/s, 40 requests (test_history_accuracy.py finds a 10 % slowdown in 20).
 PARAMS = {
@@ -69,8 +71,8 @@ PARAMS = {
 def _benchmark(d: Path, name: str, slow_from: date | None) -> None:
     versions = [{"since": str(FIRST), "software": "sim 1.0", "params": {"sim_slowdown": 1.0}}]
     if slow_from:
-        versions.append({"since": str(slow_from), "software": "sim 1.1 (10 % slower)",
-                         "params": {"sim_slowdown": 1.1}})
+        versions.append({"since": str(slow_from), "software": "sim 1.5 (50 % slower)",
+                         "params": {"sim_slowdown": 1.5}})
     (d / f"{name}.versions.json").write_text(json.dumps({"versions": versions}))
     (d / f"{name}{regression.SUFFIX}").write_text(json.dumps({
         "name": name, "description": f"test benchmark {name}", "schedule": "@daily", "start_date": str(FIRST),
@@ -248,12 +250,12 @@ def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchma
     # slowed: the first date of the slow software fails with a regression of the latency, no other date does
     assert {d for d, s in states[slowed].items() if s == "failed"} == {SLOW_FROM}, why
     bad = verdicts[slowed][SLOW_FROM]
-    assert bad["verdict"] == "regression" and bad["software"] == "sim 1.1 (10 % slower)", summary
+    assert bad["verdict"] == "regression" and bad["software"] == "sim 1.5 (50 % slower)", summary
     p50 = bad["metrics"]["latency_p50_ms"]
     print(f"slowed {SLOW_FROM}: latency_p50_ms {p50['magnitude']:+.1%}, p = {p50['p_value']:.2g}")
-    # 10 % slower service times: the median latency grows by 10 % or more (longer batches queue more)
-    assert p50["verdict"] == "regression" and 0.05 <= p50["magnitude"] <= 0.35 and p50["p_value"] < 0.01, p50
-    assert len(p50["against"]) == 4  # the four dates before it, in logical-date order
+    # 50 % slower service times: the median latency grows by 50 % or so (longer batches queue more)
+    assert p50["verdict"] == "regression" and 0.3 <= p50["magnitude"] <= 1.5 and p50["p_value"] < 0.01, p50
+    assert len(p50["against"]) == 3  # the three dates before it, in logical-date order
     for d in DATES:
         if d != SLOW_FROM:
             assert verdicts[slowed][d]["verdict"] in ("no change", "suspect", "improvement"), summary
