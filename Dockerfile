@@ -24,7 +24,7 @@ ARG AIRFLOW_CONSTRAINTS=""
 
 USER root
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends openssh-client rsync iperf3 >/dev/null \
+ && apt-get install -y -qq --no-install-recommends openssh-client rsync iperf3 iputils-ping >/dev/null \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && install -d -o airflow -g 0 -m 0750 /var/lib/deploybench
 # deploybench's state folder is /var/lib/deploybench, not under AIRFLOW_HOME: the official image makes

@@ -7,6 +7,12 @@ default, iperf3 -t 2 --bidir) and the same iperf3 servers (one per node, started
 the same lab, side by side in one run, SSH sessions opened before either; the ratio of
 their wall times is printed (expected: about N(N-1)/2 / (N-1) = N/2, i.e. >= 7x for 16
 nodes, less the per-test overhead that both pay).
+
+Then the fabric check (issue 33) on the same lab: every TCP flow of the iperf3 ports capped at a quarter of
+the link (the lab's per-flow HTB classes: one stream cannot fill the link, as one stream on one core cannot
+fill 100-400 GbE), a ring tested with one stream and with the chosen streams (--streams), side by side. The
+last line gives the worst link's reading of each: one stream should stay below 0.9 of nominal, the chosen
+streams reach 0.9 or more.
 Needs root (netns lab). Uses its own lab, removed at the end unless --keep.
 """
 
@@ -49,6 +55,7 @@ def main() -> int:
     ap.add_argument("--link-mbit", type=float, default=100.0,
                     help="lab link speed; low enough that 8 concurrent tests do not saturate a 2-core machine's "
                          "CPU, which would measure the CPU, not the schedule")
+    ap.add_argument("--streams", type=int, default=8, help="the fabric check's parallel streams (iperf3 -P)")
     ap.add_argument("--lab", default="pfbench")
     ap.add_argument("--keep", action="store_true", help="leave the lab running")
     args = ap.parse_args()
@@ -72,6 +79,7 @@ def main() -> int:
             print(describe("mesh in rounds", t_rounds, in_rounds, l_rounds), flush=True)
             t_seq, l_seq = measure(c, one_by_one, spec, concurrent=False)
             print(describe("sequential pairs", t_seq, one_by_one, l_seq), flush=True)
+            fabric = fabric_check(args, inv, c)
     finally:
         if not args.keep:
             cluster.down(args.lab)
@@ -79,7 +87,28 @@ def main() -> int:
     print(f"ratio sequential / rounds: {t_seq / t_rounds:.1f}x (ideal {ideal:.1f}x = {len(one_by_one)} tests / "
           f"{len(in_rounds)} rounds); per-test wall: rounds {t_rounds / len(in_rounds):.2f} s, "
           f"sequential {t_seq / len(one_by_one):.2f} s; load average after: {os.getloadavg()[0]:.2f}")
+    print(fabric)
     return 0
+
+
+def fabric_check(args: argparse.Namespace, inv, c: Cluster) -> str:
+    """One stream against the chosen streams on a ring whose every flow is capped at a quarter of the link."""
+    cap = args.link_mbit / 4
+    for name in inv.names:
+        cluster.set_link(args.lab, name, flow_cap_mbit=cap)
+    ring = schedule_rounds(link_pairs(inv.names, LinkMode.RING))
+    worst = {}
+    for streams in (1, args.streams):
+        spec = PreflightSpec(link_mode=LinkMode.RING, iperf_seconds=args.seconds, omit_s=1, link_threshold=0.9,
+                             streams=streams)
+        seconds, links = measure(c, ring, spec, concurrent=True)
+        ratios = [lt.ratio for lt in links if lt.ratio is not None]
+        worst[streams] = min(ratios) if ratios else float("nan")
+        print(f"fabric, flows capped at {cap:g} Mbit/s: {streams} stream(s): {len(links)} links in {seconds:.1f} s, "
+              f"worst {worst[streams]:.2f} of nominal, median {statistics.median(ratios):.2f}, "
+              f"{sum(1 for lt in links if lt.ok)} passed", flush=True)
+    return (f"fabric: one stream {worst[1]:.2f} of nominal, {args.streams} streams {worst[args.streams]:.2f} "
+            "of nominal")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,14 @@ class PreflightNetwork(str, Enum):
     FRONT = "front"
 
 
+class RdmaMode(str, Enum):
+    """Whether preflight tests the RDMA path (perftest's ib_write_bw / ib_write_lat) between the nodes of a pair."""
+
+    AUTO = "auto"  # where both nodes have an RDMA device; other pairs say why they were skipped
+    OFF = "off"
+    REQUIRE = "require"  # a node without an RDMA device fails preflight
+
+
 class PreflightSpec(_Strict):
     link_mode: LinkMode = Field(LinkMode.RING, title="Link test pattern",
                                 description="Which node pairs iperf3 tests: ring (neighbours), mesh (every pair), "
@@ -92,6 +100,45 @@ class PreflightSpec(_Strict):
                                                  "of it (0.1 = 10 %).")
     max_clock_offset_ms: float = Field(500.0, gt=0, le=60_000, title="Largest clock offset (ms)",
                                        description="Largest clock offset of a node against the controller.")
+    # a fast link: one TCP stream on one core does not fill 100-400 GbE (deploybench.preflight.links)
+    streams: int = Field(0, ge=0, le=128, title="Streams per link test",
+                         description="iperf3 -P: parallel TCP streams each way, judged on their sum; 0 = from the "
+                                     "slower end's nominal speed (one stream up to stream_gbit, else one per "
+                                     "stream_gbit and a quarter more).")
+    stream_gbit: float = Field(10.0, gt=0, le=400, title="One stream carries (Gbit/s)",
+                               description="What one TCP stream is expected to carry, for streams = 0.")
+    processes: int = Field(0, ge=0, le=16, title="iperf3 processes per test",
+                           description="Client/server pairs per link test, each on its own server port with its "
+                                       "share of the streams (iperf3 before 3.16 runs a process's streams on one "
+                                       "core); 0 = one per 8 streams.")
+    omit_s: int = Field(0, ge=0, le=10, title="Omit first seconds",
+                        description="iperf3 -O: seconds of TCP ramp-up left out of the figures (the test runs "
+                                    "that much longer).")
+    zerocopy: bool = Field(False, title="Zero copy", description="iperf3 -Z (sendfile): less CPU per byte sent.")
+    affinity: bool = Field(False, title="Pin to cores",
+                           description="iperf3 -A: the k-th process of a test on core k at both ends.")
+    ping_count: int = Field(10, ge=0, le=1000, title="Pings per link",
+                            description="RTT and jitter (ping over the tested network) before each bandwidth test; "
+                                        "0 = not measured.")
+    ping_interval_s: float = Field(0.02, ge=0.002, le=1.0, title="Ping interval (s)",
+                                   description="Under 0.2 s ping needs root (or CAP_NET_RAW) on the node.")
+    max_rtt_ms: float = Field(10.0, gt=0, le=10_000, title="Largest RTT (ms)",
+                              description="A link whose mean round-trip time is longer fails.")
+    max_jitter_ms: float = Field(5.0, gt=0, le=10_000, title="Largest jitter (ms)",
+                                 description="A link whose RTT spread (ping's mdev) is larger fails.")
+    rdma: RdmaMode = Field(RdmaMode.AUTO, title="RDMA test",
+                           description="auto: ib_write_bw and ib_write_lat between nodes that both have an RDMA "
+                                       "device (others are skipped with the reason); off; require: a node without "
+                                       "one fails.")
+    rdma_seconds: int = Field(2, ge=1, le=60, title="RDMA test length (s)", description="ib_write_bw -D.")
+
+    @model_validator(mode="after")
+    def _ping_time(self) -> PreflightSpec:
+        if self.ping_count * self.ping_interval_s > 60:
+            total = self.ping_count * self.ping_interval_s
+            raise ValueError(f"ping_count {self.ping_count} x ping_interval_s {self.ping_interval_s:g} = {total:g} s "
+                             "of pings per link; at most 60 s: fewer pings or a shorter interval")
+        return self
 
 
 class FanoutStrategy(str, Enum):

@@ -117,6 +117,10 @@ class Node(BaseModel):
     address: str
     backend_address: str | None = None
     link_mbit: float = Field(gt=0, description="nominal link speed in Mbit/s")
+    mtu: int | None = Field(None, ge=68, le=65536, description="the tested interface's MTU; preflight checks it")
+    rdma_device: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                    description="the RDMA device (e.g. mlx5_0) for preflight's RDMA test; "
+                                                "default: the node's first one")
     model_root: str | None = Field(None, description="overrides the inventory's model_root for this node")
     labels: dict[str, str] = Field(default_factory=dict)
     k8s_node: str | None = Field(None, description="the Kubernetes node name (kubernetes.io/hostname); default = name")

@@ -23,8 +23,10 @@ def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
     p, r, ld = cfg.preflight, cfg.rollout, cfg.load
     if task == "preflight":
         rounds = 3 if p.link_mode is LinkMode.RING else max(nodes, 2)
-        per_test = p.iperf_seconds * (1 if p.bidir else 2) + 15  # + server start, retries on "busy"
-        return rounds * per_test + MARGIN_S
+        per_test = ((p.iperf_seconds + p.omit_s) * (1 if p.bidir else 2) + 15  # + server start, retries on "busy"
+                    + p.ping_count * max(p.ping_interval_s, 0.2))  # a user's ping may not go faster than 0.2 s
+        rdma = 0 if p.rdma.value == "off" else p.rdma_seconds + 2 * 30  # ib_write_bw, ib_write_lat and their servers
+        return rounds * (per_test + rdma) + MARGIN_S
     if task == "fanout":
         return cfg.fanout.timeout_s + MARGIN_S
     if task == "rollout":

@@ -336,20 +336,28 @@ def _netns_state(name: str) -> tuple[LabState, LabFiles]:
 
 
 def set_link(name: str, node: str, mbit: float | None = None, delay_ms: float | None = None,
-             loss_pct: float | None = None) -> None:
+             loss_pct: float | None = None, flow_cap_mbit: float | None = None, icmp_kbit: float | None = None) -> None:
     """Degrade (or, with no arguments, restore) ``node``'s link in both directions.
 
     ``mbit`` replaces the shaped rate (the inventory keeps the nominal one, so preflight
     sees the shortfall); ``delay_ms``/``loss_pct`` need the kernel's netem qdisc.
+    ``flow_cap_mbit`` caps each TCP flow of the iperf3 ports (a fast link: one stream cannot fill
+    it, several can); ``icmp_kbit`` shapes pings to a crawl (added RTT and jitter, without netem).
     """
+    for what, v in (("flow_cap_mbit", flow_cap_mbit), ("icmp_kbit", icmp_kbit)):
+        if v is not None and v <= 0:
+            raise LabError(f"set_link {node}: {what}={v} must be positive (leave it out for none)")
     state, _ = _netns_state(name)
     if mbit is not None and mbit <= 0:
         raise LabError(f"set_link {node}: mbit={mbit} must be positive (use kill_node to cut the link)")
     if loss_pct is not None and not 0 <= loss_pct <= 100:
         raise LabError(f"set_link {node}: loss_pct={loss_pct} must be between 0 and 100")
-    netns.shape(NetnsNames.of(name), state.index(node), node, mbit or state.link_mbit, delay_ms, loss_pct)
-    log.info("lab %s: link of %s set to %g Mbit/s, delay %s ms, loss %s %%", name, node,
-             mbit or state.link_mbit, delay_ms or 0, loss_pct or 0)
+    netns.shape(NetnsNames.of(name), state.index(node), node, mbit or state.link_mbit, delay_ms, loss_pct,
+                flow_cap_mbit=flow_cap_mbit, icmp_kbit=icmp_kbit)
+    log.info("lab %s: link of %s set to %g Mbit/s, delay %s ms, loss %s %%%s%s", name, node,
+             mbit or state.link_mbit, delay_ms or 0, loss_pct or 0,
+             f", each iperf3 flow capped at {flow_cap_mbit:g} Mbit/s" if flow_cap_mbit else "",
+             f", pings shaped to {icmp_kbit:g} kbit/s" if icmp_kbit else "")
 
 
 def kill_node(name: str, node: str) -> None:

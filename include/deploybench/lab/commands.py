@@ -65,6 +65,54 @@ def shape_commands(
     return cmds
 
 
+# Per-flow caps (a fast link emulated: one TCP stream cannot fill it, several can): TCP flows to or from the
+# iperf3 ports (5200-5215: preflight's servers take 5201 upward) go to one of FLOW_BUCKETS HTB classes by bits
+# 1-5 of their other port (Linux hands out connect()'s ephemeral ports in steps of 2, so bit 0 rarely varies);
+# each class is capped at the per-flow rate, all of them together at the link's. This kernel has neither fq
+# (its flow_max_rate) nor netem, so HTB with u32 filters stands in.
+IPERF_PORTS = (0x1450, 0xFFF0)  # 5200-5215
+FLOW_BUCKETS = 32  # flows of a test that land in one bucket share its cap, as flows hashed onto one path do
+FLOW_BITS = 0x3E
+
+
+def shape_batch(dev: str, mbit: float, flow_cap_mbit: float | None = None, icmp_kbit: float | None = None) -> str:
+    """``tc -batch`` text for an HTB tree on ``dev`` (after its root qdisc was deleted): the link at ``mbit``;
+    TCP flows of the iperf3 ports capped at ``flow_cap_mbit`` each (one class per bucket); ICMP shaped to
+    ``icmp_kbit`` (a slow path for pings: each waits for the ones before it, so RTT and its spread grow, the
+    delay a shaped or policed path adds, without netem). Everything else: class 1:10 at the link's rate."""
+    link, q = rate_arg(mbit), str(HTB_QUANTUM)
+    lines = [f"qdisc add dev {dev} root handle 1: htb default 10",
+             f"class add dev {dev} parent 1: classid 1:1 htb rate {link} ceil {link} quantum {q}",
+             f"class add dev {dev} parent 1:1 classid 1:10 htb rate {link} ceil {link} quantum {q}",
+             f"qdisc add dev {dev} parent 1:10 handle 10: pfifo limit 1000"]
+    if flow_cap_mbit:
+        cap = rate_arg(min(flow_cap_mbit, mbit))
+        share = rate_arg(max(0.001, mbit / (FLOW_BUCKETS + 1)))
+        base, mask = IPERF_PORTS
+        for b in range(FLOW_BUCKETS):
+            cid = f"{0x100 + b:x}"
+            lines += [f"class add dev {dev} parent 1:1 classid 1:{cid} htb rate {share} ceil {cap} quantum {q}",
+                      f"qdisc add dev {dev} parent 1:{cid} handle {cid}: pfifo limit 1000"]
+            bits = f"0x{b << 1:x}"
+            tcp = "match ip protocol 6 0xff"
+            lines += [f"filter add dev {dev} parent 1: protocol ip prio 1 u32 {tcp} match ip dport {base:#x} {mask:#x} "
+                      f"match ip sport {bits} {FLOW_BITS:#x} flowid 1:{cid}",
+                      f"filter add dev {dev} parent 1: protocol ip prio 1 u32 {tcp} match ip sport {base:#x} {mask:#x} "
+                      f"match ip dport {bits} {FLOW_BITS:#x} flowid 1:{cid}"]
+    if icmp_kbit:
+        rate = f"{max(1, round(icmp_kbit))}kbit"
+        lines += [f"class add dev {dev} parent 1:1 classid 1:20 htb rate {rate} ceil {rate} "
+                  "burst 100b cburst 100b quantum 1514",
+                  f"qdisc add dev {dev} parent 1:20 handle 20: pfifo limit 1000",
+                  f"filter add dev {dev} parent 1: protocol ip prio 2 u32 match ip protocol 1 0xff flowid 1:20"]
+    return "\n".join(lines) + "\n"
+
+
+def batch_argv(ns: str | None) -> list[str]:
+    """``tc -batch -`` (commands on stdin), in namespace ``ns``."""
+    return _tc(ns) + ["-batch", "-"]
+
+
 def link_commands(ns: str, bridge: str, host_veth: str, node_if: str, address: str, prefix: int) -> list[list[str]]:
     """Create node namespace ``ns`` and wire it to ``bridge`` with its own address."""
     return [

@@ -119,8 +119,25 @@ def create_node(names: NetnsNames, index: int, node: str, address: str, prefix: 
 
 
 def shape(names: NetnsNames, index: int, node: str, mbit: float,
-          delay_ms: float | None = None, loss_pct: float | None = None, create: bool = False) -> None:
-    """Node->bridge on the node's eth0, bridge->node on the host end: a full-duplex link of ``mbit``."""
+          delay_ms: float | None = None, loss_pct: float | None = None, create: bool = False,
+          flow_cap_mbit: float | None = None, icmp_kbit: float | None = None) -> None:
+    """Node->bridge on the node's eth0, bridge->node on the host end: a full-duplex link of ``mbit``.
+    ``flow_cap_mbit``/``icmp_kbit``: the tree of commands.shape_batch instead (per-flow caps, slow pings)."""
+    if flow_cap_mbit or icmp_kbit:
+        if delay_ms or loss_pct:
+            raise LabError(f"node {node}: per-flow caps and slow pings do not combine with delay or loss (netem)")
+        for ns, dev in ((names.namespace(node), NODE_IFNAME), (None, names.host_veth(index))):
+            sh((["tc", "-n", ns] if ns else ["tc"]) + ["qdisc", "del", "dev", dev, "root"], check=False)
+            proc = subprocess.run(commands.batch_argv(ns), input=commands.shape_batch(dev, mbit, flow_cap_mbit,
+                                                                                       icmp_kbit),
+                                  capture_output=True, text=True, timeout=30, check=False)
+            if proc.returncode != 0:
+                raise LabError(f"tc -batch on {dev} failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
+        return
+    if not create:  # a tree of shape_batch (or the plain one) is replaced by the plain one
+        for ns, dev in ((names.namespace(node), NODE_IFNAME), (None, names.host_veth(index))):
+            sh((["tc", "-n", ns] if ns else ["tc"]) + ["qdisc", "del", "dev", dev, "root"], check=False)
+        create = True
     if (delay_ms or loss_pct) and not check_netem():
         raise LabError(
             f"node {node}: delay {delay_ms} ms / loss {loss_pct} % needs the kernel's netem qdisc "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from deploybench.config import PreflightSpec
 from deploybench.errors import StageFailed
@@ -25,6 +26,7 @@ from deploybench.preflight.links import (
     run_rounds,
     schedule_rounds,
     sweep_script,
+    test_address,
     test_link,
 )
 from deploybench.preflight.model import (
@@ -68,7 +70,8 @@ def run(
     binaries = NODE_BINARIES + ("timeout",) + ((engine_binary,) if engine_binary else ())
 
     def wanted(node_name: str) -> Wanted:
-        return Wanted(inv.model_root_of(node_name), model_name, engine_port, binaries, source, required_bytes)
+        return Wanted(inv.model_root_of(node_name), model_name, engine_port, binaries, source, required_bytes,
+                      nic_address=test_address(inv.node(node_name), spec.network))
 
     def one(n: Node) -> NodeCheck:
         try:
@@ -100,6 +103,7 @@ def run(
         links = run_rounds(cluster, rounds, spec)
     finally:
         _sweep(cluster, [inv.node(n) for n in testable])
+    _rdma_rounds(cluster, rounds, links, spec, {c.node: c.facts for c in checks})
 
     excluded = blame(names, checks, links, source)
     healthy, decision, abort = decide(names, excluded, links, spec, source)
@@ -112,6 +116,40 @@ def run(
     if abort:
         raise StageFailed(f"preflight: {decision}", result.to_dict())
     return result
+
+
+def _rdma_rounds(cluster: Cluster, rounds: list[list[tuple[str, str]]], links: list[LinkTest], spec: PreflightSpec,
+                 facts: dict[str, dict[str, Any]]) -> None:
+    """The RDMA test of each link (deploybench.preflight.rdma), round by round (disjoint pairs at once): its
+    record on the LinkTest; a failed RDMA test fails the link, saying so; a pair without devices is skipped."""
+    from deploybench.preflight import rdma
+
+    inv = cluster.inventory
+    by_pair = {(lt.src, lt.dst): lt for lt in links}
+    for rnd in rounds:
+        todo = []
+        for a, b in rnd:
+            lt = by_pair.get((a, b))
+            if lt is None:
+                continue
+            ports, record = rdma.plan(spec, inv.node(a), inv.node(b), facts)
+            if ports is None:
+                lt.rdma = record
+            else:
+                todo.append((lt, ports))
+
+        def one(item: tuple[LinkTest, tuple[dict[str, Any], dict[str, Any]]]) -> None:
+            lt, ports = item
+            src, dst = inv.node(lt.src), inv.node(lt.dst)
+            lt.rdma = rdma.test_pair(cluster, src, dst, ports, spec, test_address(dst, spec.network),
+                                     preflight_dir(inv, dst.name))
+            if lt.rdma.status in ("fail", "error"):
+                lt.ok = False
+                lt.problems.append(f"RDMA {lt.rdma.status}: {lt.rdma.reason}")
+
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+                list(pool.map(one, todo))
 
 
 def _sweep(cluster: Cluster, nodes: list[Node]) -> None:

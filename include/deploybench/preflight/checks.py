@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import shlex
 import time
 from collections import Counter
@@ -43,6 +44,7 @@ class Wanted:
     binaries: tuple[str, ...] = NODE_BINARIES
     source: str | None = None
     required_bytes: int = 0  # the model's size when known in advance; 0 = measured at the source
+    nic_address: str | None = None  # the address preflight's link tests use: its interface's speed, MTU, driver
 
 
 def facts_script(w: Wanted, node: Node, preflight_dir: str, binaries: tuple[str, ...]) -> str:
@@ -63,6 +65,11 @@ def facts_script(w: Wanted, node: Node, preflight_dir: str, binaries: tuple[str,
         *(f"p=$(command -v {shlex.quote(b)} 2>/dev/null); [ -n \"$p\" ] && [ -x \"$p\" ] || p=missing; "
           f"echo bin={shlex.quote(b)}=$p" for b in binaries),
         "echo iperf3_version=$(iperf3 --version 2>/dev/null | awk 'NR==1{print $2}')",
+        *nic_lines(w.nic_address),
+        # RDMA ports: device|port|rate|state|link layer (perftest's tests use them; sysfs, no tool needed)
+        "for p in /sys/class/infiniband/*/ports/*; do [ -d \"$p\" ] || continue; d=${p%/ports/*}; "
+        "echo \"rdma=${d##*/}|${p##*/}|$(cat $p/rate 2>/dev/null)|$(cat $p/state 2>/dev/null)|"
+        "$(cat $p/link_layer 2>/dev/null)\"; done",
         "if command -v nvidia-smi >/dev/null 2>&1; then "
         f"out=$({shlex.join(GPU_QUERY)} 2>&1) && echo \"$out\" | sed 's/^/gpu=/' || "
         "echo \"gpu_error=$(echo $out | head -c 300)\"; else echo gpu_none=1; fi",
@@ -72,6 +79,22 @@ def facts_script(w: Wanted, node: Node, preflight_dir: str, binaries: tuple[str,
             f"if [ -d {model} ]; then echo model_bytes=$(du -sb {model} | cut -f1); else echo model_bytes=0; fi"
         )
     return "; ".join(lines) + "; true"
+
+
+def nic_lines(address: str | None) -> list[str]:
+    """The interface that holds ``address``: its name, speed (Mb/s, sysfs; -1 or absent on virtual links), MTU
+    and driver (sysfs, else ethtool -i)."""
+    if not address:
+        return []
+    a = shlex.quote(address)
+    return [
+        f"nic=$(ip -o addr show 2>/dev/null | awk -v a={a} "
+        "'{split($4, x, \"/\"); if (x[1] == a) {print $2; exit}}')",
+        'if [ -n "$nic" ]; then echo nic_if="$nic"; echo nic_speed=$(cat "/sys/class/net/$nic/speed" 2>/dev/null); '
+        'echo nic_mtu=$(cat "/sys/class/net/$nic/mtu" 2>/dev/null); d=$(readlink "/sys/class/net/$nic/device/driver" '
+        '2>/dev/null); [ -n "$d" ] || d=$(ethtool -i "$nic" 2>/dev/null | awk \'/^driver:/{print $2}\'); '
+        'echo nic_driver=${d##*/}; fi',
+    ]
 
 
 def parse_facts(text: str) -> dict:
@@ -88,6 +111,8 @@ def parse_facts(text: str) -> dict:
             facts.setdefault("bins", {})[name] = path.strip()
         elif key == "mem_kib":
             facts["mem_bytes"] = _int(value) * 1024
+        elif key == "rdma":
+            facts.setdefault("rdma", []).append(value.strip()[:300])
         else:
             facts[key] = value.strip()
     return facts
@@ -146,6 +171,10 @@ def judge_node(check: NodeCheck, node: Node, spec: PreflightSpec, w: Wanted, mod
     if w.engine_port:
         check.add(_port(name, node.address, f, w.engine_port))
     check.add(_gpu(name, f, spec))
+    if w.nic_address:
+        check.add(_nic(node, f, w.nic_address))
+    if (rdma := _rdma(node, f, spec)) is not None:
+        check.add(rdma)
     check.add(
         CheckItem(
             "system",
@@ -159,6 +188,65 @@ def judge_node(check: NodeCheck, node: Node, spec: PreflightSpec, w: Wanted, mod
             f"{_int(f.get('mem_bytes')) / GiB:.1f} GiB memory, kernel {f.get('kernel')}",
         )
     )
+
+
+def nic_facts(f: dict) -> dict[str, Any]:
+    """What a node reported about the tested interface, checked: a name, numbers (speed None when the link
+    does not say, as virtual links do), a driver name."""
+    name = str(f.get("nic_if") or "")
+    driver = str(f.get("nic_driver") or "")
+    speed, mtu = _int(f.get("nic_speed")), _int(f.get("nic_mtu"))
+    ok_name = re.fullmatch(r"[A-Za-z0-9_.:@-]{1,32}", name)
+    return {"interface": name if ok_name else None, "speed_mbit": speed if speed > 0 else None,
+            "mtu": mtu if 68 <= mtu <= 65536 else None,
+            "driver": driver if re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", driver) else None}
+
+
+def fabric_identity(f: dict) -> dict[str, Any]:
+    """The node's fabric as it enters the cluster's identity (deploybench.store.identity): the tested interface's
+    speed, MTU and driver, and its RDMA ports with their rates; {} when it reported none of it."""
+    from deploybench.preflight import rdma
+
+    nic = {k: v for k, v in nic_facts(f).items() if k != "interface" and v is not None}
+    ports = sorted(f"{p['device']}/{p['port']} {p['gbit'] or '?'}G {p['link_layer']}" for p in rdma.devices(f))
+    return {**nic, **({"rdma": ports} if ports else {})}
+
+
+def _nic(node: Node, f: dict, address: str) -> CheckItem:
+    """The tested interface against the inventory: its MTU must be the inventory's (when given); a NIC that
+    negotiated less than the node's nominal link speed is a warning (the link test then judges the bandwidth)."""
+    nic = nic_facts(f)
+    name = node.name
+    if nic["interface"] is None:
+        return CheckItem("nic", "warn", None, f"node {name}: no interface holds {address} (ip addr), so its speed and "
+                                               "MTU are unknown")
+    shown = (f"{nic['interface']}: {nic['speed_mbit'] or 'unknown'} Mb/s, MTU {nic['mtu']}, "
+             f"driver {nic['driver'] or 'unknown'}")
+    if node.mtu and nic["mtu"] != node.mtu:
+        return CheckItem("nic", "fail", nic, f"node {name}: MTU {nic['mtu']} on {nic['interface']}, the inventory says "
+                                             f"{node.mtu}; set it (ip link set {nic['interface']} mtu {node.mtu}) or "
+                                             "correct the inventory's mtu")
+    if nic["speed_mbit"] and nic["speed_mbit"] < node.link_mbit:
+        return CheckItem("nic", "warn", nic, f"node {name}: {nic['interface']} negotiated {nic['speed_mbit']} Mb/s, "
+                                             f"below the inventory's link_mbit {node.link_mbit:g} ({shown})")
+    return CheckItem("nic", "pass", nic, f"node {name}: {shown}")
+
+
+def _rdma(node: Node, f: dict, spec: PreflightSpec) -> CheckItem | None:
+    """RDMA ports: required (rdma = require, or an inventory rdma_device) and missing fails the node."""
+    from deploybench.config import RdmaMode
+    from deploybench.preflight import rdma
+
+    if spec.rdma is RdmaMode.OFF:
+        return None
+    port, why = rdma.chosen(node, f)
+    if port is None:
+        needed = spec.rdma is RdmaMode.REQUIRE or node.rdma_device is not None
+        return CheckItem("rdma", "fail" if needed else "pass", None,
+                         why + ("" if not needed else "; RDMA is required (rdma = require, or the inventory's "
+                                "rdma_device): fix the device or set rdma = off"))
+    return CheckItem("rdma", "pass", port, f"node {node.name}: RDMA {port['device']} port {port['port']}, "
+                                            f"{port['gbit'] or 'unknown'} Gbit/s, {port['link_layer']}")
 
 
 def _int(v: object) -> int:
@@ -270,6 +358,7 @@ def consistency(checks: list[NodeCheck], spec: PreflightSpec) -> list[str]:
         "kernel": (lambda c: c.facts.get("kernel"), False),
         "CPU count": (lambda c: c.facts.get("cpus"), False),
         "memory": (lambda c: round(_int(c.facts.get("mem_bytes")) / GiB), False),
+        "MTU of the tested interface": (lambda c: nic_facts(c.facts)["mtu"], False),
     }
     for label, (key, fails) in aspects.items():
         values = {c.node: key(c) for c in reached}

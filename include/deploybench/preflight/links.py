@@ -21,13 +21,24 @@ A link that reads below the threshold is tested once more before it counts again
 start on a busy one, reads low once (73 % and 70 % of nominal seen at -t 1 on a busy 2-core lab
 host whose links read 86-94 % otherwise); a slow link reads low again. The link is judged by the
 second measurement; the first is kept in the record (``first_ratio``).
+
+A fast link needs more than one TCP stream: one stream on one core does not fill 100-400 GbE. A test
+runs ``streams_for`` parallel streams (iperf3 -P, from the slower end's nominal speed or given), spread
+over ``processes_for`` iperf3 client/server pairs on their own server ports (iperf3 before 3.16 runs
+all of one process's streams on one core); the verdict is on their sum, each stream's share is kept
+(``Direction.stream_mbit``), and a stream far below the others is a finding (``LinkTest.notes``): one
+slow stream out of eight is a path that hashes badly, or a bad lane. Before the bandwidth test, ping
+measures the idle RTT and its spread (``latency_ms``, ``jitter_ms``), judged against the spec.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import shlex
+import statistics
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
@@ -44,6 +55,33 @@ PORT_TRIES = 10  # 5201..5210: a port some other program holds is skipped
 CONNECT_TIMEOUT_MS = 3000
 BUSY_TRIES = 4
 SLACK_S = 15.0  # beyond the test's own duration, for connecting and the final exchange
+MAX_STREAMS = 128  # iperf3's own limit (-P)
+STREAMS_PER_PROCESS = 8  # processes = 0: one iperf3 client/server pair per this many streams
+SLOW_STREAM = 0.5  # a stream under this fraction of the median stream is a finding
+END_MARK = "@@deploybench-iperf3-end@@"  # between the outputs of a test's several iperf3 clients
+USER_PING_INTERVAL_S = 0.2  # iputils ping refuses a shorter interval to a user without CAP_NET_RAW
+
+
+# -- how many streams and processes (pure) ----------------------------------------------------
+def streams_for(nominal_mbit: float, spec: PreflightSpec) -> int:
+    """Parallel TCP streams for a link of ``nominal_mbit``: ``spec.streams``, or one stream up to what one stream
+    carries (``spec.stream_gbit``), else one per stream_gbit of the nominal speed and a quarter more (so that
+    streams that hash onto one path, or one slow core, still leave the sum above the threshold)."""
+    if spec.streams:
+        return spec.streams
+    per = spec.stream_gbit * 1000.0
+    return 1 if nominal_mbit <= per else min(MAX_STREAMS, math.ceil(1.25 * nominal_mbit / per))
+
+
+def processes_for(streams: int, spec: PreflightSpec) -> int:
+    """iperf3 client/server pairs for ``streams`` streams: ``spec.processes`` or one per STREAMS_PER_PROCESS."""
+    return max(1, min(streams, spec.processes or math.ceil(streams / STREAMS_PER_PROCESS)))
+
+
+def split_streams(streams: int, processes: int) -> list[int]:
+    """Streams of each process: as even as can be, the first ones one more."""
+    base, extra = divmod(streams, processes)
+    return [base + (1 if k < extra else 0) for k in range(processes)]
 
 
 # -- which pairs, which rounds (pure) -------------------------------------------------------
@@ -113,15 +151,61 @@ def parse_iperf3(text: str) -> dict:
     received = end.get("sum_received") or end.get("sum") or {}
     sent = end.get("sum_sent") or {}
     rtts = [s["sender"]["mean_rtt"] for s in end.get("streams", []) if (s.get("sender") or {}).get("mean_rtt")]
+    # each stream's received rate; its "sender" flag says whether the client sent it (the forward direction)
+    per: dict[bool, list[float]] = {True: [], False: []}
+    for st in end.get("streams", []):
+        rcv = st.get("receiver") or {}
+        if isinstance(rcv.get("bits_per_second"), (int, float)):
+            per[bool(rcv.get("sender", True))].append(round(rcv["bits_per_second"] / 1e6, 1))
     out = {
         "mbit": received.get("bits_per_second", 0.0) / 1e6,
         "retransmits": sent.get("retransmits"),
         "rtt_ms": (sum(rtts) / len(rtts) / 1000.0) if rtts else None,
+        "stream_mbit": per[True],
+        "reverse_stream_mbit": per[False],
     }
     if "sum_received_bidir_reverse" in end:
         out["reverse_mbit"] = end["sum_received_bidir_reverse"].get("bits_per_second", 0.0) / 1e6
         out["reverse_retransmits"] = (end.get("sum_sent_bidir_reverse") or {}).get("retransmits")
     return out
+
+
+def merge_iperf3(parts: list[dict]) -> dict:
+    """The figures of a test's several iperf3 processes as one: rates and retransmits summed, streams listed."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def total(key: str) -> float | None:
+        vals = [p[key] for p in parts if p.get(key) is not None]
+        return sum(vals) if vals else None
+
+    rtts = [p["rtt_ms"] for p in parts if p.get("rtt_ms") is not None]
+    out = {"mbit": total("mbit") or 0.0, "retransmits": total("retransmits"),
+           "rtt_ms": sum(rtts) / len(rtts) if rtts else None,
+           "stream_mbit": [x for p in parts for x in p.get("stream_mbit", [])],
+           "reverse_stream_mbit": [x for p in parts for x in p.get("reverse_stream_mbit", [])]}
+    if all("reverse_mbit" in p for p in parts):
+        out["reverse_mbit"], out["reverse_retransmits"] = total("reverse_mbit"), total("reverse_retransmits")
+    return out
+
+
+_PING_SENT = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
+_PING_RTT = re.compile(r"(?:rtt|round-trip) min/avg/max/(?:mdev|stddev) = "
+                       r"([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
+
+
+def parse_ping(text: str) -> dict:
+    """ping's summary (iputils: ``N packets transmitted, M received, ...`` and ``rtt min/avg/max/mdev = a/b/c/d
+    ms``): sent, received, loss (fraction) and the RTT figures in ms (None when every ping was lost)."""
+    sent = _PING_SENT.search(text)
+    if not sent:
+        raise DeploybenchError(f"ping gave no summary: {text.strip()[-200:]!r}")
+    n, got = int(sent.group(1)), int(sent.group(2))
+    rtt = _PING_RTT.search(text)
+    figures = dict(zip(("min_ms", "avg_ms", "max_ms", "mdev_ms"), (float(x) for x in rtt.groups()))) if rtt else {}
+    return {"sent": n, "received": got, "loss": round(1 - got / n, 4) if n else None,
+            "min_ms": figures.get("min_ms"), "avg_ms": figures.get("avg_ms"), "max_ms": figures.get("max_ms"),
+            "mdev_ms": figures.get("mdev_ms")}
 
 
 # -- scripts run on nodes (built here, quoted, tested without a cluster) ----------------------
@@ -184,55 +268,98 @@ def sweep_script(directory: str) -> str:
     )
 
 
-def client_argv(address: str, bind: str, port: int, seconds: float, mode: str) -> list[str]:
-    """iperf3 client under ``timeout``; mode: 'bidir', 'forward' or 'reverse'."""
-    argv = ["timeout", "-k", "2", f"{seconds + SLACK_S:.0f}", "iperf3", "-c", address, "-B", bind,
+def client_argv(address: str, bind: str, port: int, seconds: float, mode: str, *, streams: int = 1, omit_s: int = 0,
+                zerocopy: bool = False, core: int | None = None) -> list[str]:
+    """iperf3 client under ``timeout``; mode: 'bidir', 'forward' or 'reverse'. ``streams``: -P; ``omit_s``: -O (the
+    ramp-up left out, the test runs that much longer); ``zerocopy``: -Z; ``core``: -A core,core (client and
+    server of this process on that core)."""
+    argv = ["timeout", "-k", "2", f"{seconds + omit_s + SLACK_S:.0f}", "iperf3", "-c", address, "-B", bind,
             "-p", str(port), "-t", f"{seconds:g}", "-J", "--connect-timeout", str(CONNECT_TIMEOUT_MS)]
+    argv += ["-P", str(streams)] if streams > 1 else []
+    argv += ["-O", str(omit_s)] if omit_s else []
+    argv += ["-Z"] if zerocopy else []
+    argv += ["-A", f"{core},{core}"] if core is not None else []
     return argv + {"bidir": ["--bidir"], "forward": [], "reverse": ["-R"]}[mode]
+
+
+def clients_script(argvs: list[list[str]]) -> str:
+    """Several iperf3 clients at once (one per server port); prints each one's output then ``rc=N`` and END_MARK,
+    in order. The outputs go to a private temporary folder, removed at the end."""
+    started = " ".join(f'( {shlex.join(a)} > "$d/{k}" 2>&1; echo $? > "$d/{k}.rc" ) &' for k, a in enumerate(argvs))
+    shown = [f'cat "$d/{k}"; echo; echo rc=$(cat "$d/{k}.rc"); echo {END_MARK}' for k in range(len(argvs))]
+    return "; ".join(["d=$(mktemp -d) || exit 3", f"{started} wait", *shown, 'rm -rf "$d"'])
+
+
+def split_outputs(text: str) -> list[tuple[int, str]]:
+    """clients_script's output: (rc, output) per client, in order."""
+    out = []
+    for chunk in text.split(END_MARK)[:-1]:
+        body, _, rc = chunk.rstrip().rpartition("\nrc=")
+        out.append((int(rc) if rc.strip().lstrip("-").isdigit() else -1, body.strip()))
+    return out
+
+
+def ping_argv(address: str, bind: str, count: int, interval_s: float) -> list[str]:
+    """ping's summary of ``count`` echoes from ``bind`` to ``address``, bounded in time."""
+    bound = count * max(interval_s, 0.002) + 5
+    return ["timeout", "-k", "2", f"{bound:.0f}", "ping", "-n", "-q", "-c", str(count), "-i", f"{interval_s:g}",
+            "-W", "1", "-I", bind, address]
 
 
 # -- one test -----------------------------------------------------------------------------------
 def start_server(cluster: Cluster, node: Node, network: PreflightNetwork, pid: str, logf: str, bound_s: float,
-                 one_off: bool = False) -> tuple[int | None, str | None]:
-    """Start an iperf3 server on ``node``: (port, None), or (None, why not)."""
-    srv = cluster[node].run(server_script(test_address(node, network), IPERF_PORT, PORT_TRIES, pid, logf, bound_s,
+                 one_off: bool = False, first_port: int = IPERF_PORT) -> tuple[int | None, str | None]:
+    """Start an iperf3 server on ``node`` on the first free port from ``first_port``: (port, None), or (None, why)."""
+    srv = cluster[node].run(server_script(test_address(node, network), first_port, PORT_TRIES, pid, logf, bound_s,
                                           one_off=one_off, run_key=cluster.run_key), timeout=30)
     found = dict(line.split("=", 1) for line in srv.stdout.splitlines() if "=" in line)
-    if "port" not in found:
-        return None, (f"no iperf3 server could start on {node.name} (ports {IPERF_PORT}-{IPERF_PORT + PORT_TRIES - 1}"
+    if "port" not in found or not found["port"].strip().isdigit():
+        return None, (f"no iperf3 server could start on {node.name} (ports {first_port}-{first_port + PORT_TRIES - 1}"
                       f"): {srv.stdout.strip()[-300:]} {srv.stderr.strip()[-200:]}")
     port = int(found["port"])
-    if port != IPERF_PORT:
-        log.info("node %s: port %d in use, iperf3 server on %d", node.name, IPERF_PORT, port)
+    if not first_port <= port < first_port + PORT_TRIES:
+        return None, f"node {node.name}: the iperf3 server script reported port {port}, outside the ports it tried"
+    if port != first_port:
+        log.info("node %s: port %d in use, iperf3 server on %d", node.name, first_port, port)
     return port, None
 
 
 class Servers:
-    """One iperf3 server per node for a whole set of rounds; each node is in one test at a time."""
+    """iperf3 servers on each node for a whole set of rounds (``count[node]`` of them, on their own ports, for a
+    test's several processes); each node is in one test at a time."""
 
-    def __init__(self, cluster: Cluster, network: PreflightNetwork, bound_s: float):
+    def __init__(self, cluster: Cluster, network: PreflightNetwork, bound_s: float,
+                 count: dict[str, int] | None = None):
         self.cluster, self.network, self.bound_s = cluster, network, bound_s
-        self.ports: dict[str, int] = {}
+        self.count = count or {}
+        self.ports: dict[str, list[int]] = {}
         self.errors: dict[str, str] = {}
 
-    def _files(self, name: str) -> tuple[str, str]:
+    def _files(self, name: str, k: int = 0) -> tuple[str, str]:
         d = preflight_dir(self.cluster.inventory, name)
         key = self.cluster.run_key
-        suffix = f"-{run_tag(key)}" if key else ""  # one server per node per run
+        suffix = (f"-{run_tag(key)}" if key else "") + (f"-{k}" if k else "")  # one server per node per run (and k)
         return f"{d}/iperf3-server{suffix}.pid", f"{d}/iperf3-server{suffix}.log"
 
     def start(self, name: str) -> None:
         self.ports.pop(name, None)
         self.errors.pop(name, None)
+        ports: list[int] = []
         try:
-            port, err = start_server(self.cluster, self.cluster.inventory.node(name), self.network,
-                                     *self._files(name), self.bound_s)
+            for k in range(max(1, self.count.get(name, 1))):
+                port, err = start_server(self.cluster, self.cluster.inventory.node(name), self.network,
+                                         *self._files(name, k), self.bound_s,
+                                         first_port=ports[-1] + 1 if ports else IPERF_PORT)
+                if port is None:
+                    break
+                ports.append(port)
         except node_errors() as exc:
-            port, err = None, str(exc)
-        if port is None:
+            err = str(exc)
+        if len(ports) < max(1, self.count.get(name, 1)):
             self.errors[name] = err or "no port"
-        else:
-            self.ports[name] = port
+        self.ports[name] = ports
+        if not ports:
+            self.ports.pop(name)
 
     def restart(self, name: str) -> None:
         self.stop(name)
@@ -240,7 +367,8 @@ class Servers:
 
     def stop(self, name: str) -> None:
         try:
-            self.cluster[name].run(stop_script(self._files(name)[0], 1), timeout=15)
+            for k in range(max(1, self.count.get(name, 1))):
+                self.cluster[name].run(stop_script(self._files(name, k)[0], 1), timeout=15)
         except node_errors() as exc:
             log.warning("node %s: could not stop the iperf3 server (it ends by itself within its timeout): %s",
                         name, exc)
@@ -258,45 +386,57 @@ class Servers:
 
 def test_link(cluster: Cluster, src: Node, dst: Node, rnd: int, seconds: float, threshold: float, *,
               bidir: bool = True, network: PreflightNetwork = PreflightNetwork.BACKEND,
-              server: Servers | None = None) -> LinkTest:
-    """One iperf3 test between src (client) and dst (server), both directions.
+              server: Servers | None = None, spec: PreflightSpec | None = None) -> LinkTest:
+    """One link test between src (client) and dst (server): ping (RTT and jitter), then iperf3 both directions,
+    with the streams and processes ``spec`` gives for the link's nominal speed (streams_for, processes_for).
 
     Never raises for a node or network problem: the error goes into the LinkTest. Without
-    ``server``, a server is started on dst for this test and stopped whatever happened; with
-    it, dst's server from ``server`` is used (the caller restarts it after a failure).
+    ``server``, servers are started on dst for this test and stopped whatever happened; with
+    it, dst's servers from ``server`` are used (the caller restarts them after a failure).
     """
+    spec = spec or PreflightSpec(iperf_seconds=seconds, link_threshold=threshold, bidir=bidir, network=network)
     inv = cluster.inventory
     nominal = min(src.link_mbit, dst.link_mbit)
     lt = LinkTest(src.name, dst.name, rnd, nominal, threshold=threshold)
+    streams = streams_for(nominal, spec)
+    procs = processes_for(streams, spec)
+    lt.streams, lt.processes = streams, procs
     d = preflight_dir(inv, dst.name)
-    pid, logf = f"{d}/iperf3-{src.name}-{dst.name}.pid", f"{d}/iperf3-{src.name}-{dst.name}.log"
+    own_files = [(f"{d}/iperf3-{src.name}-{dst.name}{f'-{k}' if k else ''}.pid",
+                  f"{d}/iperf3-{src.name}-{dst.name}{f'-{k}' if k else ''}.log") for k in range(procs)]
     to, bind = test_address(dst, network), test_address(src, network)
     modes = ["bidir"] if bidir else ["forward", "reverse"]
     t0 = time.monotonic()
     own = server is None
+    started: list[int] = []
     try:
+        if spec.ping_count:
+            _ping(cluster, src, to, bind, spec, lt)
         if server is None:
-            port, err = start_server(cluster, dst, network, pid, logf, len(modes) * (seconds + SLACK_S) + 10,
-                                     one_off=bidir)
+            err = None
+            for pid, logf in own_files:
+                port, err = start_server(cluster, dst, network, pid, logf,
+                                         len(modes) * (seconds + spec.omit_s + SLACK_S) + 10, one_off=bidir,
+                                         first_port=started[-1] + 1 if started else IPERF_PORT)
+                if port is None:
+                    break
+                started.append(port)
+            ports = started
         else:
-            port, err = server.ports.get(dst.name), server.errors.get(dst.name, f"no iperf3 server on {dst.name}")
-        if port is None:
-            lt.error = err
+            ports, err = server.ports.get(dst.name, []), server.errors.get(dst.name, f"no iperf3 server on {dst.name}")
+        if len(ports) < procs:
+            lt.error = err or f"{len(ports)} iperf3 servers on {dst.name}, {procs} needed"
             return lt
-        lt.port = port
+        lt.port = ports[0]
         figures = {}
         for mode in modes:
-            for attempt in range(BUSY_TRIES):
-                res = cluster[src].run(client_argv(to, bind, lt.port, seconds, mode), timeout=seconds + SLACK_S + 10)
-                # A server still closing its previous test answers "busy": ask again shortly.
-                if res.ok or "busy" not in _iperf_error(res.stdout, res.stderr) or attempt == BUSY_TRIES - 1:
-                    break
-                time.sleep(0.2 * (attempt + 1))
-            if not res.ok:
-                lt.error = f"iperf3 {mode} test failed (rc {res.rc}): {_iperf_error(res.stdout, res.stderr)}"
+            got = _clients(cluster, src, to, bind, ports[:procs], split_streams(streams, procs), seconds, mode, spec)
+            if isinstance(got, str):
+                lt.error = got
                 return lt
-            figures[mode] = parse_iperf3(res.stdout)
+            figures[mode] = got
         _fill(lt, figures, threshold)
+        _judge_latency(lt, spec)
     except node_errors() as exc:
         lt.error = str(exc)
     finally:
@@ -304,12 +444,72 @@ def test_link(cluster: Cluster, src: Node, dst: Node, rnd: int, seconds: float, 
             # A one-off server whose test completed has ended by itself (the stage's final sweep
             # checks); any other outcome stops it here, at once.
             if own and not (bidir and lt.directions):
-                cluster[dst].run(stop_script(pid, 1), timeout=15)
+                for pid, _ in own_files[:len(started)]:
+                    cluster[dst].run(stop_script(pid, 1), timeout=15)
         except node_errors() as exc:
             log.warning("node %s: could not stop the iperf3 server (it ends by itself within its timeout): %s",
                         dst.name, exc)
         lt.seconds = round(time.monotonic() - t0, 3)
     return lt
+
+
+def _clients(cluster: Cluster, src: Node, to: str, bind: str, ports: list[int], shares: list[int], seconds: float,
+             mode: str, spec: PreflightSpec) -> dict | str:
+    """One direction mode of a test from its iperf3 clients (one per port): the merged figures, or why not."""
+    argvs = [client_argv(to, bind, port, seconds, mode, streams=n, omit_s=spec.omit_s, zerocopy=spec.zerocopy,
+                         core=k if spec.affinity else None) for k, (port, n) in enumerate(zip(ports, shares))]
+    bound = seconds + spec.omit_s + SLACK_S + 10
+    for attempt in range(BUSY_TRIES):
+        if len(argvs) == 1:
+            res = cluster[src].run(argvs[0], timeout=bound)
+            outs = [(res.rc, res.stdout if res.stdout.strip() else res.stdout + res.stderr)]
+            ok = res.ok
+        else:
+            res = cluster[src].run(clients_script(argvs), timeout=bound)
+            outs = split_outputs(res.stdout)
+            ok = res.ok and len(outs) == len(argvs) and all(rc == 0 for rc, _ in outs)
+        # A server still closing its previous test answers "busy": ask again shortly.
+        errors = [_iperf_error(out, "") for rc, out in outs if rc != 0] or ([] if ok else [res.stderr.strip()[-200:]])
+        if ok or not any("busy" in e for e in errors) or attempt == BUSY_TRIES - 1:
+            break
+        time.sleep(0.2 * (attempt + 1))
+    if not ok:
+        return f"iperf3 {mode} test failed (rc {res.rc}): {'; '.join(errors) or 'no output'}"
+    return merge_iperf3([parse_iperf3(out) for _, out in outs])
+
+
+def _ping(cluster: Cluster, src: Node, to: str, bind: str, spec: PreflightSpec, lt: LinkTest) -> None:
+    """RTT and jitter of the idle link (ping before the bandwidth test loads it); a missing ping is a note."""
+    interval = spec.ping_interval_s
+    res = cluster[src].run(ping_argv(to, bind, spec.ping_count, interval), timeout=spec.ping_count * interval + 15)
+    if "minimal interval allowed" in res.stdout + res.stderr and interval < USER_PING_INTERVAL_S:
+        interval = USER_PING_INTERVAL_S  # not root on the node: ping's own floor for users
+        lt.notes.append(f"{src.name}: ping as a user may not send faster than every {interval:g} s; pinged at that")
+        res = cluster[src].run(ping_argv(to, bind, spec.ping_count, interval), timeout=spec.ping_count * interval + 15)
+    if res.rc in (126, 127) or "not found" in res.stderr:
+        lt.notes.append(f"{src.name}: ping is not installed, so RTT and jitter were not measured "
+                        "(install iputils-ping)")
+        return
+    try:
+        got = parse_ping(res.stdout)
+    except DeploybenchError as exc:
+        lt.notes.append(f"{src.name} -> {to}: {exc} {res.stderr.strip()[-200:]}")
+        return
+    lt.latency_ms, lt.jitter_ms, lt.ping_loss = got["avg_ms"], got["mdev_ms"], got["loss"]
+
+
+def _judge_latency(lt: LinkTest, spec: PreflightSpec) -> None:
+    """RTT, jitter and lost pings against the spec: each one over its bound fails the link, saying so."""
+    if lt.ping_loss:
+        lt.problems.append(f"{lt.ping_loss:.0%} of the pings {lt.src} -> {lt.dst} were lost")
+    if lt.latency_ms is not None and lt.latency_ms > spec.max_rtt_ms:
+        lt.problems.append(f"RTT {lt.latency_ms:.3g} ms, above the largest allowed {spec.max_rtt_ms:g} ms "
+                           "(max_rtt_ms)")
+    if lt.jitter_ms is not None and lt.jitter_ms > spec.max_jitter_ms:
+        lt.problems.append(f"jitter (RTT mdev) {lt.jitter_ms:.3g} ms, above the largest allowed "
+                           f"{spec.max_jitter_ms:g} ms (max_jitter_ms)")
+    if lt.problems:
+        lt.ok = False
 
 
 def _iperf_error(stdout: str, stderr: str) -> str:
@@ -322,15 +522,26 @@ def _iperf_error(stdout: str, stderr: str) -> str:
 def _fill(lt: LinkTest, figures: dict[str, dict], threshold: float) -> None:
     if "bidir" in figures:
         f = figures["bidir"]
-        fwd, rev = (f["mbit"], f["retransmits"]), (f.get("reverse_mbit"), f.get("reverse_retransmits"))
+        fwd = (f["mbit"], f["retransmits"], f.get("stream_mbit", []))
+        rev = (f.get("reverse_mbit"), f.get("reverse_retransmits"), f.get("reverse_stream_mbit", []))
         lt.rtt_ms = f["rtt_ms"]
     else:
         f, r = figures["forward"], figures["reverse"]
-        fwd, rev = (f["mbit"], f["retransmits"]), (r["mbit"], r["retransmits"])
+        fwd = (f["mbit"], f["retransmits"], f.get("stream_mbit", []))
+        rev = (r["mbit"], r["retransmits"], r.get("reverse_stream_mbit", []))
         lt.rtt_ms = f["rtt_ms"] if f["rtt_ms"] is not None else r["rtt_ms"]
-    lt.directions = [Direction(lt.src, lt.dst, round(fwd[0], 1), round(fwd[0] / lt.nominal_mbit, 4), fwd[1])]
+    lt.directions = [Direction(lt.src, lt.dst, round(fwd[0], 1), round(fwd[0] / lt.nominal_mbit, 4), fwd[1],
+                               fwd[2] if len(fwd[2]) > 1 else [])]
     if rev[0] is not None:
-        lt.directions.append(Direction(lt.dst, lt.src, round(rev[0], 1), round(rev[0] / lt.nominal_mbit, 4), rev[1]))
+        lt.directions.append(Direction(lt.dst, lt.src, round(rev[0], 1), round(rev[0] / lt.nominal_mbit, 4), rev[1],
+                                       rev[2] if len(rev[2]) > 1 else []))
+    for x in lt.directions:
+        if len(x.stream_mbit) > 1 and (mid := statistics.median(x.stream_mbit)) > 0:
+            low = [i for i, v in enumerate(x.stream_mbit) if v < SLOW_STREAM * mid]
+            if low:
+                lt.notes.append(f"{x.src} -> {x.dst}: {len(low)} of {len(x.stream_mbit)} streams carried under "
+                                f"{SLOW_STREAM:.0%} of the median stream ({mid:.0f} Mbit/s): "
+                                + ", ".join(f"stream {i + 1} {x.stream_mbit[i]:.0f} Mbit/s" for i in low))
     slow = min(lt.directions, key=lambda x: x.mbit)
     lt.mbit, lt.ratio = slow.mbit, slow.ratio
     retrans = [x.retransmits for x in lt.directions if x.retransmits is not None]
@@ -353,12 +564,17 @@ def run_rounds(cluster: Cluster, rounds: list[list[tuple[str, str]]], spec: Pref
     plan = [(i, pair) for i, rnd in enumerate(rounds) for pair in rnd]
     if not plan:
         return []
-    per_test = (1 if spec.bidir else 2) * (spec.iperf_seconds + SLACK_S)
-    servers = Servers(cluster, spec.network, bound_s=len(rounds) * per_test + 60)
+    per_test = (1 if spec.bidir else 2) * (spec.iperf_seconds + spec.omit_s + SLACK_S) \
+        + spec.ping_count * spec.ping_interval_s
+    count: dict[str, int] = {}
+    for _, (a, b) in plan:  # servers on each node: as many as its most demanding test's processes
+        n = processes_for(streams_for(min(inv.node(a).link_mbit, inv.node(b).link_mbit), spec), spec)
+        count[b] = max(count.get(b, 1), n)
+    servers = Servers(cluster, spec.network, bound_s=len(rounds) * per_test + 60, count=count)
 
     def measure(i: int, pair: tuple[str, str]) -> LinkTest:
         lt = test_link(cluster, inv.node(pair[0]), inv.node(pair[1]), i, spec.iperf_seconds, spec.link_threshold,
-                       bidir=spec.bidir, network=spec.network, server=servers)
+                       bidir=spec.bidir, network=spec.network, server=servers, spec=spec)
         if lt.error and pair[1] in servers.ports:
             servers.restart(pair[1])  # still holding both nodes: no test uses it meanwhile
         return lt
@@ -415,8 +631,18 @@ def _log(lt: LinkTest) -> None:
     else:
         log.info("round %d: link %s <-> %s: %s Mbit/s (%.0f%% of %g Mbit/s)%s%s", lt.round, lt.src, lt.dst,
                  " / ".join(f"{x.mbit:.0f}" for x in lt.directions), 100 * (lt.ratio or 0), lt.nominal_mbit,
-                 "" if lt.ok else " BELOW THRESHOLD",
+                 "" if lt.ok or lt.problems else " BELOW THRESHOLD",
                  f" (retested: the first test read {100 * lt.first_ratio:.0f}%)" if lt.first_ratio is not None else "")
+        if lt.streams and lt.streams > 1:
+            log.info("round %d: link %s <-> %s: %d streams in %d iperf3 processes", lt.round, lt.src, lt.dst,
+                     lt.streams, lt.processes or 1)
+        if lt.latency_ms is not None:
+            log.info("round %d: link %s <-> %s: RTT %.3g ms, jitter %.3g ms", lt.round, lt.src, lt.dst, lt.latency_ms,
+                     lt.jitter_ms or 0.0)
+        for text in lt.problems:
+            log.warning("round %d: link %s <-> %s FAILS: %s", lt.round, lt.src, lt.dst, text)
+        for text in lt.notes:
+            log.info("round %d: link %s <-> %s: %s", lt.round, lt.src, lt.dst, text)
 
 
 test_link.__test__ = False  # type: ignore[attr-defined]  # a library function, not a pytest test

@@ -87,6 +87,7 @@ class Direction:
     mbit: float
     ratio: float
     retransmits: int | None = None
+    stream_mbit: list[float] = field(default_factory=list)  # each TCP stream's share (iperf3 -P), in stream order
 
 
 @dataclass
@@ -109,6 +110,31 @@ class LinkTest:
     seconds: float | None = None  # wall time of the whole test, server start to stop (both tests when retested)
     # a first measurement below the threshold, when the link was tested again (links.run_rounds): its ratio
     first_ratio: float | None = None
+    streams: int | None = None  # TCP streams each way (iperf3 -P, over every process of the test)
+    processes: int | None = None  # iperf3 client/server pairs, each on its own server port
+    latency_ms: float | None = None  # ping over the tested network before the bandwidth test: mean RTT
+    jitter_ms: float | None = None  # ping's mdev: the RTT's spread
+    ping_loss: float | None = None  # fraction of the pings lost
+    problems: list[str] = field(default_factory=list)  # why the link fails besides its bandwidth (RTT, jitter)
+    notes: list[str] = field(default_factory=list)  # findings that do not fail it (one slow stream of several)
+    rdma: RdmaTest | None = None  # the RDMA path (ib_write_bw, ib_write_lat), or why it was not tested
+
+
+@dataclass
+class RdmaTest:
+    """perftest between the two nodes of a link: bandwidth against the slower HCA port's rate, and latency."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _READ
+
+    status: Literal["pass", "fail", "skipped", "error"]
+    reason: str = ""
+    devices: list[str] = field(default_factory=list)  # [src device, dst device]
+    nominal_gbit: float | None = None  # the slower port's rate (sysfs ports/N/rate)
+    gbit: float | None = None  # ib_write_bw's BW average
+    peak_gbit: float | None = None
+    ratio: float | None = None
+    lat_typical_us: float | None = None  # ib_write_lat's t_typical
+    lat_p99_us: float | None = None
 
 
 @dataclass

@@ -17,12 +17,15 @@ def describe_link(lt: LinkTest) -> str:
     if lt.error:
         return f"link {lt.src} -> {lt.dst}: {lt.error}"
     thr = f" (threshold {lt.threshold:.0%})" if lt.threshold is not None else ""
-    text = (f"link {lt.src} -> {lt.dst}: iperf3 reached {lt.mbit:.0f} Mbit/s, {lt.ratio:.0%} of the nominal "
+    streams = f" with {lt.streams} streams" if lt.streams and lt.streams > 1 else ""
+    text = (f"link {lt.src} -> {lt.dst}: iperf3 reached {lt.mbit:.0f} Mbit/s{streams}, {lt.ratio:.0%} of the nominal "
             f"{lt.nominal_mbit:.0f} Mbit/s{thr}")
     if len(lt.directions) > 1:
         text += " [" + ", ".join(f"{d.src} -> {d.dst} {d.mbit:.0f} Mbit/s" for d in lt.directions) + "]"
     if lt.first_ratio is not None:
         text += f"; tested twice, the first test read {lt.first_ratio:.0%}"
+    if lt.problems:
+        text += "; " + "; ".join(lt.problems)
     return text
 
 
@@ -70,7 +73,7 @@ def decide(names: list[str], excluded: dict[str, str], links: list[LinkTest], sp
     healthy = [n for n in names if n not in excluded]
     if not excluded:
         return healthy, (f"all {len(names)} nodes passed ({len(links)} links at >= {spec.link_threshold:.0%} "
-                         "of nominal)"), False
+                         "of nominal" + (f", RTT <= {spec.max_rtt_ms:g} ms" if spec.ping_count else "") + ")"), False
     if spec.policy is Policy.ABORT:
         reasons = "\n  ".join(f"{n}: {why}" for n, why in excluded.items())
         return healthy, (f"abort (policy abort): {len(excluded)} of {len(names)} nodes failed preflight:\n  {reasons}"

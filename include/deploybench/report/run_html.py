@@ -158,9 +158,12 @@ def render(run: Run, history: History | None = None) -> str:
     if isinstance(pf, PreflightResult) and pf.links:
         parts += ["<h2>Preflight links</h2>", f"<p>{esc(pf.decision)}</p>",
                   figure(plots.bandwidth_matrix([asdict(lt) for lt in pf.links]), "preflight bandwidth matrix"),
-                  table(["from", "to", "Mbit/s", "nominal", "ratio", "retransmits", "RTT ms", "ok", "error"],
-                        [[lt.src, lt.dst, lt.mbit, lt.nominal_mbit, lt.ratio, lt.retransmits, lt.rtt_ms, lt.ok,
-                          lt.error] for lt in pf.links])]
+                  table(["from", "to", "Mbit/s", "nominal", "ratio", "streams", "retransmits", "RTT ms (loaded)",
+                         "ping RTT ms", "jitter ms", "RDMA", "ok", "problems, notes, error"],
+                        [[lt.src, lt.dst, lt.mbit, lt.nominal_mbit, lt.ratio, lt.streams, lt.retransmits, lt.rtt_ms,
+                          lt.latency_ms, lt.jitter_ms, _rdma_cell(lt.rdma), lt.ok,
+                          "; ".join([*lt.problems, *lt.notes, *([lt.error] if lt.error else [])]) or None]
+                         for lt in pf.links])]
     fo = run.fanout_result()
     if isinstance(fo, FanoutResult) and fo.nodes:
         parts += ["<h2>Fan-out</h2>", figure(plots.fanout_timeline([asdict(c) for c in fo.nodes]), "fan-out timeline"),
@@ -175,3 +178,11 @@ def render(run: Run, history: History | None = None) -> str:
     if errors:
         parts += ["<h2>Errors</h2>"] + [f"<h3>{esc(s)}</h3><pre>{esc(e)}</pre>" for s, e in errors]
     return document(f"deploybench {run.key}", parts)
+
+
+def _rdma_cell(rec: object) -> str | None:
+    """A link's RDMA test in a table cell: the verdict and Gbit/s, or why it was skipped."""
+    if rec is None:
+        return None
+    status, gbit, reason = getattr(rec, "status", ""), getattr(rec, "gbit", None), getattr(rec, "reason", "")
+    return f"{status} {gbit:g} Gbit/s" if gbit is not None else f"{status}: {reason}"[:160]

@@ -42,6 +42,13 @@ class PreflightLinkRow(_Row):
     ok: bool
     error: str | None = None
     directions: list[dict[str, Any]] = Field(default_factory=list)
+    streams: int | None = None
+    latency_ms: float | None = None
+    jitter_ms: float | None = None
+    ping_loss: float | None = None
+    problems: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    rdma: dict[str, Any] | None = None
 
 
 class FanoutNodeRow(_Row):

@@ -3,7 +3,9 @@
 Conbench's idea: results line up only when everything that changes performance is the same.
 Here that is split in five parts so a report can say *which* part differs between two runs:
 
-- **cluster** — the inventory, its nodes (name, nominal link speed, labels such as GPU model);
+- **cluster** — the inventory, its nodes (name, nominal link speed, labels such as GPU model) and, where
+  preflight read it, each node's fabric (the tested NIC's speed, MTU and driver, its RDMA ports and rates), so
+  two fabrics never line up as one series;
 - **software** — engine profile, image and version;
 - **model** — the artifact: name, manifest digest, total bytes and the file manifest;
 - **serving** — the engine's knobs and the number of replicas;
@@ -75,20 +77,27 @@ def identity_of(
     inventory: dict[str, Any] | None = None,
     fanout: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
+    fabric: dict[str, dict[str, Any]] | None = None,
 ) -> RunIdentity:
     """The five identities of a run from its RunConfig dump, its node names, and stage results.
 
     ``inventory`` is an Inventory dump (nominal link speeds and labels per node); ``fanout``
     the fanout stage result (``manifest_digest``, ``total_bytes``, ``files``); ``rollout`` the
     rollout result (``profile``, ``endpoints``, and ``image``/``version`` when a backend reports
-    them). Missing parts leave their fields None: the hash still says what was known.
+    them); ``fabric`` node -> what preflight read of its fabric (deploybench.preflight.checks.fabric_identity).
+    Missing parts leave their fields None: the hash still says what was known; a node without fabric facts
+    (a run before preflight read them, or preflight skipped) keeps the identity it had.
     """
     inv_nodes = {n["name"]: n for n in (inventory or {}).get("nodes") or []}
-    cluster_nodes = [
-        {"name": n, "link_mbit": (inv_nodes.get(n) or {}).get("link_mbit"),
-         "labels": dict(sorted(((inv_nodes.get(n) or {}).get("labels") or {}).items()))}
-        for n in sorted(nodes)
-    ]
+    cluster_nodes = []
+    for n in sorted(nodes):
+        inv_node = inv_nodes.get(n) or {}
+        entry = {"name": n, "link_mbit": inv_node.get("link_mbit"),
+                 "labels": dict(sorted((inv_node.get("labels") or {}).items()))}
+        entry.update({k: inv_node[k] for k in ("mtu", "rdma_device") if inv_node.get(k) is not None})
+        if (fabric or {}).get(n):
+            entry["fabric"] = dict(sorted(fabric[n].items()))  # type: ignore[index]
+        cluster_nodes.append(entry)
     name = (inventory or {}).get("name") or config.get("inventory") or "?"
     cluster = Identity(kind="cluster", attrs={"name": name, "nodes": cluster_nodes},
                        columns={"name": name, "node_count": len(nodes)})

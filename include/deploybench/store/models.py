@@ -248,6 +248,14 @@ class PreflightLink(Base):
     ok: Mapped[bool] = mapped_column(Boolean, nullable=False)
     error: Mapped[str | None] = mapped_column(Text)
     directions: Mapped[list[Any]] = _jsonb("'[]'::jsonb")  # bidirectional tests: [{src, dst, mbit, ratio, ...}]
+    # migration 0006: the fabric (parallel streams, ping's RTT and jitter, the RDMA path)
+    streams: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[float | None] = mapped_column(Double)
+    jitter_ms: Mapped[float | None] = mapped_column(Double)
+    ping_loss: Mapped[float | None] = mapped_column(Double)
+    problems: Mapped[list[Any]] = _jsonb("'[]'::jsonb")
+    notes: Mapped[list[Any]] = _jsonb("'[]'::jsonb")
+    rdma: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
 
 
 class FanoutNode(Base):

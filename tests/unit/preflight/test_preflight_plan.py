@@ -128,7 +128,7 @@ class _NoServers:
         _NoServers.made.append(self)
 
     def start_all(self, names):
-        self.ports = {n: 5201 for n in names}
+        self.ports = {n: [5201] for n in names}
 
     def restart(self, name):
         self.restarted.append(name)
@@ -159,7 +159,7 @@ def _rounds_with_readings(monkeypatch, readings):
 
     monkeypatch.setattr(links, "test_link", fake_test_link)
     monkeypatch.setattr(links, "Servers", _NoServers)
-    inv = SimpleNamespace(node=lambda name: SimpleNamespace(name=name))
+    inv = SimpleNamespace(node=lambda name: SimpleNamespace(name=name, link_mbit=1000.0))
     spec = PreflightSpec(link_threshold=0.9, iperf_seconds=1)
     _NoServers.made.clear()
     out = links.run_rounds(SimpleNamespace(inventory=inv), [[("n01", "n02")]], spec)
