@@ -163,6 +163,9 @@ class ReusedFrom(_Shape):
 class ReusedPreflight(_Shape):
     healthy: list[str]
     reused: ReusedFrom
+    # what the owner's preflight read of each node's fabric (deploybench.preflight.checks.fabric_identity): the
+    # cluster's identity of a cell on a reused deployment is the owner's
+    fabric: dict[str, dict[str, Any]] = {}
 
 
 class ReusedFanout(_Shape):

@@ -298,6 +298,11 @@ def reused_record(got: dict, stage: str) -> tuple[dict, str]:
     out = {k: res[k] for k in _IDENTITY_KEYS[stage] if k in res}
     if stage == "rollout":
         out["endpoints"] = got["endpoints"]
+    if stage == "preflight":  # the fabric the owner's preflight read: part of the cluster's identity
+        from deploybench.preflight.checks import fabric_identity
+
+        out["fabric"] = {str(n.get("node")): fabric_identity(n.get("facts") or {}) for n in res.get("nodes") or []
+                         if isinstance(n, dict) and n.get("node")}
     out["reused"] = reused
     what = {"preflight": "nodes and links checked", "fanout": "model verified on every node",
             "rollout": f"engines on {len(got['nodes'])} nodes, checked alive and answering"}[stage]

@@ -112,7 +112,7 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
     from deploybench.fanout.result import FanoutResult
     from deploybench.preflight.checks import fabric_identity
     from deploybench.preflight.model import PreflightResult
-    from deploybench.records import SkippedExternal
+    from deploybench.records import ReusedPreflight, SkippedExternal
     from deploybench.rollout.base import RolloutResult
     from deploybench.store.facts import (
         FanoutNodeRow,
@@ -133,8 +133,9 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
     engine = {} if ro is None else {
         "profile": ro.profile, "endpoints": ro.endpoints, "image": getattr(ro, "image", None),
         "version": getattr(ro, "version", None)}
+    fabric = ({n.node: fabric_identity(n.facts) for n in pf.nodes} if isinstance(pf, PreflightResult)
+              else pf.fabric if isinstance(pf, ReusedPreflight) else None)
     pf = pf if isinstance(pf, PreflightResult) else None
-    fabric = {n.node: fabric_identity(n.facts) for n in pf.nodes} if pf else None
     identity = identity_of(run.cfg.model_dump(mode="json"), run.nodes, run.inventory.model_dump(mode="json"), model,
                            engine, fabric)
     fo = fo if isinstance(fo, FanoutResult) else None

@@ -232,3 +232,17 @@ def test_pings_are_bounded_and_the_stage_budget_grows_with_what_a_link_test_does
     assert stage_budget_s(longer, "preflight", 4) == b + 3 * 3  # 3 rounds (ring) x 3 s omitted
     assert stage_budget_s(pinged, "preflight", 4) == pytest.approx(b + 3 * 50 * 0.2)
     assert stage_budget_s(rdma_on, "preflight", 4) > b
+
+
+def test_a_matrix_cell_on_a_reused_deployment_keeps_the_owners_fabric_in_its_identity():
+    from deploybench.matrix.deployment import reused_record
+    from deploybench.records import ReusedPreflight
+
+    facts = {**checks.parse_facts("nic_if=eth0\nnic_speed=100000\nnic_mtu=9000\nnic_driver=mlx5_core\n"), **HCA}
+    owner = {"healthy": ["n01"], "nodes": [{"node": "n01", "ok": True, "facts": facts}, "not a node"]}
+    got = {"records": {"preflight": {"result": owner, "summary": "ok", "finished_at": "2026-12-06T10:00:00+00:00"}},
+           "owner": "run-a", "giver": "run-a",
+           "max_reuse_s": 900, "endpoints": [], "nodes": ["n01"]}
+    result, _ = reused_record(got, "preflight")
+    reused = ReusedPreflight.model_validate(result)
+    assert reused.fabric == {"n01": checks.fabric_identity(facts)} and reused.healthy == ["n01"]
