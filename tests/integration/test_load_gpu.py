@@ -41,7 +41,8 @@ def engine(tmp_path):
 def test_sustained_utilisation_and_memory_match_the_closed_form_and_the_objective_is_judged(engine, tmp_path):
     eps, model_mib = engine
     spec = LoadSpec(rate=RATE, phases=["sustained"], duration_s=4, warmup_s=1,
-                    prompt_tokens=P, output_tokens=O, request_timeout_s=5, ttft_sample_rps=1, scrape_interval_s=1)
+                    prompt_tokens=P, output_tokens=O, request_timeout_s=5, ttft_sample_rps=1,
+                    scrape_interval_s=0.5)  # 8 samples, not 4: one taken between requests moved a 4-sample mean by 27 %
     slo = SLO(p99_latency_ms=2000, min_gpu_util_pct=80)  # half busy: the objective must fail, alone
     out = phases.run_phase("sustained", eps, spec, slo, tmp_path / "load")
     res = out["result"]

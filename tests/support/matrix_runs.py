@@ -13,7 +13,9 @@ TIMEOUT_S = 1500
 
 
 def base(inventory: Path) -> dict:
-    return {"inventory": str(inventory), "nodes": 2, "canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.5,
+    """A short run on the module's 2-node lab: canary_nodes = nodes, a rollout of one step with one gate (the matrix
+    tests are about cells and shared rollouts; the rollout's steps are tests/integration/test_rollout_lab.py's)."""
+    return {"inventory": str(inventory), "nodes": 2, "canary_nodes": 2, "iperf_seconds": 1, "link_threshold": 0.5,
             "gate_duration_s": 3, "load_duration_s": 5, "warmup_s": 1, "output_tokens": 16, "prompt_tokens": 64}
 
 
