@@ -30,6 +30,7 @@ from deploybench import paths, regression
 from deploybench.airflow.home import airflow_env
 from deploybench.sim.local import free_port
 from tests.support import lab_names
+from tests.support.ui import park
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # as conftest's browser fixture
 
@@ -223,8 +224,10 @@ def test_backfill_flags_the_first_slow_date_only_and_mails_once(airflow, benchma
     _cli_backfill(af, slowed)
     # the UI: the DAG page's Trigger -> Backfill dialog (or, without chromium, the REST call it makes)
     if CHROMIUM.is_file() and CHROMEDRIVER.is_file():
-        shown = ui_backfill(request.getfixturevalue("browser"), af.url, steady, STEADY_DATES[0], STEADY_DATES[-1])
+        browser = request.getfixturevalue("browser")
+        shown = ui_backfill(browser, af.url, steady, STEADY_DATES[0], STEADY_DATES[-1])
         print(f"the Backfill dialog said: {shown}")
+        park(browser)
     else:
         rest_backfill(af, steady)
     assert len(af.request("GET", f"/api/v2/backfills?dag_id={steady}")["backfills"]) == 1

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from deploybench import params, paths, presets
+from tests.support.ui import park
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's packages
 pytestmark = [
@@ -275,6 +276,7 @@ def form_run(airflow, browser, lab_inventory, results_dsn, shot) -> dict:
     assert_submittable(dialog, f"with the preset {PRESET} and the test's changes")
     shot("02-trigger-form-changed")
     run_id = submit(airflow, dialog)
+    park(browser)
     run = finished(airflow, run_id)
     assert run["state"] == "success", _why_failed(airflow, run_id)
     from deploybench.store import load_run
@@ -318,6 +320,7 @@ def test_triggering_with_the_defaults_gives_the_run_the_forms_defaults(airflow, 
     dialog = open_trigger_form(browser, airflow.url)
     assert_submittable(dialog, "with its defaults")
     run_id = submit(airflow, dialog)
+    park(browser)
     run = finished(airflow, run_id)
     conf, want = run["conf"], params.defaults()
     assert conf[params.PRESET] is None, conf

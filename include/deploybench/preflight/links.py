@@ -501,7 +501,8 @@ def _ping(cluster: Cluster, src: Node, to: str, bind: str, spec: PreflightSpec, 
 def _judge_latency(lt: LinkTest, spec: PreflightSpec) -> None:
     """RTT, jitter and lost pings against the spec: each one over its bound fails the link, saying so."""
     if lt.ping_loss:
-        lt.problems.append(f"{lt.ping_loss:.0%} of the pings {lt.src} -> {lt.dst} were lost")
+        lt.problems.append(f"{lt.ping_loss:.0%} of the pings {lt.src} -> {lt.dst} were lost (where ICMP is filtered "
+                           "on purpose, ping_count = 0 leaves RTT and jitter out)")
     if lt.latency_ms is not None and lt.latency_ms > spec.max_rtt_ms:
         lt.problems.append(f"RTT {lt.latency_ms:.3g} ms, above the largest allowed {spec.max_rtt_ms:g} ms "
                            "(max_rtt_ms)")
