@@ -243,8 +243,8 @@ def _rdma(node: Node, f: dict, spec: PreflightSpec) -> CheckItem | None:
     if port is None:
         needed = spec.rdma is RdmaMode.REQUIRE or node.rdma_device is not None
         return CheckItem("rdma", "fail" if needed else "pass", None,
-                         why + ("" if not needed else "; RDMA is required (rdma = require, or the inventory's "
-                                "rdma_device): fix the device or set rdma = off"))
+                         why + ("" if not needed else "; RDMA is required (rdma_test = require, or the inventory's "
+                                "rdma_device): fix the device, or set rdma_test = off"))
     return CheckItem("rdma", "pass", port, f"node {node.name}: RDMA {port['device']} port {port['port']}, "
                                             f"{port['gbit'] or 'unknown'} Gbit/s, {port['link_layer']}")
 
