@@ -317,7 +317,7 @@ class Load(Stage):
         return [p for p in self.phases if p not in asked]
 
     def skip(self, ctx: Context) -> Skip | None:
-        if ctx.phase not in [p.value for p in ctx.run.cfg.load.phases]:
+        if ctx.phase in self.phases_not_asked(ctx):
             return Skip(None, f"load phase {ctx.phase!r} is not in this run's load_phases", record=False)
         ro = ctx.run.stage("rollout")
         if ro is None or ro.status != "success":

@@ -39,17 +39,14 @@ def shape_commands(
     ns: str | None = None,
     delay_ms: float | None = None,
     loss_pct: float | None = None,
-    create: bool = True,
 ) -> list[list[str]]:
-    """Egress shaping of ``dev``: an HTB class at ``mbit``, with a netem leaf for delay/loss.
-
-    ``create`` adds the HTB root (a new link); without it the class and leaf of an existing
-    link are changed in place (HTB cannot be "replaced" by itself). Without delay or loss
-    the leaf is a plain pfifo, so a degraded link can be restored.
+    """Egress shaping of ``dev`` (whose root qdisc was deleted first: ``delete_root``): an HTB root, a class at
+    ``mbit``, and a netem leaf for delay/loss. Without delay or loss the leaf is a plain pfifo, so a degraded
+    link can be restored.
     """
     tc = _tc(ns)
     rate = rate_arg(mbit)
-    cmds = [tc + ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"]] if create else []
+    cmds = [tc + ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"]]
     cmds.append(tc + ["class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
                       "rate", rate, "ceil", rate, "quantum", str(HTB_QUANTUM)])
     leaf = tc + ["qdisc", "replace", "dev", dev, "parent", "1:10", "handle", "10:"]
@@ -76,7 +73,7 @@ FLOW_BITS = 0x3E
 
 
 def shape_batch(dev: str, mbit: float, flow_cap_mbit: float | None = None, icmp_kbit: float | None = None) -> str:
-    """``tc -batch`` text for an HTB tree on ``dev`` (after its root qdisc was deleted): the link at ``mbit``;
+    """``tc -batch`` text for an HTB tree on ``dev`` (after ``delete_root``): the link at ``mbit``;
     TCP flows of the iperf3 ports capped at ``flow_cap_mbit`` each (one class per bucket); ICMP shaped to
     ``icmp_kbit`` (a slow path for pings: each waits for the ones before it, so RTT and its spread grow, the
     delay a shaped or policed path adds, without netem). Everything else: class 1:10 at the link's rate."""
@@ -106,6 +103,11 @@ def shape_batch(dev: str, mbit: float, flow_cap_mbit: float | None = None, icmp_
                   f"qdisc add dev {dev} parent 1:20 handle 20: pfifo limit 1000",
                   f"filter add dev {dev} parent 1: protocol ip prio 2 u32 match ip protocol 1 0xff flowid 1:20"]
     return "\n".join(lines) + "\n"
+
+
+def delete_root(dev: str, ns: str | None = None) -> list[str]:
+    """Delete ``dev``'s root qdisc and the tree under it (fails, harmlessly, on a link that has none)."""
+    return _tc(ns) + ["qdisc", "del", "dev", dev, "root"]
 
 
 def batch_argv(ns: str | None) -> list[str]:

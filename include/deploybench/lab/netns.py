@@ -115,38 +115,32 @@ def create_node(names: NetnsNames, index: int, node: str, address: str, prefix: 
     ns = names.namespace(node)
     veth = names.host_veth(index)
     sh_all(commands.link_commands(ns, names.bridge, veth, NODE_IFNAME, address, prefix))
-    shape(names, index, node, link_mbit, create=True)
+    shape(names, index, node, link_mbit)
 
 
-def shape(names: NetnsNames, index: int, node: str, mbit: float,
-          delay_ms: float | None = None, loss_pct: float | None = None, create: bool = False,
-          flow_cap_mbit: float | None = None, icmp_kbit: float | None = None) -> None:
-    """Node->bridge on the node's eth0, bridge->node on the host end: a full-duplex link of ``mbit``.
-    ``flow_cap_mbit``/``icmp_kbit``: the tree of commands.shape_batch instead (per-flow caps, slow pings)."""
-    if flow_cap_mbit or icmp_kbit:
-        if delay_ms or loss_pct:
-            raise LabError(f"node {node}: per-flow caps and slow pings do not combine with delay or loss (netem)")
-        for ns, dev in ((names.namespace(node), NODE_IFNAME), (None, names.host_veth(index))):
-            sh((["tc", "-n", ns] if ns else ["tc"]) + ["qdisc", "del", "dev", dev, "root"], check=False)
-            proc = subprocess.run(commands.batch_argv(ns), input=commands.shape_batch(dev, mbit, flow_cap_mbit,
-                                                                                       icmp_kbit),
-                                  capture_output=True, text=True, timeout=30, check=False)
-            if proc.returncode != 0:
-                raise LabError(f"tc -batch on {dev} failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
-        return
-    if not create:  # a tree of shape_batch (or the plain one) is replaced by the plain one
-        for ns, dev in ((names.namespace(node), NODE_IFNAME), (None, names.host_veth(index))):
-            sh((["tc", "-n", ns] if ns else ["tc"]) + ["qdisc", "del", "dev", dev, "root"], check=False)
-        create = True
+def shape(names: NetnsNames, index: int, node: str, mbit: float, delay_ms: float | None = None,
+          loss_pct: float | None = None, flow_cap_mbit: float | None = None, icmp_kbit: float | None = None) -> None:
+    """Node->bridge on the node's eth0, bridge->node on the host end: a full-duplex link of ``mbit``. Each call
+    builds the link's whole tree again (its root deleted first), so any shaping replaces any other:
+    commands.shape_commands (the rate, with netem for ``delay_ms``/``loss_pct``), or commands.shape_batch for
+    ``flow_cap_mbit``/``icmp_kbit`` (per-flow caps, slow pings). What cannot be built is refused first."""
+    if (flow_cap_mbit or icmp_kbit) and (delay_ms or loss_pct):
+        raise LabError(f"node {node}: per-flow caps and slow pings do not combine with delay or loss (netem)")
     if (delay_ms or loss_pct) and not check_netem():
         raise LabError(
             f"node {node}: delay {delay_ms} ms / loss {loss_pct} % needs the kernel's netem qdisc "
             "(CONFIG_NET_SCH_NETEM), which this kernel does not have; degrade the link with mbit= only, "
             "or run the lab on a kernel with sch_netem"
         )
-    sh_all(commands.shape_commands(NODE_IFNAME, mbit, ns=names.namespace(node), delay_ms=delay_ms,
-                                   loss_pct=loss_pct, create=create))
-    sh_all(commands.shape_commands(names.host_veth(index), mbit, delay_ms=delay_ms, loss_pct=loss_pct, create=create))
+    for ns, dev in ((names.namespace(node), NODE_IFNAME), (None, names.host_veth(index))):
+        sh(commands.delete_root(dev, ns), check=False)  # a new link has none
+        if not (flow_cap_mbit or icmp_kbit):
+            sh_all(commands.shape_commands(dev, mbit, ns=ns, delay_ms=delay_ms, loss_pct=loss_pct))
+            continue
+        proc = subprocess.run(commands.batch_argv(ns), input=commands.shape_batch(dev, mbit, flow_cap_mbit, icmp_kbit),
+                              capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode != 0:
+            raise LabError(f"tc -batch on {dev} failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
 
 
 def start_sshd(ns: str, binds: dict[str, str], config: Path, log_path: Path) -> subprocess.Popen[bytes]:

@@ -632,7 +632,7 @@ def _log(lt: LinkTest) -> None:
     else:
         log.info("round %d: link %s <-> %s: %s Mbit/s (%.0f%% of %g Mbit/s)%s%s", lt.round, lt.src, lt.dst,
                  " / ".join(f"{x.mbit:.0f}" for x in lt.directions), 100 * (lt.ratio or 0), lt.nominal_mbit,
-                 "" if lt.ok or lt.problems else " BELOW THRESHOLD",
+                 " BELOW THRESHOLD" if (lt.ratio or 0) < (lt.threshold or 0) else "",
                  f" (retested: the first test read {100 * lt.first_ratio:.0f}%)" if lt.first_ratio is not None else "")
         if lt.streams and lt.streams > 1:
             log.info("round %d: link %s <-> %s: %d streams in %d iperf3 processes", lt.round, lt.src, lt.dst,

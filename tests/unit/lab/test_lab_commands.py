@@ -23,10 +23,12 @@ def test_shaping_on_the_host_end():
 
 
 def test_shaping_inside_a_namespace_with_delay_and_loss():
-    cmds = commands.shape_commands("eth0", 50, ns="db-demo-n02", delay_ms=20, loss_pct=1.5, create=False)
+    cmds = commands.shape_commands("eth0", 50, ns="db-demo-n02", delay_ms=20, loss_pct=1.5)
     assert all(c[:3] == ["tc", "-n", "db-demo-n02"] for c in cmds)
-    assert [c[3:5] for c in cmds] == [["class", "replace"], ["qdisc", "replace"]]  # the root stays
-    assert cmds[1][-5:] == ["netem", "delay", "20ms", "loss", "1.5%"]
+    assert [c[3:5] for c in cmds] == [["qdisc", "add"], ["class", "replace"], ["qdisc", "replace"]]
+    assert cmds[2][-5:] == ["netem", "delay", "20ms", "loss", "1.5%"]
+    assert commands.delete_root("eth0", "db-demo-n02") == ["tc", "-n", "db-demo-n02", "qdisc", "del", "dev", "eth0",
+                                                          "root"]  # shaping again starts from no tree
 
 
 def test_link_commands_put_the_node_end_in_its_namespace():
