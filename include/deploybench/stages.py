@@ -127,6 +127,9 @@ class Stage(ABC):
     phases: ClassVar[tuple[str, ...]] = ()  # one task per phase instead (in a group named after the stage)
     needs: ClassVar[frozenset[str]] = frozenset()  # what its task hands it: "ssh", "kube", "dsn", "params"
     retries: ClassVar[bool] = False  # its task retries (safe: it reads the run folder and writes the store)
+    # Its failures are verdicts on the run's input (it touches nothing): never retried. Its task retries once
+    # only when the task failed outside deploybench's code (its process killed, the execution API unreachable).
+    judges_input: ClassVar[bool] = False
     undoes: ClassVar[str | None] = None  # the stage whose work it undoes: its task is that one's Airflow teardown
 
     def skip(self, ctx: Context) -> Skip | None:
@@ -430,6 +433,7 @@ class Validate(Stage):
     name = "validate"
     result = ValidateResult
     leased = False
+    judges_input = True
     needs = frozenset({"params"})
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:

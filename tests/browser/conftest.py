@@ -169,6 +169,19 @@ def stop_everything(proc: subprocess.Popen, marker: str, timeout_s: float = STOP
 
 
 # -- Airflow ---------------------------------------------------------------------------------------
+def _log_line(entry: object) -> str:
+    """One line of a task log as the REST API gives it (structured), short: level, event, and each error's type
+    and value; Airflow's own ::group:: markers left out."""
+    if not isinstance(entry, dict):
+        return str(entry)
+    event = str(entry.get("event", ""))
+    if event.startswith("::"):
+        return ""
+    errors = [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in entry.get("error_detail") or []
+              if isinstance(e, dict)]
+    return " ".join([str(entry.get("level", "")), event, *errors]).strip()
+
+
 @dataclass
 class Airflow:
     """A running Airflow: its URL, home, log, and a REST client with a token from POST /auth/token."""
@@ -198,6 +211,25 @@ class Airflow:
                                token=False)
             self._token = got["access_token"]
         return self._token
+
+    def failed_task_logs(self, dag_id: str, run_id: str, chars: int = 1500) -> dict[str, str]:
+        """For a failed assertion: the end of the log of every failed task of a run (its last try), from the
+        REST API. A task that failed before deploybench's code ran (its process killed, the execution API
+        unreachable) leaves no stage record; its log is then the only account of why."""
+        try:
+            run = quote(run_id, safe="")
+            tis = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run}/taskInstances?limit=100")
+            out = {}
+            for ti in tis["task_instances"]:
+                if ti["state"] != "failed":
+                    continue
+                got = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run}/taskInstances/{ti['task_id']}"
+                                          f"/logs/{max(ti['try_number'], 1)}?full_content=true")
+                lines = got.get("content") if isinstance(got, dict) else got
+                out[ti["task_id"]] = "\n".join(_log_line(x) for x in lines or [] if _log_line(x))[-chars:]
+            return out
+        except Exception as exc:  # the explanation must not hide the assertion it explains
+            return {"(logs not read)": repr(exc)}
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""

@@ -54,7 +54,7 @@ def _why(airflow, run_id: str) -> str:
     stages = paths.run_dir(paths.dag_run_key(DAG_ID, run_id)) / "stages"
     errors = {f.stem: rec.get("error") for f in sorted(stages.glob("*.json"))
               if (rec := json.loads(f.read_text())).get("status") == "failed"} if stages.is_dir() else {}
-    return f"tasks {states}; failed stages {errors}"
+    return f"tasks {states}; failed stages {errors}; failed tasks' logs {airflow.failed_task_logs(DAG_ID, run_id)}"
 
 
 def _wait_done(airflow, run_id: str, timeout_s: float = RUN_TIMEOUT_S) -> str:

@@ -323,7 +323,8 @@ def _why_failed(af, dag_id: str, run: dict) -> str:
     recs = Run.open_if_validated(paths.dag_run_key(dag_id, run["dag_run_id"]))
     stage_errors = [f"{s}: {r.error}" for s, r in (recs.stages() if recs else {}).items() if r.status == "failed"]
     return (f"{dag_id} {_day(run)}: {run['state']}; tasks not succeeded: {failed or 'none'}; "
-            f"failed stages: {stage_errors or 'none'}")
+            f"failed stages: {stage_errors or 'none'}; failed tasks' logs: "
+            f"{af.failed_task_logs(dag_id, run['dag_run_id'])}")
 
 
 def _run_id(runs: list[dict], day: date) -> str:

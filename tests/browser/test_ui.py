@@ -234,7 +234,8 @@ def _why_failed(airflow, run_id: str) -> dict:
               for t in tis["task_instances"]}
     stages = paths.run_dir(paths.dag_run_key(DAG_ID, run_id)) / "stages"
     errors = {p.stem: json.loads(p.read_text()).get("error") for p in stages.glob("*.json")}
-    return {"tasks": states, "stage errors": {k: v for k, v in errors.items() if v}}
+    return {"tasks": states, "stage errors": {k: v for k, v in errors.items() if v},
+            "failed tasks' logs": airflow.failed_task_logs(DAG_ID, run_id)}
 
 
 def submit(airflow, dialog) -> str:

@@ -154,8 +154,11 @@ def test_form_refuses_values_outside_the_schema(lab, dag):
 def test_params_that_do_not_fit_the_cluster_are_refused_before_any_node_is_touched(lab, dag):
     dr = dag.test(run_conf=_conf(lab, canary_nodes=9))
     assert dr.state == "failed"
-    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    tis = {ti.task_id: ti for ti in dr.get_task_instances()}
+    states = {tid: ti.state for tid, ti in tis.items()}
     assert states["validate"] == "failed" and states["teardown"] != "failed", states  # nothing to stop
+    # the task may retry once (a process killed before its verdict), but a verdict is not retried
+    assert tis["validate"].max_tries == 1 and tis["validate"].try_number == 1, tis["validate"]
     assert states["store.write_results"] == "success" and states["finish"] == "failed", states
     rec = json.loads((paths.run_dir(_key(dr)) / "stages" / "validate.json").read_text())
     assert "canary_nodes" in rec["error"]

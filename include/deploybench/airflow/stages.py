@@ -27,13 +27,16 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import Param, TriggerRule, get_current_context, task, task_group
-from airflow.sdk.exceptions import AirflowSkipException, DownstreamTasksSkipped
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, DownstreamTasksSkipped
 
 from deploybench import params as form
 from deploybench import paths
 
 RETRY = {"retries": 3, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True,
          "max_retry_delay": timedelta(minutes=5)}
+# A stage that judges the input (validate): one retry for a task that failed before its verdict (a CI run saw
+# validate fail under load with no stage record, so no verdict was reached); a verdict fails at once.
+RETRY_OUTSIDE = {"retries": 1, "retry_delay": timedelta(seconds=5)}
 
 
 def run_params() -> dict[str, Param]:
@@ -111,7 +114,8 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
     stage = REGISTRY[name]
     if rule is None and stage.after_failure and not stage.undoes:
         rule = TriggerRule.ALL_DONE  # store and report run whatever failed before; finish gives the verdict
-    kwargs: dict[str, Any] = {**(RETRY if stage.retries else {}), **({"trigger_rule": rule} if rule else {})}
+    retry = RETRY if stage.retries else RETRY_OUTSIDE if stage.judges_input else {}
+    kwargs: dict[str, Any] = {**retry, **({"trigger_rule": rule} if rule else {})}
 
     @task(task_id=phase or stage.task or name, pre_execute=_budget(phase or name), **kwargs)
     def run_one(conf: dict | None = None) -> Any:
@@ -132,8 +136,13 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
             given["meta"] = {"dag_id": ctx["dag"].dag_id, "airflow_run_id": ctx["run_id"],
                              "run_type": str(getattr(ctx["dag_run"], "run_type", "") or ""),
                              "logical_date": str(ctx.get("logical_date") or "") or None}
-        with _leased(key) if stage.leased else contextlib.nullcontext():
-            got = pipeline.run_stage(name, key, **given)
+        try:
+            with _leased(key) if stage.leased else contextlib.nullcontext():
+                got = pipeline.run_stage(name, key, **given)
+        except Exception as exc:
+            if stage.judges_input:  # its verdict (recorded in the stage's record): a retry would say the same
+                raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+            raise
         if got is None:
             if phase is not None:
                 raise AirflowSkipException(f"load phase {phase!r} is not in this run's load_phases")
