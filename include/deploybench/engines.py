@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import string
 import tomllib
@@ -69,6 +70,42 @@ class Readiness:
     timeout_s: float = 2.0  # one check's own bound: a server may hold /v1/models while it generates
 
 
+# The roles a profile's ``[metrics]`` map may name, by kind: the profile is the only place an engine's metric
+# names live (deploybench.load.scrape keeps what the map names and computes the figures by role).
+HISTOGRAM_ROLES = ("ttft", "itl", "e2e", "queue")  # Prometheus histograms in seconds: time to first token,
+# inter-token latency, end to end, time waiting in the engine's queue
+GAUGE_ROLES = ("running", "waiting", "kv_usage")  # requests in the batch, requests queued, KV-cache use (0-1)
+COUNTER_ROLES = ("prompt_tokens", "generation_tokens", "prefix_hits", "prefix_queries", "preemptions",
+                 "success", "failure",
+                 # Triton's per-model counters (docs/user_guide/metrics.md of triton-inference-server/server):
+                 # inferences over executions is the average batch size; the *_us are cumulative microseconds
+                 "inferences", "executions", "request_us", "queue_us", "compute_us")
+METRIC_ROLES = (*HISTOGRAM_ROLES, *GAUGE_ROLES, *COUNTER_ROLES)
+METRIC_NAME = r"^[A-Za-z_:][A-Za-z0-9_:]{0,199}$"  # Prometheus' metric name syntax
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Where an engine's Prometheus page is and what its figures are called: ``names`` role -> metric name (the
+    profile's ``[metrics]`` map), ``port`` (None: the serving port; Triton's is its own, 8002 by default) and
+    ``path``."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    port: int | None = None
+    path: str = "/metrics"
+
+    def url(self, base_url: str) -> str:
+        """The page of the engine serving at ``base_url`` (``http://host:port``, of a node or a pod)."""
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(base_url.rstrip("/"))
+        netloc = parts.netloc
+        if self.port is not None:
+            host = parts.hostname or ""
+            netloc = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return urlunsplit((parts.scheme, netloc, self.path, "", ""))
+
+
 @dataclass(frozen=True)
 class EngineProfile:
     name: str
@@ -79,7 +116,7 @@ class EngineProfile:
     image: str = ""  # default container image ("" = cannot run in a container)
     entrypoint: tuple[str, ...] = ()  # leading argv the image's ENTRYPOINT already supplies
     files: Callable[[LaunchContext], dict[str, str]] = lambda ctx: {}
-    metrics: dict[str, str] = field(default_factory=dict)  # role -> the engine's Prometheus metric name
+    metrics: Metrics = Metrics()  # its Prometheus page: where, and the names of its figures by role
     readiness: Readiness = Readiness()
     source: str = ""  # the profile file it was read from
     program: str = ""  # the command's first item as written ("{python}", "vllm"): what preflight looks for
@@ -119,6 +156,9 @@ def sim_service_args(engine: EngineSpec) -> list[str]:
     ]
 
 
+TRITON_VLLM = "vllm"  # Triton's vLLM backend (triton-inference-server/vllm_backend)
+
+
 def triton_repository(ctx: LaunchContext) -> str:
     return f"{ctx.work_dir.rstrip('/')}/triton-repo"
 
@@ -135,6 +175,9 @@ def triton_config(model_name: str, knobs: TritonKnobs) -> str:
             lines += [f"  preferred_batch_size: [ {sizes} ]"]
         lines += [f"  max_queue_delay_microseconds: {knobs.max_queue_delay_us}", "}"]
     lines += ["instance_group [", f"  {{ count: {knobs.instance_count} kind: {knobs.instance_kind} }}", "]"]
+    if knobs.backend == TRITON_VLLM:  # the backend's own metrics (TTFT, time per output token, end to end, tokens) on
+        # Triton's page: vllm_backend src/model.py reads this parameter (_get_bool_config_param)
+        lines += ['parameters: { key: "REPORT_CUSTOM_METRICS" value: { string_value: "true" } }']
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +219,8 @@ def _triton_files(ctx: LaunchContext) -> dict[str, str]:
 PROFILE_DIR = Path(__file__).with_name("engine_profiles")
 PROFILE_ENV = "DEPLOYBENCH_ENGINE_PROFILES"
 LIST_PLACEHOLDERS = ("extra_args", "sim_args")  # an item exactly "{name}" becomes these arguments
-PLACEHOLDERS = ("python", "model_dir", "model_name", "served_name", "host", "port", "work_dir", "max_num_seqs",
-                "tensor_parallel_size", "max_model_len", "triton_repository", *LIST_PLACEHOLDERS)
+PLACEHOLDERS = ("python", "model_dir", "model_name", "served_name", "host", "port", "metrics_port", "work_dir",
+                "max_num_seqs", "tensor_parallel_size", "max_model_len", "triton_repository", *LIST_PLACEHOLDERS)
 FILE_GENERATORS: dict[str, Callable[[LaunchContext], dict[str, str]]] = {"triton": _triton_files}
 
 
@@ -228,6 +271,17 @@ class _ReadinessFile(BaseModel):
     live_path: str | None = Field(None, pattern=r"^/[A-Za-z0-9._~/%-]*$", max_length=256)
 
 
+class _MetricsFile(BaseModel):
+    """A profile's ``[metrics]``: role = "metric name" (roles: METRIC_ROLES), and where the page is."""
+
+    model_config = ConfigDict(extra="allow")  # the roles; checked in ProfileFile.problems
+    port: int | None = Field(None, ge=1, le=65535)
+    path: str = Field("/metrics", pattern=r"^/[A-Za-z0-9._~/%-]*$", max_length=256)
+
+    def names(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class ProfileFile(BaseModel):
     """A profile file, checked: unknown keys, unknown placeholders and unknown file generators are refused."""
 
@@ -240,10 +294,16 @@ class ProfileFile(BaseModel):
     deterministic: bool = False
     files: str = ""
     readiness: _ReadinessFile = Field(default_factory=_ReadinessFile)
-    metrics: dict[str, str] = Field(default_factory=dict)
+    metrics: _MetricsFile = Field(default_factory=_MetricsFile)
 
     def problems(self) -> list[str]:
         out = [p for item in self.command for p in _template_problems(item)]
+        for role, name in self.metrics.names().items():
+            if role not in METRIC_ROLES:
+                out.append(f"[metrics] {role} is no role deploybench reads; roles: {', '.join(METRIC_ROLES)} "
+                           "(and port, path)")
+            elif not isinstance(name, str) or not re.match(METRIC_NAME, name):
+                out.append(f"[metrics] {role} = {str(name)[:80]!r} is not a Prometheus metric name")
         if self.files and self.files not in FILE_GENERATORS:
             out.append(f"files = {self.files!r} names no file generator; known: {', '.join(FILE_GENERATORS)}")
         return out
@@ -251,8 +311,11 @@ class ProfileFile(BaseModel):
     def to_profile(self, source: str) -> EngineProfile:
         template = tuple(self.command)
 
+        metrics_port = self.metrics.port
+
         def command(ctx: LaunchContext) -> list[str]:
             values, lists = _placeholder_values(ctx), _list_values(ctx.engine)
+            values["metrics_port"] = str(metrics_port or ctx.port)  # the profile's [metrics] port
             argv: list[str] = []
             for item in template:
                 if item.startswith("{") and item[1:-1] in lists:
@@ -264,7 +327,8 @@ class ProfileFile(BaseModel):
         r = self.readiness
         return EngineProfile(self.name, r.path, self.api, command, deterministic=self.deterministic,
                              image=self.image, entrypoint=tuple(self.entrypoint),
-                             files=FILE_GENERATORS.get(self.files, lambda ctx: {}), metrics=dict(self.metrics),
+                             files=FILE_GENERATORS.get(self.files, lambda ctx: {}),
+                             metrics=Metrics(self.metrics.names(), self.metrics.port, self.metrics.path),
                              readiness=Readiness(r.kind, r.path, r.timeout_s), source=source,
                              program=template[0], liveness_path=r.live_path or "")
 
@@ -343,7 +407,7 @@ def image_of(spec: EngineSpec, override: str | None = None) -> str:
 def check_triton_backend(cfg: Any, tensor_parallel_size: int) -> None:
     """Refuse a parsed config.pbtxt that Triton accepts but its vLLM backend would not load (the model would never
     become ready): ConfigError names the value and what to set instead."""
-    if cfg.backend != "vllm":
+    if cfg.backend != TRITON_VLLM:
         return
     # vllm_backend src/model.py auto_complete_config: set_max_batch_size(0), which python_backend's
     # triton_python_backend_utils.ModelConfig.set_max_batch_size refuses below a configured value

@@ -329,6 +329,7 @@ class Load(Stage):
         return None
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench import engines
         from deploybench.load import Endpoint, phases
 
         run, phase = ctx.run, str(ctx.phase)
@@ -336,11 +337,13 @@ class Load(Stage):
         if phase == run.cfg.load.phases[0].value:
             for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
                 old.unlink()  # the first phase of a (re-)run starts clean
-        eps = [Endpoint(e["node"], e["url"], e["model"]) for e in run.endpoints()]
+        prof = engines.profile(run.cfg.engine)  # its API, its metrics page and the names of its figures
+        eps = [Endpoint(e["node"], e["url"], e["model"], prof.metrics.url(e["url"])) for e in run.endpoints()]
         # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no connection
         # is made unless a node needs it)
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
-                         transports={n: cluster[n] for n in {e.node for e in eps}})
+                         transports={n: cluster[n] for n in {e.node for e in eps}},
+                         api="triton" if prof.api == "triton" else None, metrics=prof.metrics)
         return self._assembled(ctx)
 
     def _assembled(self, ctx: Context) -> LoadStageResult:

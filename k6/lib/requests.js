@@ -12,15 +12,7 @@ export function buildRequest(cfg, endpoint, prompt) {
   const headers = { 'Content-Type': 'application/json' };
   if (cfg.stream) headers.Accept = 'text/event-stream';
   if (cfg.api === 'triton') {
-    const path = cfg.stream ? 'generate_stream' : 'generate';
-    return {
-      url: `${endpoint.url}/v2/models/${encodeURIComponent(endpoint.model)}/${path}`,
-      body: JSON.stringify({
-        text_input: prompt.text,
-        parameters: { max_tokens: maxTokens, stream: cfg.stream, ignore_eos: cfg.ignoreEos },
-      }),
-      headers,
-    };
+    return { url: tritonUrl(endpoint, cfg.stream), body: JSON.stringify(tritonBody(prompt.text, maxTokens, cfg)), headers };
   }
   const payload = { model: endpoint.model, max_tokens: maxTokens, temperature: 0, stream: cfg.stream };
   if (cfg.ignoreEos) payload.ignore_eos = true; // vLLM extension: always produce max_tokens
@@ -31,6 +23,30 @@ export function buildRequest(cfg, endpoint, prompt) {
   }
   payload.prompt = prompt.text;
   return { url: `${endpoint.url}/v1/completions`, body: JSON.stringify(payload), headers };
+}
+
+// Triton's generate extension: the body's top-level keys are the model's inputs, "parameters" the request's
+// parameters. Triton's vLLM backend (triton-inference-server/vllm_backend src/utils/request.py) reads `stream`
+// as an input, returns the prompt in front of a non-streamed answer unless `exclude_input_in_output`, counts
+// the tokens it made when asked (`return_num_output_tokens`: per response, so a stream's are summed) and takes
+// its sampling parameters (max_tokens, ignore_eos, temperature) from the request's parameters.
+export function tritonUrl(endpoint, stream) {
+  return `${endpoint.url}/v2/models/${encodeURIComponent(endpoint.model)}/${stream ? 'generate_stream' : 'generate'}`;
+}
+
+export function tritonBody(text, maxTokens, cfg) {
+  const parameters = { max_tokens: maxTokens, temperature: 0 };
+  if (cfg.ignoreEos) parameters.ignore_eos = true;
+  return {
+    text_input: text, stream: !!cfg.stream, exclude_input_in_output: true,
+    return_num_input_tokens: true, return_num_output_tokens: true, parameters,
+  };
+}
+
+// A count Triton returned: a one-element tensor comes as a number or as a list of one.
+function tritonCount(v) {
+  const n = Array.isArray(v) ? v[0] : v;
+  return typeof n === 'number' && isFinite(n) && n >= 0 ? n : null;
 }
 
 // Paths that answer 200 when an endpoint can take requests, tried in order.
@@ -46,7 +62,7 @@ function wordCount(text) {
 // Parses an SSE body: {chunks, done, usage, text}. Tolerates "data:" with or without a space and
 // CRLF line ends; ignores comments and other fields.
 export function parseSSE(body) {
-  const out = { chunks: 0, done: false, usage: null, text: '', bad: 0 };
+  const out = { chunks: 0, done: false, usage: null, text: '', bad: 0, tritonTokens: null, tritonPrompt: null };
   for (const raw of String(body || '').split('\n')) {
     const line = raw.replace(/\r$/, '');
     if (!line.startsWith('data:')) continue;
@@ -67,6 +83,10 @@ export function parseSSE(body) {
     if (evt.text_output !== undefined) {
       out.chunks += 1;
       out.text += evt.text_output;
+      const n = tritonCount(evt.num_output_tokens);
+      if (n !== null) out.tritonTokens = (out.tritonTokens || 0) + n;
+      const p = tritonCount(evt.num_input_tokens);
+      if (p !== null) out.tritonPrompt = p;
       continue;
     }
     const choice = (evt.choices || [])[0];
@@ -93,6 +113,9 @@ export function readResponse(cfg, res, prompt) {
     if (sse.usage) {
       r.outputTokens = sse.usage.completion_tokens || 0;
       r.promptTokens = sse.usage.prompt_tokens || r.promptTokens;
+    } else if (sse.tritonTokens !== null) {
+      r.outputTokens = sse.tritonTokens; // the vLLM backend's own count (return_num_output_tokens)
+      r.promptTokens = sse.tritonPrompt || r.promptTokens;
     } else {
       r.outputTokens = cfg.api === 'triton' ? Math.max(sse.chunks, wordCount(sse.text)) : sse.chunks;
       r.tokensFrom = 'stream';
@@ -107,7 +130,13 @@ export function readResponse(cfg, res, prompt) {
   }
   if (cfg.api === 'triton') {
     if (typeof data.text_output !== 'string') return { ...r, ok: false, errorKind: 'bad_response' };
-    r.outputTokens = wordCount(data.text_output); // Triton's generate answer carries no token count
+    const n = tritonCount(data.num_output_tokens);
+    if (n !== null) {
+      r.outputTokens = n; // the vLLM backend's count; the text is the answer alone (exclude_input_in_output)
+      r.promptTokens = tritonCount(data.num_input_tokens) || r.promptTokens;
+      return r;
+    }
+    r.outputTokens = wordCount(data.text_output); // a backend that does not count: the answer's words
     r.tokensFrom = 'text';
     return r;
   }

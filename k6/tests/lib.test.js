@@ -89,6 +89,15 @@ export default function () {
     'build: triton generate': () =>
       tri.url === 'http://127.0.0.1:9/v2/models/sim-model/generate' &&
       JSON.parse(tri.body).parameters.max_tokens === 16,
+    // vllm_backend src/utils/request.py: stream is an input, not a parameter; the prompt is left out of the
+    // answer only when exclude_input_in_output is set; the token counts come back when asked for
+    'build: triton inputs and parameters as the vLLM backend reads them': () => {
+      const b = JSON.parse(tri.body);
+      const s = JSON.parse(buildRequest(Object.assign({}, cfg, { api: 'triton', stream: true }), EP, prompt).body);
+      return b.text_input === prompt.text && b.stream === false && s.stream === true &&
+        b.exclude_input_in_output === true && b.return_num_output_tokens === true &&
+        b.parameters.stream === undefined && b.parameters.temperature === 0;
+    },
   });
 
   const sse =
@@ -124,6 +133,20 @@ export default function () {
     },
     'read: json without choices is bad_response': () =>
       readResponse(cfg, { body: JSON.stringify({ usage: { completion_tokens: 3 } }) }, prompt).errorKind === 'bad_response',
+    'read: triton generate counts the backend\'s tokens, not the words': () => {
+      const tcfg = Object.assign({}, cfg, { api: 'triton' });
+      const counted = readResponse(tcfg, { body: JSON.stringify({ text_output: 'a b c', num_output_tokens: 16,
+        num_input_tokens: [7] }) }, prompt);
+      const words = readResponse(tcfg, { body: JSON.stringify({ text_output: 'a b c' }) }, prompt);
+      return counted.ok && counted.outputTokens === 16 && counted.promptTokens === 7 &&
+        counted.tokensFrom === 'usage' && words.outputTokens === 3 && words.tokensFrom === 'text';
+    },
+    'read: triton stream sums the per-response counts': () => {
+      const body = 'data: {"text_output":"a","num_output_tokens":1}\n\ndata: {"text_output":" b c",' +
+        '"num_output_tokens":[2]}\n\n';
+      const r = readResponse(Object.assign({}, cfg, { api: 'triton', stream: true }), { body }, prompt);
+      return r.ok && r.outputTokens === 3 && r.tokensFrom === 'usage';
+    },
     'read: bad json is bad_response': () => readResponse(cfg, { body: '<html>' }, prompt).errorKind === 'bad_response',
     'error kinds': () =>
       errorKind({ status: 503 }) === 'http_503' && errorKind({ status: 0, error_code: 1050 }) === 'timeout' &&

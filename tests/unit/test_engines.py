@@ -153,8 +153,8 @@ def test_every_shipped_profile_loads_and_the_builtins_are_files_like_any_other()
     assert {"sim", "vllm", "triton", "llamacpp", "llamacpp-native", "sglang", "openai"} <= set(known)
     for name in ("sim", "vllm", "triton"):
         assert known[name].source.endswith(f"engine_profiles/{name}.toml")
-    assert known["llamacpp"].readiness.kind == "models" and known["llamacpp"].metrics == {}
-    assert known["sglang"].metrics["running"] == "sglang:num_running_reqs"
+    assert known["llamacpp"].readiness.kind == "models" and known["llamacpp"].metrics.names == {}
+    assert known["sglang"].metrics.names["running"] == "sglang:num_running_reqs"
 
 
 def test_sim_profile_expands_its_knobs_from_the_template():

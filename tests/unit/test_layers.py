@@ -55,6 +55,8 @@ UPWARD: dict[tuple[str, str], str] = {
         "the matrix page reads a matrix's cells through the matrix's own reader (matrix.result.cells_table)",
     ("deploybench.sim.engine", "deploybench.cli.engine"):
         "the simulated engine's main() parses its options with the `deploybench engine serve` parser",
+    ("deploybench.sim.triton", "deploybench.cli.engine"):
+        "the lab's tritonserver builds the simulated engine's options with the `deploybench engine serve` parser",
     ("deploybench.sim.local", "deploybench.load"):
         "LocalEngines.start returns load.Endpoint (the engines a load test drives)",
     ("deploybench.run", "deploybench.lease"):

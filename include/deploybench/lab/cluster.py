@@ -183,6 +183,7 @@ def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb
     ))
     for d in (files.shared_models, files.shared_run):
         d.mkdir(parents=True, exist_ok=True)
+    write_stand_ins(files.bin)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     procs = {node: _start_node_sshd(names, files, state, node) for node in state.nodes}
     waited = netns.parallel(
@@ -193,11 +194,27 @@ def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb
     return state
 
 
+def write_stand_ins(folder: Path) -> None:
+    """The scripts of the programs the lab's nodes lack (deploybench.sim.stand_in.STAND_INS: ``tritonserver``) in
+    ``folder`` (the lab's bin/, on the nodes' PATH after the system's folders, so a real one installed wins)."""
+    import shlex
+
+    from deploybench.sim.stand_in import STAND_INS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for program, module in STAND_INS.items():
+        script = folder / program
+        script.write_text(f"#!/bin/sh\n# the lab's stand-in for {program}: {module}\n"
+                          f"exec {shlex.quote(sys.executable)} -I -m deploybench.sim.stand_in {program} \"$@\"\n")
+        script.chmod(0o755)
+
+
 def _node_env(name: str, node: str) -> dict[str, str]:
     from deploybench import paths
 
-    env = {
-        "PATH": f"{commands.SYSTEM_PATH}:{Path(sys.executable).parent}",
+    stand_ins = str(LabFiles(name).bin)
+    env = {  # (sshd's SetEnv takes no spaces: a home with one has no stand-ins)
+        "PATH": f"{commands.SYSTEM_PATH}:{Path(sys.executable).parent}" + (f":{stand_ins}" * (" " not in stand_ins)),
         "DEPLOYBENCH_LAB": name,
         "DEPLOYBENCH_NODE": node,
     }

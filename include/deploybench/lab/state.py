@@ -78,6 +78,11 @@ class LabFiles:
         return self.root / "inventory.json"
 
     @property
+    def bin(self) -> Path:
+        """Programs on the nodes' PATH the machine lacks (lab.cluster.STAND_INS)."""
+        return self.root / "bin"
+
+    @property
     def keys(self) -> Path:
         return self.root / KEYS
 

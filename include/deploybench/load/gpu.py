@@ -161,7 +161,7 @@ class GpuSampler:
         return f"http://{_host(ep.url)}:{self.dcgm_port}/metrics"
 
     def _choose(self, ep: Endpoint) -> str:
-        if _has_util(f"{ep.url.rstrip('/')}/metrics", self.timeout_s):
+        if _has_util(ep.page, self.timeout_s):
             return "dcgm"
         if self.dcgm_port and _has_util(self._exporter(ep), self.timeout_s):
             return "dcgm-exporter"

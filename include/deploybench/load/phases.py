@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from deploybench.config import SLO, LoadPhase, LoadSpec
+from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
 from deploybench.load import gpu, overload, probe, sustained
 from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
@@ -153,14 +154,17 @@ DRAIN_POLL_S = 0.2
 
 class Drainer:
     """Waits, between probe steps, for the server to be idle again (``probe`` module doc): the engines'
-    running + waiting gauges (``scrape.GAUGES``) at 0 when every scraped node exports them, else a lone
-    streamed request per endpoint answering within ``DRAIN_FACTOR`` x its idle baseline (``baseline()``,
-    measured before the search). At most ``2 x request_timeout_s`` per call."""
+    running + waiting gauges (the roles of the engine profile's map) at 0 when every scraped node exports them,
+    else a lone streamed request per endpoint answering within ``DRAIN_FACTOR`` x its idle baseline
+    (``baseline()``, measured before the search). At most ``2 x request_timeout_s`` per call."""
 
-    def __init__(self, load_eps: list[Endpoint], scrape_eps: list[Endpoint], spec: LoadSpec, api: str) -> None:
+    def __init__(self, load_eps: list[Endpoint], scrape_eps: list[Endpoint], spec: LoadSpec, api: str,
+                 metrics: Metrics | None = None) -> None:
         import random
 
         self.load_eps, self.scrape_eps, self.spec, self.api = load_eps, scrape_eps, spec, api
+        names = (metrics or Metrics()).names
+        self.gauge_names = tuple(names[r] for r in ("running", "waiting") if r in names)
         self.rng = random.Random(17)
         self.idle_ms: dict[str, float] = {}
         self.gauges = self._gauges() is not None
@@ -168,16 +172,17 @@ class Drainer:
     def _gauges(self) -> float | None:
         """running + waiting over the scraped nodes; None if a node does not export both (or cannot be read)."""
         from deploybench import http
-        from deploybench.load.scrape import GAUGES, MetricsPageError, get_page, parse_metrics
+        from deploybench.load.scrape import MetricsPageError, get_page, parse_metrics
 
+        if len(self.gauge_names) < 2:
+            return None  # the profile does not name both
         total = 0.0
         for ep in self.scrape_eps:
             try:  # within the scraper's bounds: finite values only (a NaN gauge is not exported)
-                got = {n: v for n, _, v in parse_metrics(get_page(f"{ep.url.rstrip('/')}/metrics", 2.0),
-                                                         tuple(GAUGES.values()))}
+                got = {n: v for n, _, v in parse_metrics(get_page(ep.page, 2.0), self.gauge_names)}
             except (MetricsPageError, http.HTTPFailure):
                 return None
-            if set(got) != set(GAUGES.values()):
+            if set(got) != set(self.gauge_names):
                 return None
             total += sum(v for v in got.values() if v >= 0)  # negative: hostile, ignored
         return total
@@ -244,11 +249,12 @@ def _series(res: LoadResult) -> list[str]:
 
 def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
               tags: dict | None = None, api: ApiFlavour | None = None, transports: Mapping[str, Any] | None = None,
-              search: str = "ramp") -> dict:
+              search: str = "ramp", metrics: Metrics | None = None) -> dict:
     """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
 
     ``transports`` (node -> deploybench.transport.Transport) let nodes without DCGM report their GPUs
-    through nvidia-smi. ``search`` "doubling" runs the earlier capacity search (for the side-by-side bench)."""
+    through nvidia-smi; ``metrics`` is the engine profile's (its page and the names of its figures).
+    ``search`` "doubling" runs the earlier capacity search (for the side-by-side bench)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_eps, scrape_eps = targets(endpoints, spec)
@@ -262,14 +268,15 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
                 s = spec.model_copy(update={"window_s": probe.ramp_window_s(spec)}) if stages else spec
                 res = with_gpu(lambda: run_load(load_eps, s, slo, out_dir, phase="probe", tags=tags, rate=rate,
                                                 duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api,
-                                                step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages),
+                                                step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages,
+                                                metrics=metrics),
                                scrape_eps, spec, out_dir, "probe", n, transports, plan)
                 steps[n] = res
                 return res
 
             drain = None
             if search != "doubling":  # the earlier search, kept as it was for the side-by-side bench
-                drain = Drainer(load_eps, scrape_eps, spec, api or spec.api.value)
+                drain = Drainer(load_eps, scrape_eps, spec, api or spec.api.value, metrics)
                 drain.baseline()
             found = probe.search(measure, spec, slo, run_ramp=(
                 None if search == "doubling" else lambda n, frm, to: measure(n, frm, [(to, spec.probe_step_s)])),
@@ -286,7 +293,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
 
             def run() -> LoadResult:
                 done["res"], done["analysis"] = mod.run(load_eps, shaped, slo, out_dir, cap, tags=tags, api=api,
-                                                        scrape_endpoints=scrape_eps)
+                                                        scrape_endpoints=scrape_eps, metrics=metrics)
                 return done["res"]
 
             res = with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports)

@@ -26,11 +26,17 @@ class EndpointNotReady(LoadError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One serving endpoint: the node it runs on, its base URL (http://10.0.0.11:8000), its model name."""
+    """One serving endpoint: the node it runs on, its base URL (http://10.0.0.11:8000), its model name, and its
+    Prometheus page ("": ``<url>/metrics``; an engine profile may name another port and path: Triton's 8002)."""
 
     node: str
     url: str
     model: str
+    metrics_url: str = ""
+
+    @property
+    def page(self) -> str:
+        return self.metrics_url or f"{self.url.rstrip('/')}/metrics"
 
 
 class Figures(BaseModel):

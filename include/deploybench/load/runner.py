@@ -27,13 +27,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
 import pandas as pd
 
 from deploybench.config import K6_VU_HEADROOM, SLO, LoadSpec
+from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
 from deploybench.load.results import Endpoint, EndpointNotReady, LoadError, LoadResult
 from deploybench.load.samples import (
@@ -112,7 +112,7 @@ def build_env(
     peak = max([rate, *(t for t, _ in stages or [])])
     pre, top = size_vus(peak, spec, slo)
     return {
-        "DB_ENDPOINTS": json.dumps([asdict(e) for e in endpoints]),
+        "DB_ENDPOINTS": json.dumps([{"node": e.node, "url": e.url, "model": e.model} for e in endpoints]),
         "DB_API": api or spec.api.value,
         "DB_RATE": repr(float(rate)),
         "DB_DURATION_S": repr(float(duration_s)),
@@ -304,13 +304,15 @@ def run_load(
     stages: list[tuple[float, float]] | None = None,
     warmup_s: float | None = None,
     scrape_endpoints: list[Endpoint] | None = None,
+    metrics: Metrics | None = None,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
     ``stages`` [(target rate, seconds), ...] make it a ramp from ``rate`` after the warm-up (its
     duration is then their sum). ``api`` overrides ``spec.api`` (e.g. "triton" from the engine
     profile). ``scrape_endpoints`` are the nodes whose /metrics are scraped (default: ``endpoints``;
-    with one load-balanced URL, pass the nodes behind it). A re-run with the same ``out_dir``,
+    with one load-balanced URL, pass the nodes behind it); ``metrics`` the engine profile's (what the scrapes keep
+    and what its figures are called; None: no engine figures). A re-run with the same ``out_dir``,
     ``phase`` and ``step`` replaces that run's files.
     """
     rate = float(rate if rate is not None else spec.rate)
@@ -339,7 +341,7 @@ def run_load(
     LOG.info("load %s%s: %s req/s for %.0f s (+%.0f s warm-up) over %d endpoints, VUs %s..%s, sampler %.2g req/s",
              phase, f" step {step}" if step else "", f"{rate:.2f}" + (f" ramping {stages}" if stages else ""),
              duration_s, warmup_s, len(endpoints), env_db["DB_PRE_VUS"], env_db["DB_MAX_VUS"], share)
-    scraper = (Scraper(scrape_endpoints or endpoints, spec.scrape_interval_s, phase, step)
+    scraper = (Scraper(scrape_endpoints or endpoints, spec.scrape_interval_s, phase, step, metrics=metrics)
                if spec.scrape_interval_s > 0 else None)
     # the sampler runs until k6 is done (it starts before k6's first request; rows outside k6's window are
     # dropped below), so its share of the offered rate is there for the whole window
@@ -415,7 +417,7 @@ def run_load(
         stages=stages,
         windows=window_figures(samples, warmup_end, duration_s, spec.window_s,
                                        lambda t: offered_at(rate, stages, t), dropped, slo),
-        engine=engine_figures(points, warmup_end.to_pydatetime()) if points else {},
+        engine=engine_figures(points, warmup_end.to_pydatetime(), metrics) if points else {},
         metrics_path=str(metrics_path) if metrics_path else None,
         sources={**SOURCES, "output_tokens": _token_note(token_sources(summary, sampled))},
         notes=[

@@ -1,8 +1,9 @@
 """The engines' own view during a phase: each endpoint's Prometheus /metrics, scraped on an interval.
 
-``Scraper`` runs in a thread beside k6, GETs ``<url>/metrics`` of every endpoint every ``interval_s``
-(plus once before and once after the load) and keeps the series of the families in ``KEEP`` (vLLM's,
-Triton's ``nv_``, the simulated engine's own, and DCGM's GPU gauges when the engine's page has them).
+``Scraper`` runs in a thread beside k6, GETs every endpoint's Prometheus page (``Endpoint.page``: the engine
+profile says its port and path) every ``interval_s`` (plus once before and once after the load) and keeps the
+series of the families the engine profile's ``[metrics]`` map names (``keep_of``), and DCGM's GPU gauges when
+the engine's page has them.
 A failed scrape is a point of its own
 (``metric="up"``, value 0): an endpoint that dies mid-phase shows in its series.
 
@@ -12,9 +13,8 @@ ingests as server-metric series::
     {"ts": "2026-01-01T00:00:01.250000+00:00", "node": "n01", "phase": "sustained", "step": 0,
      "metric": "vllm:num_requests_running", "labels": {"model_name": "m"}, "value": 3.0}
 
-``engine_figures`` turns the histograms into per-node figures between two scrapes (the measured
-window): mean (exact: _sum/_count) and P50/P90/P99 interpolated within buckets, as Prometheus'
-``histogram_quantile`` does — these are the figures labelled ``engine``.
+``engine_figures`` turns them into per-node figures between two scrapes (the measured window), by the role
+each family has in the profile's map (histograms, gauges, counters): the figures labelled ``engine``.
 
 What an engine sends is hostile input (a node may be anyone's), so a page is read within bounds: at most
 ``MAX_PAGE_BYTES`` (``get_page``) and ``MAX_SAMPLES`` kept samples (``parse_metrics``), else it is refused
@@ -39,16 +39,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from deploybench import http
+from deploybench.engines import COUNTER_ROLES, GAUGE_ROLES, HISTOGRAM_ROLES, Metrics
 from deploybench.load.results import Endpoint, LoadError
 
 LOG = logging.getLogger(__name__)
 
-KEEP = ("vllm:", "nv_inference_", "nv_gpu_", "deploybench_sim_", "DCGM_FI_DEV_")  # DCGM: see gpu.py
+# Kept whatever the engine: DCGM-named GPU gauges on an engine's own page (gpu.py), and the simulated engine's
+# exact occupancy integral they are checked against. The engine's figures: the names of its profile's map.
+GPU_KEEP = ("DCGM_FI_DEV_", "deploybench_sim_")
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds"}
-GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
+
+
+def keep_of(metrics: Metrics) -> tuple[str, ...]:
+    """The families a scrape keeps: what the profile's map names (a histogram's _bucket/_sum/_count, a counter's
+    _total with it), and GPU_KEEP."""
+    return (*sorted(set(metrics.names.values())), *GPU_KEEP)
 
 
 # The bounds of one page. A real vLLM /metrics page is 20-100 KB with 400-700 samples of the kept families
@@ -102,7 +108,7 @@ def _bad(name: str, labels: dict[str, str], n_labels: int, value: float) -> str 
     return None
 
 
-def parse_metrics(text: str, keep: tuple[str, ...] = KEEP, dropped: Counter[str] | None = None) -> list[Sample]:
+def parse_metrics(text: str, keep: tuple[str, ...], dropped: Counter[str] | None = None) -> list[Sample]:
     """Prometheus text format -> [(name, labels, value)] of the kept families (comments skipped), within the
     bounds of the module doc: a bad sample is left out (counted by reason in ``dropped``), a page of more
     than ``MAX_SAMPLES`` kept samples is refused (MetricsPageError)."""
@@ -133,8 +139,9 @@ class Scraper:
     """Scrapes every endpoint's /metrics every ``interval_s`` in a thread; ``stop()`` returns the points."""
 
     def __init__(self, endpoints: list[Endpoint], interval_s: float, phase: str, step: int = 0,
-                 timeout_s: float = 2.0) -> None:
+                 timeout_s: float = 2.0, metrics: Metrics | None = None) -> None:
         self.endpoints, self.interval_s, self.phase, self.step = endpoints, interval_s, phase, step
+        self.keep = keep_of(metrics or Metrics())  # no map: the GPU families only
         self.timeout_s = min(timeout_s, max(0.5, interval_s))
         self.points: list[dict] = []
         self._warned: set[str] = set()
@@ -148,11 +155,11 @@ class Scraper:
 
     def scrape_once(self) -> None:
         for ep in self.endpoints:
-            url = f"{ep.url.rstrip('/')}/metrics"
+            url = ep.page
             base = {"ts": datetime.now(UTC).isoformat(), "node": ep.node, "phase": self.phase, "step": self.step}
             dropped: Counter[str] = Counter()
             try:
-                samples = parse_metrics(get_page(url, self.timeout_s), dropped=dropped)
+                samples = parse_metrics(get_page(url, self.timeout_s), self.keep, dropped=dropped)
             except MetricsPageError as exc:
                 self._warn(url, "node %s: scrape of %s refused, counted as failed: %s", ep.node, url, exc)
                 self.points.append({**base, "metric": "up", "labels": {}, "value": 0.0})
@@ -223,9 +230,42 @@ def _snapshot(points: list[dict], ts: str) -> dict:
     return snap
 
 
-def engine_figures(points: list[dict], start: datetime | None = None) -> dict[str, dict]:
-    """Per node: the engine's histograms between the last scrape at or before ``start`` (else the
-    first) and the last scrape; times in ms. Gauges: the max seen over the scrapes after ``start``."""
+def _counter(snap: dict, name: str) -> float | None:
+    """A counter's value in one scrape, under its name or the name with ``_total`` (prometheus_client adds it on
+    the page); None when the page has neither."""
+    for n in (name, f"{name}_total"):
+        if (n, None) in snap:
+            return snap[(n, None)]
+    return None
+
+
+def _delta(a: dict, b: dict, name: str) -> float | None:
+    """A counter's increase between two scrapes (None: absent from the later one; a restart reads from 0)."""
+    vb, va = _counter(b, name), _counter(a, name)
+    if vb is None:
+        return None
+    return vb - (va or 0.0) if va is not None and vb >= va else vb
+
+
+def _ratio(x: float | None, y: float | None, scale: float = 1.0) -> float | None:
+    return None if x is None or not y else scale * x / y
+
+
+def engine_figures(points: list[dict], start: datetime | None = None, metrics: Metrics | None = None
+                   ) -> dict[str, dict]:
+    """Per node, by the roles of the profile's map (``metrics.names``; a role it does not map has no figure, a role
+    it maps that the page lacks is None: absent, never 0), between the last scrape at or before ``start`` (else
+    the first) and the last scrape:
+
+    - histograms (ttft, itl, e2e, queue): ``<role>_count``, ``_mean_ms`` (exact: _sum/_count) and
+      ``_p50/_p90/_p99_ms`` interpolated within buckets, as Prometheus' ``histogram_quantile`` does;
+    - gauges (running, waiting, kv_usage): ``<role>_max`` over the scrapes after ``start``, and ``_mean``;
+    - counters: ``<role>`` the increase; and what they give together: ``prefix_hit_rate`` (hits / queries),
+      ``batch_mean`` (Triton's inferences / executions: the average batch size), ``queue_mean_ms`` and
+      ``compute_mean_ms`` (Triton's cumulative microseconds over the requests that succeeded in the window).
+
+    These are the figures labelled ``engine``."""
+    names = (metrics or Metrics()).names
     by_node: dict[str, list[dict]] = defaultdict(list)
     for p in points:
         by_node[p["node"]].append(p)
@@ -240,20 +280,32 @@ def engine_figures(points: list[dict], start: datetime | None = None) -> dict[st
         before = [t for t in up if start is None or datetime.fromisoformat(t) <= start]
         t0, t1 = (before[-1] if before else up[0]), up[-1]
         a, b = _snapshot(pts, t0), _snapshot(pts, t1)
-        for key, name in HISTOGRAMS.items():
+        for key in (r for r in HISTOGRAM_ROLES if r in names):
+            name = names[key]
             count = b.get((f"{name}_count", None), 0.0) - a.get((f"{name}_count", None), 0.0)
             total = b.get((f"{name}_sum", None), 0.0) - a.get((f"{name}_sum", None), 0.0)
             les = sorted({le for (m, le) in b if m == f"{name}_bucket" and le is not None}, key=float)
             cum = [(float(le), b[(f"{name}_bucket", le)] - a.get((f"{name}_bucket", le), 0.0)) for le in les]
-            fig[f"{key}_count"] = int(count)
+            fig[f"{key}_count"] = int(count) if (f"{name}_count", None) in b else None
             fig[f"{key}_mean_ms"] = round(1000 * total / count, 3) if count > 0 else None
             for q in (0.5, 0.9, 0.99):
                 v = _quantile(q, cum) if count > 0 else None
                 fig[f"{key}_p{round(q * 100)}_ms"] = None if v is None else round(1000 * v, 3)
         after = [t for t in up if start is None or datetime.fromisoformat(t) >= start]
-        for key, name in GAUGES.items():
-            vals = [v for t in after for (m, _), v in _snapshot(pts, t).items() if m == name]
+        snaps = [_snapshot(pts, t) for t in after]
+        for key in (r for r in GAUGE_ROLES if r in names):
+            vals = [v for snap in snaps for (m, _), v in snap.items() if m == names[key]]
             fig[f"{key}_max"] = max(vals) if vals else None
+            fig[f"{key}_mean"] = round(sum(vals) / len(vals), 6) if vals else None
+        counted = {key: _delta(a, b, names[key]) for key in COUNTER_ROLES if key in names}
+        fig.update(counted)
+        if "prefix_hits" in names and "prefix_queries" in names:
+            fig["prefix_hit_rate"] = _ratio(counted["prefix_hits"], counted["prefix_queries"])
+        if "inferences" in names and "executions" in names:
+            fig["batch_mean"] = _ratio(counted["inferences"], counted["executions"])
+        for key in ("queue_us", "compute_us", "request_us"):
+            if key in names and "success" in names:
+                fig[f"{key[:-3]}_mean_ms"] = _ratio(counted[key], counted["success"], 1e-3)
         # the samples are finite and bounded (parse_metrics), but a hostile page can still make a quotient
         # overflow (a _sum over a _count of 1e-300): such a figure is absent, never NaN or infinity
         out[node] = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in fig.items()}

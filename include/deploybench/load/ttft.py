@@ -52,9 +52,10 @@ def make_prompt(rng: random.Random, spec: LoadSpec) -> tuple[str, int, int]:
 
 def request_body(api: str, model: str, text: str, max_tokens: int) -> tuple[str, bytes]:
     """(path, JSON body) of one streamed request."""
-    if api == "triton":
-        body: dict[str, Any] = {"text_input": text,
-                                "parameters": {"max_tokens": max_tokens, "stream": True, "ignore_eos": True}}
+    if api == "triton":  # as k6's (k6/lib/requests.js tritonBody): the vLLM backend's inputs and parameters
+        body: dict[str, Any] = {"text_input": text, "stream": True, "exclude_input_in_output": True,
+                                "return_num_input_tokens": True, "return_num_output_tokens": True,
+                                "parameters": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
         return f"/v2/models/{quote(model, safe='')}/generate_stream", json.dumps(body).encode()
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
@@ -73,8 +74,10 @@ def event_text(data: str) -> tuple[str, dict | None]:
         return "", None
     if not isinstance(evt, dict):
         return "", None
-    if "text_output" in evt:
-        return str(evt["text_output"] or ""), _usage(evt.get("usage"))
+    if "text_output" in evt:  # Triton: each response counts its own new tokens (return_num_output_tokens)
+        counts = {"prompt_tokens": _one(evt.get("num_input_tokens")),
+                  "output_delta": _one(evt.get("num_output_tokens"))}
+        return str(evt["text_output"] or ""), _usage(counts)
     choices = evt.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     piece = choice.get("text")
@@ -87,12 +90,17 @@ def event_text(data: str) -> tuple[str, dict | None]:
 MAX_USAGE_TOKENS = 100_000_000  # a count past this (or not a whole number) is not a count the engine could mean
 
 
+def _one(v: object) -> object:
+    """A one-element tensor in Triton's JSON: a number, or a list of one."""
+    return v[0] if isinstance(v, list) and len(v) == 1 else v
+
+
 def _usage(usage: object) -> dict | None:
     """The token counts of a stream's ``usage`` that are whole numbers in range; None when none is (a server's
     event is hostile input: a list, a string, NaN or 1e400 there must not fail the sampler)."""
     if not isinstance(usage, dict):
         return None
-    got = {k: v for k in ("prompt_tokens", "completion_tokens")
+    got = {k: v for k in ("prompt_tokens", "completion_tokens", "output_delta")
            if isinstance(v := usage.get(k), int) and not isinstance(v, bool) and 0 <= v <= MAX_USAGE_TOKENS}
     return got or None
 
@@ -172,7 +180,7 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
             if not 200 <= status < 300:
                 row["error_kind"] = f"http_{status}"
                 return row
-            sse, times, usage, done = _Stream(), [], None, False
+            sse, times, usage, done, deltas = _Stream(), [], None, False, None
             async for part in _body_parts(reader, headers):
                 now = time.perf_counter()
                 for data in sse.feed(part):
@@ -180,6 +188,8 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
                         done = True
                         continue
                     text_out, u = event_text(data)
+                    if u and "output_delta" in u:
+                        deltas = (deltas or 0) + u.pop("output_delta")
                     usage = u or usage
                     if text_out:
                         times.append(now)
@@ -194,7 +204,7 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
                 row["ttft_ms"] = (times[0] - t0) * 1000.0
                 row["itl_ms"] = [(b - a) * 1000.0 for a, b in zip(times, times[1:])]
                 # servers such as llama.cpp's send no usage in a stream: then the text events are the count
-                counted = int((usage or {}).get("completion_tokens") or 0)
+                counted = int((usage or {}).get("completion_tokens") or deltas or 0)
                 row["output_tokens"] = counted or len(times)
                 row["tokens_from"] = "usage" if counted else "stream"
                 row["prompt_tokens"] = int((usage or {}).get("prompt_tokens") or prompt_tokens)

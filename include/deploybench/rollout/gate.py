@@ -32,9 +32,14 @@ def smoke(prof: EngineProfile, base_url: str, model: str, seed: int) -> str:
     """"ok" when the model is served and one deterministic request answers as it should; SmokeFailed otherwise."""
     try:
         if prof.api == "triton":
-            http.get_json(f"{base_url}/v2/models/{model}/ready")
+            # KServe v2 model readiness: the status says it (200), the body is empty
+            if not http.is_up(f"{base_url}/v2/models/{model}/ready", timeout=5):
+                raise SmokeFailed(f"model {model!r} is not ready (GET /v2/models/{model}/ready did not answer 200)")
+            # the vLLM backend's inputs (triton-inference-server/vllm_backend src/utils/request.py): without
+            # exclude_input_in_output a non-streamed answer starts with the prompt, so an empty answer would pass
             body = http.post_json(f"{base_url}/v2/models/{model}/generate", {
-                "text_input": SMOKE_PROMPT, "parameters": {"max_tokens": SMOKE_TOKENS, "temperature": 0}})
+                "text_input": SMOKE_PROMPT, "stream": False, "exclude_input_in_output": True,
+                "parameters": {"max_tokens": SMOKE_TOKENS, "temperature": 0}})
             if not body.get("text_output"):
                 raise SmokeFailed(f"generate on model {model!r} came back without text_output: {body}")
             return "ok"
@@ -43,7 +48,7 @@ def smoke(prof: EngineProfile, base_url: str, model: str, seed: int) -> str:
             raise SmokeFailed(f"model {model!r} is not served (listed: {listed})")
         body = http.post_json(f"{base_url}/v1/completions", {
             "model": model, "prompt": SMOKE_PROMPT, "max_tokens": SMOKE_TOKENS, "temperature": 0})
-    except http.HTTPFailure as exc:
+    except (http.HTTPFailure, ValueError) as exc:  # ValueError: an answer that is not JSON
         raise SmokeFailed(f"smoke request failed: {exc}") from exc
     text = body["choices"][0]["text"]
     if prof.deterministic:
@@ -62,13 +67,14 @@ def gate_load(endpoints: list[dict], cfg: RunConfig, prof: EngineProfile, out_di
     from deploybench import load
 
     r = cfg.rollout
-    eps = [load.Endpoint(e["node"], e["url"], e["model"]) for e in endpoints]
+    eps = [load.Endpoint(e["node"], e["url"], e["model"], prof.metrics.url(e["url"])) for e in endpoints]
     spec = cfg.load.model_copy(update={"warmup_s": r.gate_warmup_s})
     slo = cfg.slo.model_copy(update={"min_rps": 0.0})  # the cluster target is for the full scale, not a gate
     rate = r.gate_rate_per_node * len(eps)
     try:
         res = load.run_load(eps, spec, slo, out_dir, phase=f"gate-{step}", rate=rate, duration_s=r.gate_duration_s,
-                            tags={"rollout_step": str(step)}, api="triton" if prof.api == "triton" else None)
+                            tags={"rollout_step": str(step)}, api="triton" if prof.api == "triton" else None,
+                            metrics=prof.metrics)
     except DeploybenchError as exc:
         return {"passed": False, "reasons": [f"the gate load could not run: {exc}"], "requests": 0, "errors": 0,
                 "error_rate": None, "latency_p99_ms": None, "slo_ok": False, "rate": rate}

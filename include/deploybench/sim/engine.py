@@ -28,6 +28,7 @@ Start: ``python -m deploybench.sim.engine --model-dir DIR ...`` (flags in ``depl
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -42,6 +43,7 @@ from deploybench.sim.api import OpenAIApi
 from deploybench.sim.metrics import EngineMetrics
 from deploybench.sim.server import HttpError, Request, error_body, read_request, response
 from deploybench.sim.service_model import BatchScheduler, Sequence, ServiceParams
+from deploybench.sim.triton import TritonApi, render_metrics
 
 log = logging.getLogger("deploybench.sim.engine")
 
@@ -67,16 +69,20 @@ class EngineOptions:
     seed: int = 0
     error_rate: float = 0.0
     crash_after: int = 0
+    protocol: str = "openai"  # or "triton": Triton's HTTP and metrics (deploybench.sim.triton)
+    metrics_port: int | None = None  # Triton's metrics on a port of their own
+    triton_custom_metrics: bool = False  # the vLLM backend's REPORT_CUSTOM_METRICS
 
 
 class _Job:
     """A request's state between the HTTP handler and the scheduler (``Sequence.handle``)."""
 
-    __slots__ = ("seq", "arrival", "last", "want", "waiter")
+    __slots__ = ("seq", "arrival", "admitted", "last", "want", "waiter")
 
     def __init__(self, seq: Sequence, arrival: float) -> None:
         self.seq = seq
         self.arrival = arrival
+        self.admitted = arrival
         self.last = 0.0
         self.want = seq.output_tokens  # wake the handler once this many tokens are out
         self.waiter: asyncio.Future | None = None
@@ -135,8 +141,13 @@ class Engine:
             if it is None:
                 continue
             m.batch(sched.running, len(sched.waiting))
+            began = time.monotonic()
             for seq in it.admitted:
                 m.prompt_tokens += seq.prompt_tokens
+                job = cast(_Job, seq.handle)
+                job.admitted = began
+                m.queue_us += 1e6 * max(0.0, began - job.arrival)
+                m.queue.observe(max(0.0, began - job.arrival))
             deadline = start + it.duration_ms / 1000.0
             fut = loop.create_future()
             handle = loop.call_at(deadline, _resolve, fut)
@@ -160,7 +171,10 @@ class Engine:
                     if not waiter.done():
                         waiter.set_result(None)
             for seq in done:
-                m.e2e.observe(now - cast(_Job, seq.handle).arrival)
+                job = cast(_Job, seq.handle)
+                m.e2e.observe(now - job.arrival)
+                m.compute_us += 1e6 * (now - job.admitted)
+                m.request_us += 1e6 * (now - job.arrival)
             m.batch(sched.running, len(sched.waiting))
 
 
@@ -181,7 +195,9 @@ class EngineServer:
         self._ids = 0
         self._created = int(time.time())
         self._server: asyncio.Server | None = None
+        self._metrics_server: asyncio.Server | None = None
         self.api = OpenAIApi(self)
+        self.triton = TritonApi(self) if opts.protocol == "triton" else None
 
     async def start(self) -> None:
         self.engine.start()
@@ -191,6 +207,13 @@ class EngineServer:
             )
         except OSError as exc:
             raise EngineError(f"cannot listen on {self.opts.host}:{self.opts.port}: {exc.strerror or exc}") from exc
+        if self.opts.metrics_port is not None:
+            try:
+                self._metrics_server = await asyncio.start_server(
+                    self._metrics_connection, self.opts.host, self.opts.metrics_port, reuse_address=True)
+            except OSError as exc:
+                raise EngineError(f"cannot listen on {self.opts.host}:{self.opts.metrics_port} (metrics): "
+                                  f"{exc.strerror or exc}") from exc
 
     @property
     def port(self) -> int:
@@ -200,6 +223,8 @@ class EngineServer:
     async def close(self) -> None:
         if self._server:
             self._server.close()
+        if self._metrics_server:
+            self._metrics_server.close()
         await self.engine.stop()
 
     def next_id(self, prefix: str) -> str:
@@ -236,8 +261,32 @@ class EngineServer:
         finally:
             writer.close()
 
+    def metrics_page(self) -> bytes:
+        if self.triton is not None:
+            return render_metrics(self.metrics, self.opts.served_model_name, self.opts.triton_custom_metrics).encode()
+        return self.metrics.render().encode()
+
+    async def _metrics_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The metrics port: GET /metrics, nothing else."""
+        try:
+            while (req := await read_request(reader, writer)) is not None:
+                if req.path != "/metrics" or req.method != "GET":
+                    writer.write(response(404, b"", keep_alive=req.keep_alive))
+                else:
+                    writer.write(response(200, self.metrics_page(), content_type="text/plain; version=0.0.4",
+                                          keep_alive=req.keep_alive))
+                await writer.drain()
+                if not req.keep_alive:
+                    break
+        except (HttpError, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
     async def _dispatch(self, req: Request, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False when the connection must close."""
+        if self.triton is not None:
+            return await self._dispatch_triton(self.triton, req, writer)
         route = _ROUTES.get(req.path)
         if route is None:
             writer.write(response(404, b'{"detail":"Not Found"}', keep_alive=req.keep_alive))
@@ -255,8 +304,26 @@ class EngineServer:
         elif name == "version":
             writer.write(response(200, b'{"version":"deploybench-sim"}', keep_alive=req.keep_alive))
         elif name == "metrics":
-            body = self.metrics.render().encode()
-            writer.write(response(200, body, content_type="text/plain; version=0.0.4", keep_alive=req.keep_alive))
+            writer.write(response(200, self.metrics_page(), content_type="text/plain; version=0.0.4",
+                                  keep_alive=req.keep_alive))
+        await writer.drain()
+        return True
+
+    async def _dispatch_triton(self, api: TritonApi, req: Request, writer: asyncio.StreamWriter) -> bool:
+        """Triton's HTTP (deploybench.sim.triton): its metrics are on the metrics port, not here."""
+        keep = req.keep_alive
+        route = api.route(req)
+        if route is None or route[1] in ("unknown-model", "not-found"):
+            what = "unknown model" if route and route[1] == "unknown-model" else "Not Found"
+            writer.write(response(404, json.dumps({"error": what}).encode(), keep_alive=keep))
+        elif route[0] != req.method:
+            writer.write(response(405, b'{"error":"Method Not Allowed"}', keep_alive=keep))
+        elif route[1] in ("generate", "generate_stream"):
+            return await api.handle(route[1], req, writer)
+        elif route[1] == "health":
+            writer.write(response(200, b"", keep_alive=keep))
+        else:
+            writer.write(response(200, api.metadata(), keep_alive=keep))
         await writer.drain()
         return True
 

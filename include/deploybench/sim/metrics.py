@@ -108,9 +108,16 @@ class EngineMetrics:
         self.success = 0
         self.refused = 0  # 429: the queue was full
         self.errors = 0  # 500: injected
+        self.failure = 0  # Triton's nv_inference_request_failure: every request not answered 200
+        # cumulative microseconds, as Triton counts them (deploybench.sim.triton): waiting for a batch slot, from
+        # admission to the last token, and the whole request
+        self.queue_us = 0.0
+        self.compute_us = 0.0
+        self.request_us = 0.0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        self.queue = Histogram(E2E_BUCKETS)  # waiting for a batch slot (vLLM's request_queue_time_seconds)
 
     def batch(self, running: list, waiting: int, now: float | None = None) -> None:
         """The scheduler's state changed: ``running`` sequences (with ``prompt_tokens``/``generated``)."""
@@ -169,5 +176,7 @@ class EngineMetrics:
         out += self.e2e.render(
             "vllm:e2e_request_latency_seconds", lb, "Histogram of end to end request latency in seconds."
         )
+        out += self.queue.render("vllm:request_queue_time_seconds", lb,
+                                 "Histogram of time spent in WAITING phase for request.")
         out += self.gpu_lines()
         return "\n".join(out) + "\n"

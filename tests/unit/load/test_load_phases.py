@@ -9,14 +9,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from deploybench import engines
 from deploybench import params as form
 from deploybench.config import SLO, LoadSpec
 from deploybench.errors import ConfigError
 from deploybench.load import Endpoint, overload, phases, probe, scrape, sustained
 from deploybench.load.results import LoadResult, SloVerdict, WindowFigures
 from deploybench.load.runner import build_env, offered_at, sampler_share
-from deploybench.load.scrape import _quantile, engine_figures, parse_metrics
+from deploybench.load.scrape import _quantile, engine_figures, keep_of, parse_metrics
 from deploybench.load.ttft import _Stream, event_text, request_body
+
+VLLM = engines.profile("vllm").metrics  # the names a vLLM page is read by
+KEEP = keep_of(VLLM)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -434,7 +438,7 @@ process_cpu_seconds_total 12
 
 
 def test_parse_metrics_keeps_engine_families_with_labels():
-    got = parse_metrics(METRICS % (1, 2, 2, "0.03", 2))
+    got = parse_metrics(METRICS % (1, 2, 2, "0.03", 2), KEEP)
     assert ("vllm:num_requests_running", {"model_name": "m"}, 3.0) in got
     assert ("vllm:time_to_first_token_seconds_bucket", {"model_name": "m", "le": "+Inf"}, 2.0) in got
     assert not any(n.startswith("process_") for n, _, _ in got)
@@ -445,13 +449,13 @@ def test_engine_figures_between_the_scrapes_around_the_window():
         base = {"ts": t.isoformat(), "node": "n1", "phase": "p", "step": 0}
         pts = [{**base, "metric": "up", "labels": {}, "value": 1.0}]
         return pts + [{**base, "metric": n, "labels": lb, "value": v}
-                      for n, lb, v in parse_metrics(METRICS % (b1, b2, b2, repr(total), b2))]
+                      for n, lb, v in parse_metrics(METRICS % (b1, b2, b2, repr(total), b2), KEEP)]
 
     points = scrape(T0, 5, 5, 0.05) + scrape(T0 + timedelta(seconds=2), 10, 10, 0.1)  # warm-up: 10 fast
     points += scrape(T0 + timedelta(seconds=4), 10, 20, 0.25)  # measured: 10 more, between 10 and 20 ms
     points.append({"ts": (T0 + timedelta(seconds=5)).isoformat(), "node": "n1", "phase": "p", "step": 0,
                    "metric": "up", "labels": {}, "value": 0.0})
-    fig = engine_figures(points, start=T0 + timedelta(seconds=3))["n1"]
+    fig = engine_figures(points, start=T0 + timedelta(seconds=3), metrics=VLLM)["n1"]
     assert fig["ttft_count"] == 10 and fig["ttft_mean_ms"] == pytest.approx(15.0)
     assert fig["ttft_p50_ms"] == pytest.approx(15.0) and fig["scrapes"] == 3 and fig["scrape_errors"] == 1
     assert fig["running_max"] == 3.0
@@ -462,11 +466,11 @@ def test_parse_metrics_leaves_out_samples_that_are_not_finite_and_counts_why():
             + 'vllm:num_requests_waiting{model_name="m"} NaN\nvllm:num_requests_waiting{model_name="m"} -Inf\n'
             + 'vllm:num_requests_waiting 1e300\nvllm:num_requests_waiting 12abc\n'
             + "".join(f'vllm:time_to_first_token_seconds_bucket{{le="{le}"}} 1\n' for le in ("fast", "NaN", "-Inf"))
-            + "vllm:x{" + ",".join(f'l{i}="v"' for i in range(scrape.MAX_LABELS + 1)) + "} 1\n"
-            + f'vllm:x{{model_name="{"m" * (scrape.MAX_LABEL_CHARS + 1)}"}} 1\n')
+            + "vllm:num_requests_running{" + ",".join(f'l{i}="v"' for i in range(scrape.MAX_LABELS + 1)) + "} 1\n"
+            + f'vllm:num_requests_running{{model_name="{"m" * (scrape.MAX_LABEL_CHARS + 1)}"}} 1\n')
     dropped: Counter[str] = Counter()
-    got = parse_metrics(page, dropped=dropped)
-    assert got == parse_metrics(METRICS % (1, 2, 2, "0.03", 2))  # le="+Inf" is a bucket bound: kept
+    got = parse_metrics(page, KEEP, dropped=dropped)
+    assert got == parse_metrics(METRICS % (1, 2, 2, "0.03", 2), KEEP)  # le="+Inf" is a bucket bound: kept
     assert dropped == {"value NaN, infinite, out of range or not a number": 4, "le not a number (nor +Inf)": 3,
                        f"more than {scrape.MAX_LABELS} labels": 1,
                        f"a name or label longer than {scrape.MAX_LABEL_CHARS} characters": 1}
@@ -474,9 +478,10 @@ def test_parse_metrics_leaves_out_samples_that_are_not_finite_and_counts_why():
 
 def test_parse_metrics_refuses_a_page_past_its_sample_bound(monkeypatch):
     monkeypatch.setattr(scrape, "MAX_SAMPLES", 3)
-    assert len(parse_metrics("vllm:a 1\n" * 3 + "# many comments and other families are not counted\nx 1\n")) == 3
+    page = "vllm:a 1\n" * 3 + "# many comments and other families are not counted\nx 1\n"
+    assert len(parse_metrics(page, ("vllm:",))) == 3
     with pytest.raises(scrape.MetricsPageError, match="more than 3 samples"):
-        parse_metrics("vllm:a 1\n" * 4)
+        parse_metrics("vllm:a 1\n" * 4, ("vllm:",))
 
 
 def test_engine_figures_of_a_hostile_page_are_absent_never_nan():
@@ -490,9 +495,9 @@ def test_engine_figures_of_a_hostile_page_are_absent_never_nan():
                 f"vllm:time_to_first_token_seconds_sum {total}\nvllm:time_to_first_token_seconds_count {n}\n"
                 f"vllm:num_requests_running NaN\n")
         return [{**base, "metric": "up", "labels": {}, "value": 1.0}] + [
-            {**base, "metric": m, "labels": lb, "value": v} for m, lb, v in parse_metrics(page)]
+            {**base, "metric": m, "labels": lb, "value": v} for m, lb, v in parse_metrics(page, KEEP)]
 
-    fig = engine_figures(scrape_(0, 0, 0, "fast") + scrape_(1, 1e-300, 1e18, "NaN"), start=T0)["n1"]
+    fig = engine_figures(scrape_(0, 0, 0, "fast") + scrape_(1, 1e-300, 1e18, "NaN"), start=T0, metrics=VLLM)["n1"]
     assert fig["ttft_count"] == 0 and fig["ttft_p50_ms"] == 5.0  # the 0.01 bucket: "fast" and "NaN" left out
     assert fig["ttft_mean_ms"] is None and fig["running_max"] is None  # 1e18 / 1e-300 overflows: absent
     json.dumps(fig, allow_nan=False)
