@@ -207,6 +207,10 @@ def test_a_profile_with_a_bad_placeholder_is_refused_naming_it(tmp_path, command
     ('name = "bad"\ncommand = ["x"]\nfiles = "pbtxt"\n', "names no file generator; known: triton"),
     ('name = "bad"\ncommand = ["x"]\n[readiness]\nkind = "ping"\n', "readiness.kind"),
     ('name = "bad"\ncommand = [\n', "cannot read it as TOML"),
+    ('name = "bad"\ncommand = ["x"]\n[metrics]\nttfb = "x"\n', "ttfb is no role deploybench reads; roles: ttft, "),
+    ('name = "bad"\ncommand = ["x"]\n[metrics]\nttft = "not a name"\n', "is not a Prometheus metric name"),
+    ('name = "bad"\ncommand = ["x"]\n[metrics]\nport = 70000\n', "metrics.port"),
+    ('name = "bad"\ncommand = ["x"]\n[metrics]\npath = "metrics"\n', "metrics.path"),
 ])
 def test_a_malformed_profile_file_is_refused_naming_the_file(tmp_path, body, words):
     path = _write(tmp_path, "bad", body) / "bad.toml"
@@ -260,3 +264,55 @@ def test_external_endpoints_must_be_allow_listed_plain_urls_on_the_runs_nodes(mo
     monkeypatch.delenv("DEPLOYBENCH_TARGET_URLS")
     with pytest.raises(ConfigError, match=r"operator.s allow-list \(empty\)"):
         external.check(cfg("n1=http://10.0.0.11:8000"), ["n1"])
+
+
+# -- issue 28: each profile's metrics as its engine's source names them ------------------------------------------
+def test_the_metrics_map_names_where_the_page_is_and_the_port_reaches_the_command():
+    tri = engines.profile("triton")
+    # Triton serves metrics on their own port (triton-inference-server/server docs/user_guide/metrics.md: 8002)
+    assert tri.metrics.port == 8002 and tri.metrics.url("http://10.0.0.11:8000") == "http://10.0.0.11:8002/metrics"
+    assert engines.profile("vllm").metrics.url("http://10.0.0.11:8000/") == "http://10.0.0.11:8000/metrics"
+    assert engines.Metrics(port=9).url("http://[fd00::1]:8000") == "http://[fd00::1]:9/metrics"
+    argv = tri.command(_ctx(EngineSpec(profile="triton")))
+    assert "--metrics-port=8002" in argv and "--allow-metrics=true" in argv
+
+
+@pytest.mark.parametrize("name, roles", [
+    # vllm-project/vllm v0.11.0 vllm/v1/metrics/loggers.py
+    ("vllm", {"running": "vllm:num_requests_running", "kv_usage": "vllm:kv_cache_usage_perc",
+              "itl": "vllm:inter_token_latency_seconds", "queue": "vllm:request_queue_time_seconds",
+              "prefix_hits": "vllm:prefix_cache_hits", "preemptions": "vllm:num_preemptions"}),
+    # sgl-project/sglang 0.5.23 python/sglang/srt/observability/metrics_collector.py
+    ("sglang", {"running": "sglang:num_running_reqs", "waiting": "sglang:num_queue_reqs",
+                "kv_usage": "sglang:token_usage", "itl": "sglang:inter_token_latency_seconds"}),
+    # ggml-org/llama.cpp tools/server/server-task.cpp (to_metrics)
+    ("llamacpp-native", {"running": "llamacpp:requests_processing",
+                         "generation_tokens": "llamacpp:tokens_predicted_total"}),
+    # triton-inference-server/server docs/user_guide/metrics.md; vllm_backend src/utils/metrics.py
+    ("triton", {"inferences": "nv_inference_count", "executions": "nv_inference_exec_count",
+                "queue_us": "nv_inference_queue_duration_us", "compute_us": "nv_inference_compute_infer_duration_us",
+                "itl": "vllm:time_per_output_token_seconds", "waiting": "nv_inference_pending_request_count"}),
+])
+def test_each_profile_maps_its_engines_own_metric_names(name, roles):
+    names = engines.profile(name).metrics.names
+    assert {r: names.get(r) for r in roles} == roles
+
+
+def test_the_generated_triton_config_asks_the_vllm_backend_for_its_own_metrics():
+    cfg = engines.parse_triton_config(engines.triton_config("m", TritonKnobs()))
+    # vllm_backend src/model.py: _get_bool_config_param("REPORT_CUSTOM_METRICS")
+    assert cfg.parameters["REPORT_CUSTOM_METRICS"].string_value == "true"
+    other = engines.parse_triton_config(engines.triton_config("m", TritonKnobs(backend="python")))
+    assert "REPORT_CUSTOM_METRICS" not in other.parameters
+
+
+def test_images_are_pinned_and_llamacpp_runs_on_the_gpu():
+    for prof in engines.profiles().values():
+        assert not prof.image.endswith(":latest"), (prof.name, prof.image)  # a moving tag: two runs, two softwares
+    native = engines.profile("llamacpp-native")
+    argv = native.command(_ctx(EngineSpec(profile="file", profile_file="llamacpp-native")))
+    # .github/workflows/docker.yml: :server is the CPU image; common/arg.cpp: -ngl, --kv-unified
+    assert native.image.endswith(":server-cuda") and "--kv-unified" in argv
+    assert argv[argv.index("--n-gpu-layers") + 1] == "999"
+    py = engines.profile("llamacpp").command(_ctx(EngineSpec(profile="file", profile_file="llamacpp")))
+    assert py[py.index("--n_gpu_layers") + 1] == "-1"  # llama_cpp/server/settings.py: the default 0 is the CPU

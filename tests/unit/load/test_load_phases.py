@@ -527,3 +527,48 @@ def test_streamed_request_bodies():
     assert path == "/v2/models/my%20model/generate_stream" and b'"stream": true' in body
     path, body = request_body("chat", "m", "hi", 4)
     assert path == "/v1/chat/completions" and b'"include_usage": true' in body and b'"messages"' in body
+
+
+def _pages(*pages: str, keep: tuple[str, ...]) -> list[dict]:
+    """Scrapes of one node, a second apart, from Prometheus pages."""
+    out = []
+    for i, text in enumerate(pages):
+        base = {"ts": (T0 + timedelta(seconds=i)).isoformat(), "node": "n1", "phase": "p", "step": 0}
+        out.append({**base, "metric": "up", "labels": {}, "value": 1.0})
+        out += [{**base, "metric": n, "labels": lb, "value": v} for n, lb, v in parse_metrics(text, keep)]
+    return out
+
+
+def test_engine_figures_are_computed_by_the_roles_the_profile_maps():
+    """Issue 28: the names come from the profile's map only. Triton's counters give the mean queue and compute
+    time per request and the average batch size (inferences / executions, docs/user_guide/metrics.md); vLLM's
+    prefix-cache counters a hit rate, read with or without prometheus_client's _total. A role the profile does
+    not map has no figure; one it maps that the page lacks is None (absent, never 0)."""
+    tri = engines.profile("triton").metrics
+    lb = '{model="m",version="1"}'
+
+    def triton(success: int, inferences: int, execs: int, queue_us: int, compute_us: int) -> str:
+        return (f"nv_inference_request_success{lb} {success}\nnv_inference_request_failure{lb} 0\n"
+                f"nv_inference_count{lb} {inferences}\nnv_inference_exec_count{lb} {execs}\n"
+                f"nv_inference_queue_duration_us{lb} {queue_us}\nnv_inference_compute_infer_duration_us{lb} "
+                f"{compute_us}\nnv_inference_pending_request_count{lb} 2\nvllm:num_requests_running 9\n")
+
+    pts = _pages(triton(10, 10, 10, 1000, 50_000), triton(30, 50, 20, 41_000, 2_050_000), keep=keep_of(tri))
+    fig = engine_figures(pts, start=T0, metrics=tri)["n1"]
+    assert fig["success"] == 20 and fig["failure"] == 0 and fig["batch_mean"] == pytest.approx(40 / 10)
+    assert fig["queue_mean_ms"] == pytest.approx(40_000 / 20 / 1000) and fig["compute_mean_ms"] == pytest.approx(100)
+    assert fig["waiting_max"] == 2 and fig["ttft_count"] is None and fig["ttft_mean_ms"] is None  # mapped, absent
+    assert "running_max" not in fig and "prefix_hit_rate" not in fig  # not mapped: no figure at all
+
+    vl = engines.profile("vllm").metrics
+    page = ('vllm:prefix_cache_queries_total{{model_name="m"}} {}\nvllm:prefix_cache_hits_total{{model_name="m"}} {}\n'
+            'vllm:num_preemptions_total{{model_name="m"}} {}\nvllm:kv_cache_usage_perc{{model_name="m"}} {}\n')
+    fig = engine_figures(_pages(page.format(100, 10, 0, 0.2), page.format(1100, 760, 3, 0.6), keep=keep_of(vl)),
+                         start=T0, metrics=vl)["n1"]
+    assert fig["prefix_queries"] == 1000 and fig["prefix_hit_rate"] == pytest.approx(0.75)
+    assert fig["preemptions"] == 3 and fig["kv_usage_max"] == 0.6 and fig["running_max"] is None
+
+    sg = engines.profile("sglang").metrics  # the same page read by another engine's names: nothing of vLLM's
+    fig = engine_figures(_pages(page.format(1, 1, 1, 1), page.format(2, 2, 2, 2), keep=keep_of(sg)),
+                         start=T0, metrics=sg)["n1"]
+    assert fig["scrapes"] == 2 and all(v is None for k, v in fig.items() if k not in ("scrapes", "scrape_errors"))
