@@ -1,4 +1,4 @@
-"""``deploybench engine serve|capacity`` and the flags of ``python -m deploybench.sim.engine``.
+"""``deploybench engine serve|capacity|check`` and the flags of ``python -m deploybench.sim.engine``.
 
 The flags' defaults are deploybench.config's EngineSpec and SimKnobs, so a sim started with
 no flags serves the same model the run configuration describes by default.
@@ -133,6 +133,20 @@ def _capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from deploybench import engines
+    from deploybench.load import conformance
+
+    prof = engines.load_profile_file(args.profile) if args.profile.endswith(".toml") else engines.profile(args.profile)
+    rows = conformance.check(prof, args.url, args.model, args.timeout, args.metrics_port)
+    print(f"engine check: profile {prof.name} ({prof.source}), {args.url}, model {args.model!r}")
+    print(conformance.table(rows))
+    bad = conformance.mismatches(rows)
+    print(f"{len(bad)} mismatch{'es' if len(bad) != 1 else ''}"
+          + (": " + ", ".join(r.check for r in bad) if bad else ""))
+    return 1 if bad else 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     engine = subparsers.add_parser("engine", help="the simulated inference engine")
     sub = engine.add_subparsers(dest="engine_command", required=True)
@@ -148,3 +162,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cap.add_argument("--json", action="store_true", help="print JSON")
     _add_knobs(cap)
     cap.set_defaults(func=_capacity)
+    check = sub.add_parser("check", help="check an engine you started against its profile: readiness, completions, "
+                                         "streaming, token counts, every metric the profile names")
+    check.add_argument("--profile", required=True, help="a profile's name, or a profile file (.toml)")
+    check.add_argument("--url", required=True, help="the engine's base URL, e.g. http://gpu-box:8000")
+    check.add_argument("--model", default=ModelSpec().name, help="the served model name (default %(default)s)")
+    check.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default %(default)s)")
+    check.add_argument("--metrics-port", type=int, default=None,
+                       help="the engine's metrics port when it is not the profile's (Triton's --metrics-port)")
+    check.set_defaults(func=_check)

@@ -518,13 +518,21 @@ def test_sse_events_of_openai_chat_and_triton():
     assert event_text('{"choices":[{"text":" a"}]}') == (" a", None)
     assert event_text('{"choices":[{"delta":{"content":"b"}}]}') == ("b", None)
     assert event_text('{"text_output":"c"}') == ("c", None)
+    # Triton's vLLM backend counts each response's new tokens when asked (return_num_output_tokens)
+    assert event_text('{"text_output":"c d","num_output_tokens":[2],"num_input_tokens":7}') == (
+        "c d", {"prompt_tokens": 7, "output_delta": 2})
     assert event_text('{"choices":[],"usage":{"completion_tokens":2}}') == ("", {"completion_tokens": 2})
     assert event_text("not json") == ("", None)
 
 
 def test_streamed_request_bodies():
     path, body = request_body("triton", "my model", "hi", 4)
-    assert path == "/v2/models/my%20model/generate_stream" and b'"stream": true' in body
+    got = json.loads(body)
+    # vllm_backend src/utils/request.py: stream and exclude_input_in_output are inputs, the sampling parameters in
+    # "parameters" (a stream there fails the request)
+    assert path == "/v2/models/my%20model/generate_stream" and got["stream"] is True
+    assert got["exclude_input_in_output"] is True and got["return_num_output_tokens"] is True
+    assert "stream" not in got["parameters"] and got["parameters"]["max_tokens"] == 4
     path, body = request_body("chat", "m", "hi", 4)
     assert path == "/v1/chat/completions" and b'"include_usage": true' in body and b'"messages"' in body
 
