@@ -328,6 +328,7 @@ MANAGED_ENGINE_FLAGS = {
     "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
     "--max-model-len": "max_model_len", "--model-repository": "the generated Triton repository",
     "--http-port": "port", "--http-address": "the node's address",
+    "--metrics-port": "the engine profile's [metrics] port (where deploybench reads its metrics)",
 }
 
 
@@ -384,6 +385,15 @@ class EngineSpec(_Strict):
     image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN, title="Container image",
                               description="Engine image for a container runtime or the kubernetes backend; empty = "
                                           "the engine profile's default.")
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        default_factory=list, max_length=64, title="GPUs of the engine (ssh backend)",
+        description="ssh backend: the GPU indices the engine uses on each node, one per tensor-parallel shard, e.g. "
+                    "[4, 5]; empty = the first tensor_parallel_size (0, 1, ...). The engine sees only these "
+                    "(CUDA_VISIBLE_DEVICES, a container's --gpus) and its GPU figures are theirs, not the node's.")
+
+    def gpu_ids(self) -> list[int]:
+        """The GPUs the engine is given on a node (``gpus``, else the first tensor_parallel_size)."""
+        return list(self.gpus) or list(range(self.tensor_parallel_size))
 
     @model_validator(mode="after")
     def _profile_fits(self) -> EngineSpec:
@@ -396,6 +406,9 @@ class EngineSpec(_Strict):
         if self.extra_args and self.profile is EngineProfileName.SIM:
             raise ValueError(f"engine.extra_args={self.extra_args} are for vllm or triton; the sim engine takes its "
                              "knobs from the Simulated engine fields")
+        if self.gpus and (len(set(self.gpus)) != len(self.gpus) or len(self.gpus) != self.tensor_parallel_size):
+            raise ValueError(f"engine.gpus={self.gpus} must name tensor_parallel_size={self.tensor_parallel_size} "
+                             "different GPUs (one per shard); leave it empty for the first ones")
         for arg in self.extra_args:
             if (managed := managed_flag(arg)) is not None:
                 raise ValueError(f"engine.extra_args sets {managed} ({arg!r}), which deploybench sets from "
@@ -405,7 +418,7 @@ class EngineSpec(_Strict):
 
 # Engine fields added after the first stored runs: left out of the fingerprint while at their
 # defaults (or irrelevant to the profile), so earlier series keep their identity.
-_LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args", "profile_file")
+_LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args", "profile_file", "gpus")
 
 
 class LoadPhase(str, Enum):

@@ -445,6 +445,11 @@ def engine_files(spec: EngineSpec, ctx: LaunchContext) -> dict[str, str]:
     return profile(spec).files(ctx if spec.runtime is ContainerRuntime.PROCESS else in_container(ctx))
 
 
+def process_env(spec: EngineSpec) -> dict[str, str]:
+    """The environment an engine process starts with: only its GPUs visible (``EngineSpec.gpu_ids``)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpu_ids()))}
+
+
 def container_command(spec: EngineSpec, ctx: LaunchContext, name: str) -> list[str]:
     """``docker|podman run`` for the ssh backend: host network, model root read-only, and the engine's folder of
     this run (``LaunchContext.work_dir``) as its only writable folder of the node. ``--ipc=host``: PyTorch shares
@@ -455,10 +460,11 @@ def container_command(spec: EngineSpec, ctx: LaunchContext, name: str) -> list[s
     inner = in_container(ctx)
     argv = [spec.runtime.value, "run", "--rm", "--name", name, "--network", "host", "--ipc", "host",
             "-v", f"{root}:{CONTAINER_MODEL_ROOT}:ro", "-v", f"{ctx.work_dir}:{ctx.work_dir}"]
-    if spec.runtime is ContainerRuntime.DOCKER:
-        argv += ["--gpus", "all"]
-    else:
-        argv += ["--device", "nvidia.com/gpu=all"]
+    ids = spec.gpu_ids()  # the engine's GPUs only: another engine (or run) may use the node's others
+    if spec.runtime is ContainerRuntime.DOCKER:  # docker run --gpus '"device=0,1"' (the quotes: a list, not CSV)
+        argv += ["--gpus", f'"device={",".join(map(str, ids))}"']
+    else:  # podman with NVIDIA's CDI spec: one device per GPU (nvidia.com/gpu=<index>)
+        argv += [x for i in ids for x in ("--device", f"nvidia.com/gpu={i}")]
     return argv + [image_of(spec), *prof.container_args(inner)]
 
 

@@ -147,6 +147,7 @@ FIELDS: list[FormField] = [
     _f("engine_extra_args", "engine.extra_args", "Engine"),
     _f("engine_runtime", "engine.runtime", "Engine"),
     _f("engine_image", "engine.image", "Engine"),
+    _f("engine_gpus", "engine.gpus", "Engine"),
     _f("triton_max_batch_size", "engine.triton.max_batch_size", "Triton"),
     _f("triton_preferred_batch_sizes", "engine.triton.preferred_batch_sizes", "Triton"),
     _f("triton_max_queue_delay_us", "engine.triton.max_queue_delay_us", "Triton"),

@@ -338,7 +338,8 @@ class Load(Stage):
             for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
                 old.unlink()  # the first phase of a (re-)run starts clean
         prof = engines.profile(run.cfg.engine)  # its API, its metrics page and the names of its figures
-        eps = [Endpoint(e["node"], e["url"], e["model"], prof.metrics.url(e["url"])) for e in run.endpoints()]
+        addr = {n.name: n.address for n in run.inventory.nodes}  # the node's exporters (on Kubernetes: not the pod's)
+        eps = [Endpoint.of(e, prof.metrics.url(e["url"]), addr.get(e["node"], "")) for e in run.endpoints()]
         # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no connection
         # is made unless a node needs it)
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},

@@ -316,3 +316,19 @@ def test_images_are_pinned_and_llamacpp_runs_on_the_gpu():
     assert argv[argv.index("--n-gpu-layers") + 1] == "999"
     py = engines.profile("llamacpp").command(_ctx(EngineSpec(profile="file", profile_file="llamacpp")))
     assert py[py.index("--n_gpu_layers") + 1] == "-1"  # llama_cpp/server/settings.py: the default 0 is the CPU
+
+
+def test_the_engine_sees_only_its_gpus():
+    """Issue 28, point 9: a process gets CUDA_VISIBLE_DEVICES, a docker container --gpus '"device=..."' (docker's
+    list syntax), a podman one a CDI device per GPU; by default the first tensor_parallel_size GPUs."""
+    assert engines.process_env(EngineSpec(tensor_parallel_size=2)) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    spec = EngineSpec(profile="vllm", runtime="docker", tensor_parallel_size=2, gpus=[4, 6])
+    argv = engines.container_command(spec, _ctx(spec), "c")
+    assert argv[argv.index("--gpus") + 1] == '"device=4,6"' and "all" not in argv
+    pod = EngineSpec(profile="vllm", runtime="podman", gpus=[5])
+    argv = engines.container_command(pod, _ctx(pod), "c")
+    assert argv[argv.index("--device") + 1] == "nvidia.com/gpu=5" and "nvidia.com/gpu=all" not in argv
+    with pytest.raises(ValueError, match=r"engine.gpus=\[1, 1\] must name tensor_parallel_size=2 different GPUs"):
+        EngineSpec(tensor_parallel_size=2, gpus=[1, 1])
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        EngineSpec(gpus=[0, 1])

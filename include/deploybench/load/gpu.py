@@ -118,7 +118,8 @@ def dcgm_points(text: str, base: dict, source: str | None = None) -> list[dict]:
     for name, labels, value in parse_metrics(text, keep=METRICS):
         if name not in METRICS:  # a longer name with the same prefix
             continue
-        lb = {"gpu": labels.get("gpu", "0")[:16]} | ({"source": source} if source else {})
+        lb = ({"gpu": labels.get("gpu", "0")[:16]} | ({"pod": labels["pod"]} if "pod" in labels else {})
+              | ({"source": source} if source else {}))
         out.append({**base, "metric": name, "labels": lb, "value": value})
     return out
 
@@ -158,7 +159,9 @@ class GpuSampler:
         self._thread: threading.Thread | None = None
 
     def _exporter(self, ep: Endpoint) -> str:
-        return f"http://{_host(ep.url)}:{self.dcgm_port}/metrics"
+        """The node's DCGM exporter: at the node's address (on Kubernetes, not the pod's)."""
+        host = ep.host if ep.host else _host(ep.url)
+        return f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{self.dcgm_port}/metrics"
 
     def _choose(self, ep: Endpoint) -> str:
         if _has_util(ep.page, self.timeout_s):
@@ -233,14 +236,18 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: datetime,
-                why: Mapping[str, str] | None = None) -> dict[str, GpuFigures]:
-    """Per node: its GPU samples taken in ``(start, end]``; a node without one is absent, with the reason.
+                why: Mapping[str, str] | None = None, engines: Mapping[str, Endpoint] | None = None
+                ) -> dict[str, GpuFigures]:
+    """Per node: its GPU samples taken in ``(start, end]``; a node without one is absent, with the reason. With
+    ``engines`` (node -> its Endpoint) only the engine's own GPUs count (``Endpoint.has_gpu``: the GPUs it was
+    given, or on Kubernetes its pod's): an engine on 1 GPU of 8 is not averaged with 7 idle ones.
     A reading outside its range (``in_range``: NaN, infinite, a utilisation of 1e9 %, a negative memory) is
     left out with a warning, never averaged in: where none is left the figure is absent, not 0 nor NaN."""
     per: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     sources: dict[str, str] = {}
     gpus: dict[str, set] = defaultdict(set)
     bad: dict[str, Counter[str]] = defaultdict(Counter)
+    others: Counter[str] = Counter()  # samples of GPUs that are not the engine's
     example: dict[tuple[str, str], float] = {}
     for p in points:
         if p.get("metric") not in METRICS or p.get("node") not in nodes:
@@ -249,6 +256,9 @@ def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: date
         if not start < ts <= end:
             continue
         node, metric, value = p["node"], p["metric"], float(p["value"])
+        if engines and node in engines and not engines[node].has_gpu(p.get("labels") or {}):
+            others[node] += 1
+            continue
         if not in_range(metric, value):
             bad[node][metric] += 1
             example.setdefault((node, metric), value)
@@ -269,7 +279,14 @@ def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: date
         used = [sum(s[FB_USED]) for s in samples.values() if s.get(FB_USED)]
         total = [sum(s[FB_USED]) + sum(s[FB_FREE]) for s in samples.values() if s.get(FB_USED) and s.get(FB_FREE)]
         if not utils and not used:
-            out[node] = GpuFigures(reason=odd or (why or {}).get(node) or "no GPU sample in the measured window")
+            reason = odd or (why or {}).get(node) or "no GPU sample in the measured window"
+            mine = (engines or {}).get(node)
+            if mine is not None and others[node] and reason.startswith("no GPU sample"):
+                given = f"pod {mine.pod}" if mine.pod else f"GPUs {', '.join(mine.gpus)}"
+                reason = (f"no sample of the engine's GPUs ({given}) in the measured window; {others[node]} samples "
+                          "of other GPUs left out" + ("; none had the pod's label: turn on the DCGM exporter's pod "
+                                                     "mapping (-k)" if mine.pod else ""))
+            out[node] = GpuFigures(reason=reason)
             continue
         out[node] = GpuFigures(
             source=sources[node], gpus=len(gpus[node]), samples=len(samples), util_mean_pct=_mean(utils),
@@ -287,7 +304,8 @@ def attach(res: LoadResult, figs: dict[str, GpuFigures], series_path: str | None
                                   "gpu_mem_used_mib": figs[n.node].mem_used_mib_mean if n.node in figs else None})
              for n in res.nodes]
     srcs = sorted({f.source for f in figs.values() if f.source})
-    sources = {**res.sources, "gpu": (f"node: {', '.join(srcs)} samples in the measured window, mean per node"
+    sources = {**res.sources, "gpu": (f"node: {', '.join(srcs)} samples in the measured window, mean over the "
+                                      "engine's GPUs per node"
                                       if srcs else "absent: no node reported GPU figures")}
     return res.model_copy(update={"gpu": figs, "gpu_util_pct": _mean(utils), "nodes": nodes, "sources": sources,
                                   "gpu_series_path": series_path})

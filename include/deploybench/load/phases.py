@@ -144,7 +144,7 @@ def with_gpu(run: Callable[[], LoadResult], nodes: list[Endpoint], spec: LoadSpe
     path = save_series(polled, Path(out_dir) / f"{stem}.gpu.jsonl.gz") if polled else None
     points = (read_series(res.metrics_path) if res.metrics_path else []) + polled
     figs = gpu.gpu_figures(points, [e.node for e in nodes], res.started_at,
-                           res.started_at + timedelta(seconds=res.duration_s), sampler.why)
+                           res.started_at + timedelta(seconds=res.duration_s), sampler.why, {e.node: e for e in nodes})
     return gpu.attach(res, figs, str(path) if path else None)
 
 

@@ -33,6 +33,25 @@ class Endpoint:
     url: str
     model: str
     metrics_url: str = ""
+    gpus: tuple[str, ...] = ()  # the GPUs the engine was given (DCGM's "gpu" label); (): every GPU the node reports
+    pod: str = ""  # on Kubernetes: its pod (the DCGM exporter's "pod" label says which GPUs are the pod's)
+    host: str = ""  # where the node's own exporters answer (its address); "": the URL's host
+
+    @classmethod
+    def of(cls, e: dict, metrics_url: str = "", host: str = "") -> Endpoint:
+        """An endpoint as a rollout records it ({"node", "url", "model"}, "gpus" on the ssh backend, "pod" on
+        Kubernetes); values that are not what they should be are left out (a record is a file on disk)."""
+        gpus = e.get("gpus")
+        pod = e.get("pod")
+        return cls(str(e["node"]), str(e["url"]), str(e["model"]), metrics_url,
+                   tuple(str(g) for g in gpus if isinstance(g, (str, int)))[:64] if isinstance(gpus, list) else (),
+                   pod if isinstance(pod, str) else "", host)
+
+    def has_gpu(self, labels: dict) -> bool:
+        """Whether a GPU series with ``labels`` is one of this engine's GPUs."""
+        if self.pod:
+            return labels.get("pod") == self.pod
+        return not self.gpus or str(labels.get("gpu", "0")) in self.gpus
 
     @property
     def page(self) -> str:

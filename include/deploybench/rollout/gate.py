@@ -67,7 +67,7 @@ def gate_load(endpoints: list[dict], cfg: RunConfig, prof: EngineProfile, out_di
     from deploybench import load
 
     r = cfg.rollout
-    eps = [load.Endpoint(e["node"], e["url"], e["model"], prof.metrics.url(e["url"])) for e in endpoints]
+    eps = [load.Endpoint.of(e, prof.metrics.url(e["url"])) for e in endpoints]
     spec = cfg.load.model_copy(update={"warmup_s": r.gate_warmup_s})
     slo = cfg.slo.model_copy(update={"min_rps": 0.0})  # the cluster target is for the full scale, not a gate
     rate = r.gate_rate_per_node * len(eps)

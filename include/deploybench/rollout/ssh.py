@@ -91,7 +91,9 @@ class SSHDeployer(Deployer):
             if files:
                 script, blob = engines.write_files_script(files, self.cluster.inventory.python)
                 t.run(script, stdin=blob, timeout=30).check()
-            t.run(spawn_script(self.launch_argv(node), logf, pid, run_key=self.cluster.run_key), timeout=30).check()
+            env = engines.process_env(self.cfg.engine) if self.cfg.engine.runtime is ContainerRuntime.PROCESS else {}
+            t.run(spawn_script(self.launch_argv(node), logf, pid, env=env, run_key=self.cluster.run_key),
+                  timeout=30).check()
         except DeploybenchError as exc:
             raise NodeFailure(name, f"could not start the {self.profile.name} engine: {exc}") from exc
         log.info("%s: started %s engine on port %d", name, self.profile.name, self.port)
@@ -176,7 +178,9 @@ class SSHDeployer(Deployer):
         return dict(zip(nodes, self._each(lambda n: self.wait_node(n, timeout_s), nodes)))
 
     def endpoints(self) -> list[dict]:
-        return [{"node": n, "url": self.url(self._node(n)), "model": self.cfg.model.name} for n in self.serving]
+        gpus = [str(i) for i in self.cfg.engine.gpu_ids()]  # the GPUs its figures are of (DCGM's label "gpu")
+        return [{"node": n, "url": self.url(self._node(n)), "model": self.cfg.model.name, "gpus": gpus}
+                for n in self.serving]
 
     def check_alive(self, nodes: list[str]) -> list[NodeFailure]:
         def one(name: str) -> NodeFailure | None:

@@ -313,3 +313,49 @@ def test_with_scraping_off_every_node_is_absent_with_the_reason(tmp_path):
     assert got.gpu["n1"].source is None and "scrape_interval_s=0" in got.gpu["n1"].reason
     assert got.gpu_util_pct is None and got.nodes[0].gpu_util_pct is None and got.sources["gpu"].startswith("absent")
     assert gpu.gpu_verdict(got.gpu, SLO(min_gpu_util_pct=50))[0].startswith("node n1: GPU utilisation not measured")
+
+
+# -- issue 28: the engine's GPUs, not the node's -------------------------------------------------------
+def _exporter_page(utils: list[float], pods: dict[int, str] | None = None) -> str:
+    """A DCGM exporter's page for a node with one GPU per entry of ``utils`` (with pod mapping: ``pods``)."""
+    lines = []
+    for i, u in enumerate(utils):
+        pod = f',pod="{pods[i]}",namespace="ns",container="engine"' if pods and i in pods else ""
+        lines += [f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",UUID="GPU-{i}"{pod}}} {u}',
+                  f'DCGM_FI_DEV_FB_USED{{gpu="{i}"{pod}}} {1000 * (i + 1)}',
+                  f'DCGM_FI_DEV_FB_FREE{{gpu="{i}"{pod}}} 100']
+    return "\n".join(lines) + "\n"
+
+
+def test_an_engine_on_one_gpu_of_eight_reads_its_own_gpu_not_the_nodes_average():
+    """Issue 28, point 9: averaged over the node's 8 GPUs, an engine busy at 90 % on its one GPU read 11.25 %
+    and failed an 80 % objective. With the engine's GPUs (the ssh backend's engine.gpus, here GPU 3) it reads 90."""
+    base = {"ts": (T0 + timedelta(seconds=1)).isoformat(), "node": "n1", "phase": "p", "step": 0}
+    pts = gpu.dcgm_points(_exporter_page([0, 0, 0, 90, 0, 0, 0, 0]), base, "dcgm-exporter")
+    node = gpu.gpu_figures(pts, ["n1"], T0, T0 + timedelta(seconds=2))["n1"]
+    assert node.util_mean_pct == pytest.approx(11.25) and node.gpus == 8  # the whole node: what it used to read
+    mine = Endpoint("n1", "http://10.0.0.1:8000", "m", gpus=("3",))
+    figs = gpu.gpu_figures(pts, ["n1"], T0, T0 + timedelta(seconds=2), engines={"n1": mine})
+    assert figs["n1"].util_mean_pct == 90.0 and figs["n1"].gpus == 1 and figs["n1"].mem_used_mib_mean == 4000
+    assert gpu.gpu_verdict(figs, SLO(min_gpu_util_pct=80)) == []
+    two = Endpoint("n1", "http://10.0.0.1:8000", "m", gpus=("3", "4"))  # tensor parallel 2: the mean of its two
+    assert gpu.gpu_figures(pts, ["n1"], T0, T0 + timedelta(seconds=2), engines={"n1": two})["n1"].util_mean_pct == 45
+
+
+def test_a_pod_reads_the_gpus_the_exporter_maps_to_it_and_says_when_there_is_no_mapping():
+    base = {"ts": (T0 + timedelta(seconds=1)).isoformat(), "node": "n1", "phase": "p", "step": 0}
+    pod = Endpoint("n1", "http://10.244.1.7:8000", "m", pod="deploybench-m-1a2b-7f9c", host="10.0.0.1")
+    mapped = gpu.dcgm_points(_exporter_page([10, 70, 80], pods={1: pod.pod, 2: pod.pod}), base, "dcgm-exporter")
+    figs = gpu.gpu_figures(mapped, ["n1"], T0, T0 + timedelta(seconds=2), engines={"n1": pod})
+    assert figs["n1"].util_mean_pct == 75.0 and figs["n1"].gpus == 2
+    unmapped = gpu.dcgm_points(_exporter_page([10, 70, 80]), base, "dcgm-exporter")
+    figs = gpu.gpu_figures(unmapped, ["n1"], T0, T0 + timedelta(seconds=2), engines={"n1": pod})
+    assert figs["n1"].util_mean_pct is None and "pod mapping (-k)" in figs["n1"].reason
+    # the node's exporter is asked at the node's address, not the pod's
+    assert gpu.GpuSampler([pod], 1.0, "p")._exporter(pod) == f"http://10.0.0.1:{gpu.DCGM_PORT}/metrics"
+
+
+def test_an_endpoint_record_is_read_within_bounds():
+    ep = Endpoint.of({"node": "n1", "url": "http://h:1", "model": "m", "gpus": [0, "1", {"x": 1}], "pod": 7})
+    assert ep.gpus == ("0", "1") and ep.pod == ""
+    assert Endpoint.of({"node": "n1", "url": "http://h:1", "model": "m", "gpus": "all"}).gpus == ()
