@@ -177,6 +177,9 @@ class StepFailurePolicy(str, Enum):
     TEARDOWN = "teardown"  # stop every engine at once, then fail
 
 
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"  # a Kubernetes resource quantity
+
+
 class KubernetesSpec(_Strict):
     """The kubernetes backend: where and how the engine's Deployments run (see deploybench.rollout.manifests)."""
 
@@ -198,6 +201,20 @@ class KubernetesSpec(_Strict):
                               description="kubernetes backend: the extended resource name of a GPU (nvidia.com/gpu, "
                                           "amd.com/gpu, ...).")
     progress_deadline_s: int = Field(600, ge=10, le=86400)
+    cpu: str | None = Field(None, pattern=QUANTITY, max_length=32, title="Kubernetes: CPU per pod",
+                     description="kubernetes backend: the CPU each engine pod requests (e.g. 8 or 7500m); empty = none "
+                                 "(the scheduler may then pack it beside busy pods).")
+    memory: str | None = Field(None, pattern=QUANTITY, max_length=32, title="Kubernetes: memory per pod",
+                        description="kubernetes backend: memory each engine pod requests and is limited to (e.g. "
+                                    "64Gi: a tokenizer and CUDA graphs need host memory); empty = none.")
+    image_pull_secret: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+                                   title="Kubernetes: image pull secret",
+                                   description="kubernetes backend: the Secret (in the namespace) to pull a private "
+                                               "engine image with; empty = none.")
+    tolerate_gpu_taint: bool = Field(True, title="Kubernetes: tolerate the GPU taint",
+                                     description="kubernetes backend: GPU nodes are often tainted <GPU resource>:"
+                                                 "NoSchedule (GKE, AKS, the GPU operator); the engine pods tolerate "
+                                                 "it when they ask for GPUs.")
 
 
 class RolloutSpec(_Strict):

@@ -104,15 +104,26 @@ def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], rep
                                 cfg.engine, POD_WORK_DIR, host="0.0.0.0")
     container: dict[str, Any] = {
         "name": "engine", "image": image, "args": prof.container_args(ctx),
-        "ports": [{"name": "http", "containerPort": r.port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": r.port, "protocol": "TCP"}] + (
+            [{"name": "metrics", "containerPort": prof.metrics.port, "protocol": "TCP"}]  # Triton's 8002
+            if prof.metrics.port not in (None, r.port) else []),
         "volumeMounts": [{"name": "models", "mountPath": engines.CONTAINER_MODEL_ROOT, "readOnly": True}],
         "startupProbe": _probe(prof.health_path, r.port, max(1, math.ceil(r.ready_timeout_s / PROBE_PERIOD_S))),
         "readinessProbe": _probe(prof.health_path, r.port, 2),
         "livenessProbe": _probe(prof.liveness_path or prof.health_path, r.port, 3),
     }
     tp = cfg.engine.tensor_parallel_size
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
     if k.gpus_per_pod:  # a tensor-parallel engine needs a GPU per shard: at least tensor_parallel_size
-        container["resources"] = {"limits": {k.gpu_resource: str(max(k.gpus_per_pod, tp))}}
+        limits[k.gpu_resource] = str(max(k.gpus_per_pod, tp))
+    if k.cpu:
+        requests["cpu"] = k.cpu
+    if k.memory:  # requested and limited alike: the pod is not the first evicted when the node runs short
+        requests["memory"] = limits["memory"] = k.memory
+    if limits or requests:
+        container["resources"] = {**({"limits": limits} if limits else {}), **({"requests": requests} if requests
+                                                                               else {})}
     volumes: list[dict[str, Any]] = [{"name": "models", "hostPath": {"path": roots.pop(), "type": "Directory"}}]
     if tp > 1:  # PyTorch's shards talk through /dev/shm; a pod's is 64 MiB unless a memory volume is mounted there
         # (vllm-project/vllm docs/deployment/k8s.md: an emptyDir of medium Memory, sizeLimit 2Gi, at /dev/shm)
@@ -147,6 +158,9 @@ def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], rep
                     },
                     "containers": [container],
                     "volumes": volumes,
+                    **({"tolerations": [{"key": k.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]}
+                       if k.tolerate_gpu_taint and k.gpus_per_pod else {}),
+                    **({"imagePullSecrets": [{"name": k.image_pull_secret}]} if k.image_pull_secret else {}),
                 },
             },
         },

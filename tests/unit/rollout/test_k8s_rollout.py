@@ -75,6 +75,33 @@ def test_a_tensor_parallel_pod_gets_a_gpu_per_shard_a_memory_shm_and_the_engines
     assert "dshm" not in str(one)  # one GPU, no shards to talk between
 
 
+def test_a_pod_gets_its_cpu_memory_pull_secret_gpu_toleration_and_tritons_metrics_port():
+    """Issue 28, point 6: requests and limits (memory requested and limited alike), the GPU taint tolerated (GKE,
+    AKS and the GPU operator taint GPU nodes <resource>:NoSchedule), a private image's pull secret, and Triton's
+    metrics port (8002) declared beside the serving one; all checked against the official schema."""
+    cfg = RunConfig.parse({"inventory": "x", "engine": {"profile": "triton", "tensor_parallel_size": 2,
+                                                        "triton": {"instance_kind": "KIND_MODEL"}},
+                           "rollout": {"backend": "kubernetes", "kubernetes": {
+                               "cpu": "7500m", "memory": "64Gi", "image_pull_secret": "registry-creds"}}})
+    objs = manifests.render_all(cfg, _inv(), NODES[:2], NODES[2:], 2, 0)
+    for o in objs:
+        manifests.validate(o)
+    pod = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "2", "memory": "64Gi"},
+                              "requests": {"cpu": "7500m", "memory": "64Gi"}}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert {"name": "metrics", "containerPort": 8002, "protocol": "TCP"} in c["ports"]
+    none = RunConfig.parse({"inventory": "x", "engine": {"profile": "vllm"},
+                            "rollout": {"backend": "kubernetes", "kubernetes": {"gpus_per_pod": 0}}})
+    pod = next(o for o in manifests.render_all(none, _inv(), NODES[:2], NODES[2:], 2, 0)
+               if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert "tolerations" not in pod and "resources" not in pod["containers"][0]  # no GPU asked: nothing to tolerate
+    with pytest.raises(ValueError, match="cpu"):
+        RunConfig.parse({"inventory": "x", "rollout": {"kubernetes": {"cpu": "8 cores"}}})
+
+
 def test_a_manifest_the_schema_refuses_is_reported_with_its_path():
     svc = manifests.service(RunConfig.parse({"inventory": "x"}))
     svc["spec"]["ports"][0]["port"] = "eighty"
