@@ -223,9 +223,11 @@ class RolloutSpec(_Strict):
                                    default_factory=list, max_length=64, title="Scale steps",
                                    description="Node counts after the canary, e.g. [2, 4, 8, 16]; empty = doubling up "
                                                "to every healthy node.")
-    ready_timeout_s: float = Field(120, gt=0, le=7200, title="Ready timeout (s)",
-                                   description="How long a node may take to answer its health URL (large models load "
-                                               "for minutes).")
+    ready_timeout_s: float | None = Field(None, gt=0, le=7200, title="Ready timeout (s)",
+                                          description="How long a node may take to answer its health URL; empty = "
+                                                      "the engine profile's startup budget (the sim's 120 s; vLLM, "
+                                                      "SGLang and Triton 1800 s: a model of hundreds of GB loads, "
+                                                      "then CUDA graphs are captured).")
     port: int = Field(8000, ge=1024, le=65535, title="Engine port", description="Engine port on every node.")
     backend: RolloutBackend = Field(RolloutBackend.SSH, title="Backend",
                                     description="ssh: the engine as a supervised process (or container) on each node; "

@@ -68,6 +68,7 @@ class Readiness:
     kind: str = "health"  # health | models | completion
     path: str = "/health"
     timeout_s: float = 2.0  # one check's own bound: a server may hold /v1/models while it generates
+    startup_s: float = 600.0  # how long it may take to become ready when the run does not say (rollout.ready_timeout_s)
 
 
 # The roles a profile's ``[metrics]`` map may name, by kind: the profile is the only place an engine's metric
@@ -269,6 +270,8 @@ class _ReadinessFile(BaseModel):
     timeout_s: float = Field(2.0, gt=0, le=300)
     # the liveness check's path where the engine has one of its own (Triton: /v2/health/live); else ``path``
     live_path: str | None = Field(None, pattern=r"^/[A-Za-z0-9._~/%-]*$", max_length=256)
+    # how long the engine may take to become ready when the run does not say (rollout.ready_timeout_s)
+    startup_s: float = Field(600.0, gt=0, le=7200)
 
 
 class _MetricsFile(BaseModel):
@@ -329,7 +332,7 @@ class ProfileFile(BaseModel):
                              image=self.image, entrypoint=tuple(self.entrypoint),
                              files=FILE_GENERATORS.get(self.files, lambda ctx: {}),
                              metrics=Metrics(self.metrics.names(), self.metrics.port, self.metrics.path),
-                             readiness=Readiness(r.kind, r.path, r.timeout_s), source=source,
+                             readiness=Readiness(r.kind, r.path, r.timeout_s, r.startup_s), source=source,
                              program=template[0], liveness_path=r.live_path or "")
 
 
@@ -393,6 +396,12 @@ def profile(name: str | EngineProfileName | EngineSpec) -> EngineProfile:
     except KeyError:
         raise ConfigError(f"unknown engine profile {key!r}; choose one of: {', '.join(sorted(known))} (or add "
                           f"{key}.toml to a folder named by ${PROFILE_ENV})") from None
+
+
+def ready_timeout_s(cfg: Any) -> float:
+    """How long a node's engine may take to become ready: the run's ``rollout.ready_timeout_s``, else its engine
+    profile's startup budget (``[readiness] startup_s``)."""
+    return float(cfg.rollout.ready_timeout_s or profile(cfg.engine).readiness.startup_s)
 
 
 def image_of(spec: EngineSpec, override: str | None = None) -> str:

@@ -31,7 +31,9 @@ def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
         return cfg.fanout.timeout_s + MARGIN_S
     if task == "rollout":
         steps = max(1, math.ceil(math.log2(max(nodes, 1))) + 1) if not r.scale_steps else len(r.scale_steps) + 1
-        per_step = r.ready_timeout_s + r.gate_warmup_s + r.gate_duration_s + ld.request_timeout_s + 60
+        from deploybench.engines import ready_timeout_s
+
+        per_step = ready_timeout_s(cfg) + r.gate_warmup_s + r.gate_duration_s + ld.request_timeout_s + 60
         return steps * per_step + MARGIN_S
     if task == "teardown":
         return r.stop_grace_s + MARGIN_S

@@ -142,7 +142,7 @@ def run(cfg: RunConfig, nodes: list[str], healthy: list[str] | None = None) -> d
     dep.deploy(healthy if healthy is not None else nodes)
     if not dep.serving:
         raise StageFailed(f"external backend: no given endpoint is on a healthy node ({healthy})")
-    ready_s = dep.wait_ready(dep.serving, cfg.rollout.ready_timeout_s)
+    ready_s = dep.wait_ready(dep.serving, engines.ready_timeout_s(cfg))
     log.info("external backend: %d endpoints given, %s; rollout skipped", len(dep.serving), NOT_DEPLOYED)
     return {"profile": dep.profile.name, "backend": "external", "skipped": "external", "deployed_by": NOT_DEPLOYED,
             "version": f"external ({NOT_DEPLOYED})", "steps": [], "plan": [], "endpoints": dep.endpoints(),

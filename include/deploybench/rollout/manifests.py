@@ -108,7 +108,9 @@ def deployment(cfg: RunConfig, inv: Inventory, track: str, nodes: list[str], rep
             [{"name": "metrics", "containerPort": prof.metrics.port, "protocol": "TCP"}]  # Triton's 8002
             if prof.metrics.port not in (None, r.port) else []),
         "volumeMounts": [{"name": "models", "mountPath": engines.CONTAINER_MODEL_ROOT, "readOnly": True}],
-        "startupProbe": _probe(prof.health_path, r.port, max(1, math.ceil(r.ready_timeout_s / PROBE_PERIOD_S))),
+        # the kubelet restarts a container that is not started within this: the engine's whole startup budget
+        "startupProbe": _probe(prof.health_path, r.port,
+                               max(1, math.ceil(engines.ready_timeout_s(cfg) / PROBE_PERIOD_S))),
         "readinessProbe": _probe(prof.health_path, r.port, 2),
         "livenessProbe": _probe(prof.liveness_path or prof.health_path, r.port, 3),
     }

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from deploybench import engines
 from deploybench.config import RunConfig, StepFailurePolicy
 from deploybench.errors import StageFailed
 from deploybench.rollout import gate as gates
@@ -59,7 +60,7 @@ def execute(dep: Deployer, names: list[str], cfg: RunConfig, out_dir: Path | Non
         step = StepResult(i, count, list(new), {}, {}, 0.0)
         try:
             (dep.deploy if i == 0 else dep.scale)(target)
-            step.ready_s = dep.wait_ready(new, cfg.rollout.ready_timeout_s)
+            step.ready_s = dep.wait_ready(new, engines.ready_timeout_s(cfg))
             if not getattr(dep, "exact_placement", True):  # kubernetes: where the scheduler put the new pods
                 step.added = list(step.ready_s)
             step.smoke = _smoke_new(dep, step.added, smoke)

@@ -243,3 +243,16 @@ def test_two_runs_in_one_namespace_never_touch_each_others_objects():
         assert set(delete_run_objects(kube, "deploybench", "run-b").values()) == {"deleted"}
         assert srv.cluster.objects == {} and srv.cluster.pods == {}
         assert delete_run_objects(kube, "deploybench", "run-b") == {}
+
+
+def test_the_startup_budget_is_the_engines_unless_the_run_says():
+    """Issue 28, point 6: a 120 s startup probe restarted a large model's container before it had loaded. Without
+    rollout.ready_timeout_s the budget is the profile's (vLLM, SGLang, Triton: 1800 s; the sim: 120 s), and the
+    kubelet's startup probe waits as long as the rollout does."""
+    vllm = RunConfig.parse({"inventory": "x", "engine": {"profile": "vllm"}})
+    assert engines.ready_timeout_s(vllm) == 1800 and engines.ready_timeout_s(RunConfig.parse({"inventory": "x"})) == 120
+    mine = RunConfig.parse({"inventory": "x", "engine": {"profile": "vllm"}, "rollout": {"ready_timeout_s": 300}})
+    assert engines.ready_timeout_s(mine) == 300
+    dep = next(o for o in manifests.render_all(vllm, _inv(), NODES[:2], NODES[2:], 2, 0) if o["kind"] == "Deployment")
+    probe = dep["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= 1800
