@@ -49,6 +49,26 @@ def _gpu_row(phase: dict[str, Any], node: dict[str, Any]) -> list[Any]:
             "absent" if mem is None else mem, g.get("source") or f"absent: {g.get('reason') or 'not sampled'}"]
 
 
+# The engine's figures by role (deploybench.load.scrape.engine_figures), in this order; a column shows when a node's
+# profile maps its role, a cell says "absent" where the engine's page lacked it.
+ENGINE_COLUMNS = (("ttft_p99_ms", "TTFT P99 ms"), ("itl_mean_ms", "ITL mean ms"), ("e2e_p99_ms", "E2E P99 ms"),
+                  ("queue_mean_ms", "queue mean ms"), ("compute_mean_ms", "compute mean ms"),
+                  ("batch_mean", "batch (mean)"), ("running_max", "running max"), ("waiting_max", "waiting max"),
+                  ("kv_usage_max", "KV cache use max"), ("prefix_hit_rate", "prefix hit rate"),
+                  ("preemptions", "preemptions"))
+
+
+def _engine_rows(phases: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """(headers, rows) of the engine's own view: each phase and node, the figures its profile's roles give."""
+    figs = [(p.get("phase"), node, f) for p in phases for node, f in sorted((p.get("engine") or {}).items())]
+    cols = [(k, h) for k, h in ENGINE_COLUMNS if any(k in f for _, _, f in figs)]
+    if not cols:
+        return [], []
+    rows = [[phase, node, *("absent" if f.get(k) is None else round(f[k], 3) if isinstance(f[k], float) else f[k]
+                            for k, _ in cols)] for phase, node, f in figs]
+    return ["phase", "node", *(h for _, h in cols)], rows
+
+
 def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
     from deploybench.store.ingest import capacity_steps
 
@@ -98,6 +118,9 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
                           "absent" if v.get("gpu_mem_used_mib") is None else v["gpu_mem_used_mib"],
                           v.get("output_tps"), v.get("latency_p50_ms"), v.get("latency_p99_ms"), v.get("errors")]
                          for v in nodes])]
+    heads, rows = _engine_rows(phases)
+    if rows:
+        parts += ["<h3>The engine's own view (its metrics), every phase</h3>", table(heads, rows)]
     gpu_rows = [_gpu_row(p, v) for p in phases for v in p.get("nodes") or []]
     if gpu_rows:
         parts += ["<h3>GPU utilisation per node, every phase</h3>",

@@ -359,3 +359,20 @@ def test_an_endpoint_record_is_read_within_bounds():
     ep = Endpoint.of({"node": "n1", "url": "http://h:1", "model": "m", "gpus": [0, "1", {"x": 1}], "pod": 7})
     assert ep.gpus == ("0", "1") and ep.pod == ""
     assert Endpoint.of({"node": "n1", "url": "http://h:1", "model": "m", "gpus": "all"}).gpus == ()
+
+
+def test_report_shows_the_engines_own_figures_by_the_roles_its_profile_maps(tmp_path):
+    """Issue 28: Triton's queue and compute time and its average batch, vLLM's running and KV use; a role a node's
+    profile maps that its page lacked is 'absent'; a role no profile maps has no column."""
+    from deploybench.records import LoadStageResult
+    from deploybench.report.run_html import _load_sections
+
+    data = _load_stage(tmp_path)
+    data["phases"]["sustained"]["result"]["engine"] = {
+        "n1": {"scrapes": 5, "queue_mean_ms": 1.25, "compute_mean_ms": 287.5, "batch_mean": 1.0, "ttft_p99_ms": None},
+        "n2": {"scrapes": 5, "queue_mean_ms": 2.5, "compute_mean_ms": 290.0, "batch_mean": 1.0, "ttft_p99_ms": 40.0}}
+    html = "".join(_load_sections(LoadStageResult.model_validate(data), 2000.0))
+    assert "The engine's own view" in html
+    assert "<th>queue mean ms</th>" in html and "<th>batch (mean)</th>" in html and "<td>287.50</td>" in html
+    assert "<th>KV cache use max</th>" not in html  # no node's profile maps it
+    assert "<td>absent</td>" in html  # n1's TTFT: mapped, not on its page
