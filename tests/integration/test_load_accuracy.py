@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from deploybench import engines
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
 from deploybench.load import load_samples, phases, run_load
 from deploybench.sim.service_model import ServiceParams, capacity
@@ -106,7 +107,7 @@ def test_light_load_ttft_and_e2e_match_the_service_times(local_engines, tmp_path
     # 0.7 req/s and the sampler's 0.5 req/s have different periods, so their requests do not lock in step
     spec = LoadSpec(rate=1.2, duration_s=16, warmup_s=1, prompt_tokens=P, output_tokens=O, ttft_sample_rps=0.5,
                     scrape_interval_s=1, request_timeout_s=10)
-    res = run_load(eps, spec, SLO(), tmp_path / "out", phase="light")
+    res = run_load(eps, spec, SLO(), tmp_path / "out", phase="light", metrics=engines.profile("sim").metrics)
     # the alone-times are compared with the requests that found the engine idle (none of k6's or the
     # sampler's still in flight when they were sent): one that arrives during another's iteration waits
     # for its end, up to a whole 100 ms step. With a plain median of ~5 sampler requests, 3 of them

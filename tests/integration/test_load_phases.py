@@ -11,6 +11,7 @@ import json
 import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
+from deploybench.engines import profile as engine_profile
 from deploybench.load import Endpoint, load_samples, phases
 from deploybench.load.scrape import read_series
 from deploybench.sim.service_model import ServiceParams, capacity
@@ -40,8 +41,9 @@ def test_sustained_then_overload_on_two_nodes(engines, tmp_path):
                     overload_factor=4.0, overload_ramp_s=6, recovery_s=4, drift_threshold=1.0, **WORK)
     slo = SLO(p99_latency_ms=400, max_error_rate=0.01, p99_ttft_ms=400)
     out_dir = tmp_path / "load"
-    sus = phases.run_phase("sustained", eps, spec, slo, out_dir, tags={"run": "t"})
-    over = phases.run_phase("overload", eps, spec, slo, out_dir, tags={"run": "t"})
+    sim = engine_profile("sim").metrics  # the engine's own figures: the names its profile maps
+    sus = phases.run_phase("sustained", eps, spec, slo, out_dir, tags={"run": "t"}, metrics=sim)
+    over = phases.run_phase("overload", eps, spec, slo, out_dir, tags={"run": "t"}, metrics=sim)
 
     res, drift = sus["result"], sus["analysis"]
     assert res["slo_ok"], res["slo"]
