@@ -23,6 +23,7 @@ from pathlib import Path
 
 from _engines import local_engines
 
+from deploybench.engines import profile as engine_profile
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
 from deploybench.load import load_samples, phases, run_load
 from deploybench.sim.service_model import ServiceParams, capacity
@@ -77,7 +78,7 @@ def main() -> int:
     spec = LoadSpec(rate=1.2, duration_s=10, warmup_s=1, prompt_tokens=P, output_tokens=O, ttft_sample_rps=0.5,
                     scrape_interval_s=1, request_timeout_s=10)
     with local_engines(engine, 1) as eps, tempfile.TemporaryDirectory() as tmp:
-        res = run_load(eps, spec, SLO(), Path(tmp), phase="light")
+        res = run_load(eps, spec, SLO(), Path(tmp), phase="light", metrics=engine_profile("sim").metrics)
         df = load_samples(res.samples_path)
     ttft = statistics.median(df["ttft_ms"].dropna())
     e2e = statistics.median(df.loc[df["ttft_ms"].isna(), "latency_ms"])
