@@ -23,8 +23,8 @@ from pathlib import Path
 
 from _engines import local_engines
 
-from deploybench.engines import profile as engine_profile
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
+from deploybench.engines import profile as engine_profile
 from deploybench.load import load_samples, phases, run_load
 from deploybench.sim.service_model import ServiceParams, capacity
 
