@@ -3,9 +3,9 @@
 It is not Kubernetes. No real API server can run on this machine, so this fake answers the
 few REST calls the kubernetes deployer makes, over real HTTP, to the real ``kubernetes``
 Python client: server-side apply (PATCH application/apply-patch+yaml, fieldManager
-required) of Deployments, Services and ConfigMaps; merge-patches of a Deployment's scale
-subresource; GET of Deployments; lists of pods, Deployments, Services and ConfigMaps by label
-selector; pod logs; DELETE.
+required) of Deployments, Services, ConfigMaps and PodDisruptionBudgets; merge-patches of a Deployment's scale
+subresource; GET of Deployments; lists of pods, Deployments, Services, ConfigMaps and
+PodDisruptionBudgets (stored, not enforced: the fake evicts nothing) by label selector; pod logs; DELETE.
 
 A tiny "controller" runs on every request: each Deployment gets ``spec.replicas`` pods,
 scheduled like the real scheduler under the manifests' rules (a required node affinity
@@ -158,6 +158,8 @@ _ROUTES = [
     (re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments$"), "Deployment", "list"),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/services$"), "Service", "list"),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$"), "ConfigMap", "list"),
+    (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets/([^/]+)$"), "PodDisruptionBudget", "obj"),
+    (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "PodDisruptionBudget", "list"),
 ]
 
 

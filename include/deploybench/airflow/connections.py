@@ -75,7 +75,7 @@ def socket_dsn(login: str | None, password: str | None, folder: str, port: int |
 
 
 def kube_clients(conn_id: str | None) -> KubeClients | None:
-    """Kubernetes API clients (apps/v1, core/v1) from the cncf.kubernetes provider's KubernetesHook."""
+    """Kubernetes API clients (apps/v1, core/v1, policy/v1) from the cncf.kubernetes provider's KubernetesHook."""
     if not conn_id:
         return None
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -83,4 +83,4 @@ def kube_clients(conn_id: str | None) -> KubeClients | None:
     from deploybench.rollout.kubernetes import KubeClients
 
     hook = KubernetesHook(conn_id=conn_id)
-    return KubeClients(hook.apps_v1_client, hook.core_v1_client)
+    return KubeClients.from_api_client(hook.api_client)

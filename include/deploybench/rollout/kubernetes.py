@@ -38,12 +38,13 @@ POLL_S = 0.2
 class KubeClients:
     apps: Any  # kubernetes.client.AppsV1Api
     core: Any  # kubernetes.client.CoreV1Api
+    policy: Any  # kubernetes.client.PolicyV1Api (the engine pods' PodDisruptionBudget)
 
     @classmethod
     def from_api_client(cls, api_client: Any) -> KubeClients:
         from kubernetes import client
 
-        return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client))
+        return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.PolicyV1Api(api_client))
 
 
 def rollout_status(dep: dict[str, Any]) -> tuple[bool, bool, str]:
@@ -127,7 +128,8 @@ class KubernetesDeployer(Deployer):
         kind, name = obj["kind"], obj["metadata"]["name"]
         fn = {"Deployment": self.kube.apps.patch_namespaced_deployment,
               "Service": self.kube.core.patch_namespaced_service,
-              "ConfigMap": self.kube.core.patch_namespaced_config_map}[kind]
+              "ConfigMap": self.kube.core.patch_namespaced_config_map,
+              "PodDisruptionBudget": self.kube.policy.patch_namespaced_pod_disruption_budget}[kind]
         fn(name, self.ns, obj, field_manager=FIELD_MANAGER, force=True,
            _content_type="application/apply-patch+yaml", _preload_content=False)
         log.info("applied %s %s/%s", kind, self.ns, name)
@@ -246,7 +248,8 @@ class KubernetesDeployer(Deployer):
                  ("deployment", self.obj.stable, self.kube.apps.delete_namespaced_deployment),
                  ("service", self.obj.service, self.kube.core.delete_namespaced_service),
                  ("service", self.obj.headless, self.kube.core.delete_namespaced_service),
-                 ("configmap", self.obj.config, self.kube.core.delete_namespaced_config_map)]
+                 ("configmap", self.obj.config, self.kube.core.delete_namespaced_config_map),
+                 ("poddisruptionbudget", self.obj.budget, self.kube.policy.delete_namespaced_pod_disruption_budget)]
         out = {}
         for kind, name, fn in calls:
             try:
@@ -258,12 +261,14 @@ class KubernetesDeployer(Deployer):
 
 
 def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[str, str]:
-    """Delete every Deployment, Service and ConfigMap in ``namespace`` labelled with ``run_key``
+    """Delete every Deployment, Service, ConfigMap and PodDisruptionBudget in ``namespace`` labelled with ``run_key``
     (``deploybench/run``): ``{"deployment/<name>": "deleted" | "error: ..."}``; nothing found = ``{}``."""
     selector = f"{manifests.RUN}={manifests.run_label(run_key)}"
     kinds = [("deployment", kube.apps.list_namespaced_deployment, kube.apps.delete_namespaced_deployment),
              ("service", kube.core.list_namespaced_service, kube.core.delete_namespaced_service),
-             ("configmap", kube.core.list_namespaced_config_map, kube.core.delete_namespaced_config_map)]
+             ("configmap", kube.core.list_namespaced_config_map, kube.core.delete_namespaced_config_map),
+             ("poddisruptionbudget", kube.policy.list_namespaced_pod_disruption_budget,
+              kube.policy.delete_namespaced_pod_disruption_budget)]
     out: dict[str, str] = {}
     for kind, list_fn, delete_fn in kinds:
         try:

@@ -68,6 +68,10 @@ class Names:
     config: str
     run_key: str | None = None
 
+    @property
+    def budget(self) -> str:
+        return f"{self.stable}-budget"
+
     @classmethod
     def of(cls, model: str, run_key: str | None = None) -> Names:
         n = resource_name(model, run_key)
@@ -203,9 +207,21 @@ def service(cfg: RunConfig, headless: bool = False, run_key: str | None = None) 
             "spec": spec}
 
 
+def disruption_budget(cfg: RunConfig, run_key: str | None = None) -> dict[str, Any]:
+    """A PodDisruptionBudget that lets no engine pod of the run be evicted on purpose (a node drain, the cluster
+    autoscaler) while it is measured: an eviction mid-phase would be read as the configuration's failure. The
+    run's teardown deletes it with the Deployments, so a drain waits for the run, not for a person."""
+    names = Names.of(cfg.model.name, run_key)
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": names.budget, "namespace": cfg.rollout.kubernetes.namespace,
+                         "labels": _labels(names)},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {INSTANCE: names.stable}}}}
+
+
 def render_all(cfg: RunConfig, inv: Inventory, canary: list[str], stable: list[str],
                canary_replicas: int, stable_replicas: int, run_key: str | None = None) -> list[dict[str, Any]]:
     objs = [config_map(cfg, inv, run_key), service(cfg, run_key=run_key), service(cfg, headless=True, run_key=run_key),
+            disruption_budget(cfg, run_key),
             deployment(cfg, inv, "canary", canary, canary_replicas, run_key),
             deployment(cfg, inv, "stable", stable, stable_replicas, run_key)]
     return [o for o in objs if o is not None]

@@ -236,7 +236,8 @@ def test_two_runs_in_one_namespace_never_touch_each_others_objects():
             by_run.setdefault(o["metadata"]["labels"][manifests.RUN], set()).add(name)
         assert set(by_run) == {"run-a", "run-b"} and not by_run["run-a"] & by_run["run-b"]
         out = rollout.teardown(Cluster(_inv(), run_key="run-a"), NODES[:4], cfg, kube=kube)
-        assert len(out) == 4 and set(out.values()) == {"stopped"}  # 2 Deployments + 2 Services, by label
+        assert len(out) == 5 and set(out.values()) == {"stopped"}  # 2 Deployments, 2 Services, the budget: by label
+        assert any(k.startswith("poddisruptionbudget/") for k in out), out
         left = {o["metadata"]["labels"][manifests.RUN] for o in srv.cluster.objects.values()}
         assert left == {"run-b"} and len(srv.cluster.pods) == 4  # run b still serves
         # a later run cleaning up after a dead run b: by b's label, whatever the names are
@@ -256,3 +257,23 @@ def test_the_startup_budget_is_the_engines_unless_the_run_says():
     dep = next(o for o in manifests.render_all(vllm, _inv(), NODES[:2], NODES[2:], 2, 0) if o["kind"] == "Deployment")
     probe = dep["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
     assert probe["failureThreshold"] * probe["periodSeconds"] >= 1800
+
+
+def test_no_engine_pod_is_evicted_on_purpose_while_it_is_measured_and_the_budget_goes_with_the_run():
+    """Issue 28, point 6: a PodDisruptionBudget with maxUnavailable 0 over the run's engine pods (a node drain or the
+    autoscaler waits instead of evicting one mid-phase); checked against the official schema, applied through the
+    (fake) API server with the Deployments, deleted by the run's teardown."""
+    cfg = _cfg()
+    budget = manifests.disruption_budget(cfg, "run-a")
+    manifests.validate(budget)
+    assert budget["spec"] == {"maxUnavailable": 0,
+                              "selector": {"matchLabels": {manifests.INSTANCE: manifests.Names.of("sim-model", "run-a")
+                                                           .stable}}}
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.2) as srv:
+        kube = KubeClients.from_api_client(srv.api_client())
+        res = rollout.run(Cluster(_inv(), run_key="run-a"), NODES[:2], cfg, kube=kube, **_checks([]))
+        assert len(res.endpoints) == 2
+        kinds = {k for k, _, _ in srv.cluster.objects}
+        assert "PodDisruptionBudget" in kinds, kinds
+        rollout.teardown(Cluster(_inv(), run_key="run-a"), NODES[:2], cfg, kube=kube)
+        assert srv.cluster.objects == {}
