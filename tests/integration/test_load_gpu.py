@@ -52,6 +52,14 @@ def test_sustained_utilisation_and_memory_match_the_closed_form_and_the_objectiv
           f"memory {g['mem_used_mib_mean']} MiB (model {model_mib:.2f})")
     assert g["source"] == "dcgm" and g["gpus"] == 1 and g["samples"] >= 3
     assert g["util_mean_pct"] == pytest.approx(want, rel=0.08)
+    # energy (issue 29, part): the engine's counter gives the power of the window, IDLE + (BUSY - IDLE) x the
+    # utilisation; per output token that is the power over the output tokens per second (RATE x O)
+    watts = em.IDLE_W + (em.BUSY_W - em.IDLE_W) * want / 100
+    print(f"GPU power {g['power_mean_w']} W (closed form {watts:.1f} W), {res['energy_per_output_token_j']} J per "
+          f"output token (closed form {watts / (RATE * O):.3f} J)")
+    assert g["power_source"] == "energy counter" and g["power_mean_w"] == pytest.approx(watts, rel=0.05)
+    assert res["energy_j"] == pytest.approx(g["energy_j"]) and res["energy_per_output_token_j"] == pytest.approx(
+        watts / (RATE * O), rel=0.1)  # the achieved output rate is within a few % of the offered one
     # the exact integral the engine keeps, over the measured window, agrees with the gauge
     pts = read_series(res["metrics_path"])
     start = datetime.fromisoformat(res["started_at"])

@@ -40,7 +40,10 @@ from deploybench.load.scrape import MetricsPageError, get_page, parse_metrics
 LOG = logging.getLogger(__name__)
 
 UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
-METRICS = (UTIL, FB_USED, FB_FREE)
+# power (W) and energy since the driver loaded (mJ, a counter): dcgm-exporter's etc/default-counters.csv
+POWER, ENERGY = "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+METRICS = (UTIL, FB_USED, FB_FREE, POWER, ENERGY)
+MAX_W = 5000.0  # one GPU's power draw: past it, the number is not a power
 DCGM_PORT = 9400
 SMI_COMMAND = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]
 MAX_TEXT = 1 << 20  # characters of nvidia-smi output accepted: a GPU query prints ~20 per GPU
@@ -107,8 +110,10 @@ def smi_points(text: str, base: dict) -> list[dict]:
 
 
 def in_range(metric: str, value: float) -> bool:
-    """A GPU reading that can be one: utilisation in [0, 100] %, memory in [0, MAX_MIB] MiB."""
-    return math.isfinite(value) and 0 <= value <= (100.0 if metric == UTIL else MAX_MIB)
+    """A GPU reading that can be one: utilisation in [0, 100] %, memory in [0, MAX_MIB] MiB, power in [0, MAX_W] W,
+    an energy counter not negative (and finite, as every kept sample is)."""
+    top = {UTIL: 100.0, POWER: MAX_W, ENERGY: 1e18}.get(metric, MAX_MIB)
+    return math.isfinite(value) and 0 <= value <= top
 
 
 def dcgm_points(text: str, base: dict, source: str | None = None) -> list[dict]:
@@ -235,6 +240,20 @@ def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 3) if xs else None
 
 
+def _power(samples: dict[str, dict[str, list[float]]], counters: dict[str, list[tuple[datetime, float]]]
+           ) -> tuple[float | None, str | None]:
+    """(mean power of the engine's GPUs in W, where it came from): the energy counters' increase over the time
+    between their first and last sample in the window (exact: whatever happened between two samples is in it),
+    else the mean of the power gauge's samples (the sum over the GPUs); (None, None) when neither was reported."""
+    spans = [sorted(v) for v in counters.values() if len(v) >= 2]
+    if spans and len(spans) == len(counters) and all(s[-1][0] > s[0][0] and s[-1][1] >= s[0][1] for s in spans):
+        # (a counter that went down was reset, a driver reload: no reading)
+        total = sum((s[-1][1] - s[0][1]) / 1000.0 / (s[-1][0] - s[0][0]).total_seconds() for s in spans)
+        return round(total, 3), "energy counter"
+    gauge = [sum(s[POWER]) for s in samples.values() if s.get(POWER)]
+    return (_mean(gauge), "power gauge") if gauge else (None, None)
+
+
 def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: datetime,
                 why: Mapping[str, str] | None = None, engines: Mapping[str, Endpoint] | None = None
                 ) -> dict[str, GpuFigures]:
@@ -248,6 +267,7 @@ def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: date
     gpus: dict[str, set] = defaultdict(set)
     bad: dict[str, Counter[str]] = defaultdict(Counter)
     others: Counter[str] = Counter()  # samples of GPUs that are not the engine's
+    counters: dict[str, dict[str, list[tuple[datetime, float]]]] = defaultdict(lambda: defaultdict(list))
     example: dict[tuple[str, str], float] = {}
     for p in points:
         if p.get("metric") not in METRICS or p.get("node") not in nodes:
@@ -263,9 +283,13 @@ def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: date
             bad[node][metric] += 1
             example.setdefault((node, metric), value)
             continue
+        gpu = str((p.get("labels") or {}).get("gpu", "0"))
+        if metric == ENERGY:  # a counter: its increase over the window, per GPU
+            counters[node][gpu].append((ts, value))
+            continue
         per[node][p["ts"]][metric].append(value)
         sources.setdefault(node, (p.get("labels") or {}).get("source", "dcgm"))
-        gpus[node].add((p.get("labels") or {}).get("gpu", "0"))
+        gpus[node].add(gpu)
     out = {}
     for node in nodes:
         left_out = ", ".join(f"{n} of {m} (e.g. {example[(node, m)]:g})" for m, n in sorted(bad[node].items()))
@@ -288,7 +312,10 @@ def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: date
                                                      "mapping (-k)" if mine.pod else ""))
             out[node] = GpuFigures(reason=reason)
             continue
+        watts, power_from = _power(samples, counters.get(node) or {})
         out[node] = GpuFigures(
+            power_mean_w=watts, power_source=power_from,
+            energy_j=None if watts is None else round(watts * (end - start).total_seconds(), 3),
             source=sources[node], gpus=len(gpus[node]), samples=len(samples), util_mean_pct=_mean(utils),
             util_min_pct=min(utils) if utils else None, util_max_pct=max(utils) if utils else None,
             mem_used_mib_mean=_mean(used), mem_used_mib_max=max(used) if used else None,
@@ -307,8 +334,21 @@ def attach(res: LoadResult, figs: dict[str, GpuFigures], series_path: str | None
     sources = {**res.sources, "gpu": (f"node: {', '.join(srcs)} samples in the measured window, mean over the "
                                       "engine's GPUs per node"
                                       if srcs else "absent: no node reported GPU figures")}
-    return res.model_copy(update={"gpu": figs, "gpu_util_pct": _mean(utils), "nodes": nodes, "sources": sources,
-                                  "gpu_series_path": series_path})
+    energy = (sum(f.energy_j for f in figs.values() if f.energy_j is not None)
+              if figs and all(f.energy_j is not None for f in figs.values()) else None)
+    tokens, answered = res.output_tps * res.duration_s, res.achieved_rps * res.duration_s
+    if energy is not None:
+        how = ", ".join(sorted({str(f.power_source) for f in figs.values()}))
+        sources["energy"] = (f"GPU power of every node ({how}) x the measured window; per output token and per "
+                             "answer of that window")
+    else:
+        missing = sorted(n for n, f in figs.items() if f.energy_j is None)
+        sources["energy"] = f"absent: no GPU power from {', '.join(missing) or 'any node'}"
+    return res.model_copy(update={
+        "gpu": figs, "gpu_util_pct": _mean(utils), "nodes": nodes, "sources": sources, "gpu_series_path": series_path,
+        "energy_j": None if energy is None else round(energy, 3),
+        "energy_per_output_token_j": None if energy is None or tokens <= 0 else round(energy / tokens, 6),
+        "energy_per_request_j": None if energy is None or answered <= 0 else round(energy / answered, 6)})
 
 
 def gpu_verdict(figs: Mapping[str, GpuFigures], slo: SLO) -> list[str]:

@@ -112,6 +112,11 @@ class GpuFigures(BaseModel):
     mem_used_mib_mean: float | None = None  # summed over the node's GPUs
     mem_used_mib_max: float | None = None
     mem_total_mib: float | None = None
+    # the engine's GPUs' power, summed (from DCGM's energy counter, else its power gauge; None: not reported),
+    # and the energy of the measured window (that power x the window's length)
+    power_mean_w: float | None = None
+    power_source: str | None = None
+    energy_j: float | None = None
 
 
 class NodeFigures(Figures):
@@ -169,4 +174,9 @@ class LoadResult(Figures):
     # added with GPU utilisation (issue 17)
     gpu: dict[str, GpuFigures] = Field(default_factory=dict)  # per node
     gpu_util_pct: float | None = None  # mean over the nodes that report one (None: no node does)
+    # the GPUs' energy over the measured window, summed over the nodes, and per answer and per output token (None
+    # unless every node reported its power: a partial sum would flatter the configuration)
+    energy_j: float | None = None
+    energy_per_request_j: float | None = None
+    energy_per_output_token_j: float | None = None
     gpu_series_path: str | None = None  # GPU samples taken beside the engine's /metrics (exporter, nvidia-smi)

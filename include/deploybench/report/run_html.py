@@ -45,8 +45,10 @@ def _gpu_row(phase: dict[str, Any], node: dict[str, Any]) -> list[Any]:
     """phase, node, req/s beside the node's GPU figures (``LoadResult.gpu``); 'absent' where not measured."""
     g = (phase.get("gpu") or {}).get(node["node"]) or {}
     mem = g.get("mem_used_mib_mean")
+    watts = g.get("power_mean_w")
     return [phase.get("phase"), node["node"], node.get("achieved_rps"), fmt_util(g.get("util_mean_pct")),
-            "absent" if mem is None else mem, g.get("source") or f"absent: {g.get('reason') or 'not sampled'}"]
+            "absent" if mem is None else mem, "absent" if watts is None else watts,
+            g.get("source") or f"absent: {g.get('reason') or 'not sampled'}"]
 
 
 # The engine's figures by role (deploybench.load.scrape.engine_figures), in this order; a column shows when a node's
@@ -74,10 +76,11 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
 
     phases = [p.model_dump(mode="json") for p in ld.ran()]
     parts = ["<h2>Load</h2>", table(
-        ["phase", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "P50 ms", "P90 ms", "P99 ms",
-         "P99.9 ms", "TTFT P99 ms", "errors", "dropped", "SLO"],
+        ["phase", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "J per output token", "P50 ms",
+         "P90 ms", "P99 ms", "P99.9 ms", "TTFT P99 ms", "errors", "dropped", "SLO"],
         [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), fmt_util(p.get("gpu_util_pct")),
-          p.get("output_tps"), p.get("latency_p50_ms"),
+          p.get("output_tps"), "absent" if p.get("energy_per_output_token_j") is None
+          else f"{p['energy_per_output_token_j']:.4g}", p.get("latency_p50_ms"),
           p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"), p.get("ttft_p99_ms"),
           fmt_pct(p.get("error_rate", 0)), p.get("dropped_iterations"),
           "met" if p.get("slo_ok") else "not met: " + "; ".join((p.get("slo") or {}).get("reasons") or [])]
@@ -124,7 +127,7 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
     gpu_rows = [_gpu_row(p, v) for p in phases for v in p.get("nodes") or []]
     if gpu_rows:
         parts += ["<h3>GPU utilisation per node, every phase</h3>",
-                  table(["phase", "node", "req/s", "GPU util %", "GPU mem MiB", "source"], gpu_rows)]
+                  table(["phase", "node", "req/s", "GPU util %", "GPU mem MiB", "GPU power W", "source"], gpu_rows)]
     notes = [n for p in phases for n in p.get("notes") or []]
     if notes:
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in dict.fromkeys(notes)) + "</ul>")

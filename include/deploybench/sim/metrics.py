@@ -14,7 +14,13 @@ occupancy in closed form (what the load stage's GPU figures are tested against):
   d(busy slot-seconds) / (max_num_seqs x dt);
 * ``DCGM_FI_DEV_FB_USED`` (MiB) = model size + ``KV_MIB_PER_TOKEN`` x the tokens held by the running
   sequences (prompt + generated so far), rounded to whole MiB as DCGM reports;
-  ``DCGM_FI_DEV_FB_FREE`` = ``GPU_MEMORY_MIB`` - used.
+  ``DCGM_FI_DEV_FB_FREE`` = ``GPU_MEMORY_MIB`` - used;
+* ``DCGM_FI_DEV_POWER_USAGE`` (W) = ``IDLE_W`` + (``BUSY_W`` - ``IDLE_W``) x utilisation (the same windowed
+  mean), and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since the engine started, a counter, as DCGM's is since
+  the driver loaded) its exact integral: ``IDLE_W`` x t + (``BUSY_W`` - ``IDLE_W``) x busy slot-seconds /
+  max_num_seqs; so the energy of any window is known in closed form from the occupancy;
+* ``DCGM_FI_DEV_GPU_TEMP`` (C) = 35 + 45 x utilisation, ``DCGM_FI_DEV_SM_CLOCK`` (MHz) = ``SM_CLOCK_MHZ``.
+The names and units are dcgm-exporter's (etc/default-counters.csv of NVIDIA/dcgm-exporter).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ GPU_UTIL_WINDOW_S = 1.0  # the DCGM utilisation gauge averages over this trailin
 GPU_MEMORY_MIB = 131072  # a GB10-class node: 128 GiB of (unified) memory
 KV_MIB_PER_TOKEN = 0.125  # 128 KiB of KV cache per token (an 8B model in fp16)
 GPU_LABELS = 'gpu="0",UUID="GPU-deploybench-sim",device="nvidia0",modelName="deploybench-sim"'
+IDLE_W = 90.0  # an H100 SXM-class GPU idle with a model loaded
+BUSY_W = 700.0  # and at its power limit (700 W board power), every batch slot busy
+SM_CLOCK_MHZ = 1980  # its maximum boost clock
 
 
 class Occupancy:
@@ -100,6 +109,7 @@ class EngineMetrics:
         self.slots = max(1, slots)
         self.model_mib = model_bytes / 2**20
         self.occupancy = Occupancy(time.monotonic())
+        self.started = self.occupancy.t0  # the energy counter counts from here
         self.kv_tokens = 0  # tokens held by the running sequences
         self.running = 0
         self.waiting = 0
@@ -131,7 +141,19 @@ class EngineMetrics:
         util = 100.0 * self.occupancy.mean(now, GPU_UTIL_WINDOW_S) / self.slots
         used = round(self.model_mib + KV_MIB_PER_TOKEN * self.kv_tokens)
         g = GPU_LABELS
+        power = IDLE_W + (BUSY_W - IDLE_W) * util / 100.0
+        energy_mj = 1000.0 * (IDLE_W * (now - self.started)
+                              + (BUSY_W - IDLE_W) * self.occupancy.area(now) / self.slots)
         return [
+            "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).", "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
+            f"DCGM_FI_DEV_POWER_USAGE{{{g}}} {power:.3f}",
+            "# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).",
+            "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
+            f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{g}}} {energy_mj:.0f}",
+            "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).", "# TYPE DCGM_FI_DEV_GPU_TEMP gauge",
+            f"DCGM_FI_DEV_GPU_TEMP{{{g}}} {35 + 45 * util / 100.0:.0f}",
+            "# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).", "# TYPE DCGM_FI_DEV_SM_CLOCK gauge",
+            f"DCGM_FI_DEV_SM_CLOCK{{{g}}} {SM_CLOCK_MHZ}",
             "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
             f"DCGM_FI_DEV_GPU_UTIL{{{g}}} {util:.3f}",
             "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).", "# TYPE DCGM_FI_DEV_FB_USED gauge",

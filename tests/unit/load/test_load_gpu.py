@@ -139,6 +139,37 @@ def test_sim_gauges_follow_batch_occupancy_and_kv_tokens():
     idle = {p["metric"]: p["value"] for p in gpu.dcgm_points("\n".join(m.gpu_lines(now=t + 3.0)),
                                                             {"ts": "", "node": "n", "phase": "", "step": 0})}
     assert idle[gpu.UTIL] == 0.0 and idle[gpu.FB_USED] == 64  # the model alone
+    # power follows the same utilisation; the energy counter is its exact integral (mJ): idle for 0.5 s, 2 of 4
+    # slots for 1 s, idle for 1.5 s
+    assert pts[gpu.POWER] == pytest.approx(em.IDLE_W + (em.BUSY_W - em.IDLE_W) * 0.5, abs=0.01)
+    assert idle[gpu.POWER] == em.IDLE_W
+    want_mj = 1000 * (em.IDLE_W * 3.0 + (em.BUSY_W - em.IDLE_W) * 2.0 / 4)
+    assert idle[gpu.ENERGY] == pytest.approx(want_mj, abs=1)
+
+
+def test_power_and_energy_of_the_engines_gpus_from_the_counter_else_the_gauge():
+    """Issue 29 (part): the energy counter's increase over its samples in the window is the power (exact whatever
+    happened between samples); a counter that went down (a driver reload) is no reading and the power gauge is
+    used; only the engine's GPUs count; the energy of the window is that power x the window."""
+    def page(t: float, energy: dict[int, float], power: float) -> list[dict]:
+        base = {"ts": (T0 + timedelta(seconds=t)).isoformat(), "node": "n1", "phase": "p", "step": 0}
+        text = "".join(f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="{g}"}} {mj}\nDCGM_FI_DEV_POWER_USAGE{{gpu="{g}"}} '
+                       f'{power}\nDCGM_FI_DEV_GPU_UTIL{{gpu="{g}"}} 50\n' for g, mj in energy.items())
+        return gpu.dcgm_points(text, base, "dcgm-exporter")
+
+    pts = page(1, {0: 1_000_000, 1: 5_000_000}, 300) + page(3, {0: 2_000_000, 1: 5_200_000}, 310)
+    figs = gpu.gpu_figures(pts, ["n1"], T0, T0 + timedelta(seconds=10))
+    # GPU 0: 1000 J in 2 s = 500 W; GPU 1: 200 J in 2 s = 100 W
+    assert figs["n1"].power_mean_w == 600.0 and figs["n1"].power_source == "energy counter"
+    assert figs["n1"].energy_j == 6000.0  # 600 W x the 10 s window
+    one = gpu.gpu_figures(pts, ["n1"], T0, T0 + timedelta(seconds=10),
+                          engines={"n1": Endpoint("n1", "http://h:1", "m", gpus=("1",))})
+    assert one["n1"].power_mean_w == 100.0
+    reset = page(1, {0: 9_000_000}, 300) + page(3, {0: 1_000}, 320)
+    figs = gpu.gpu_figures(reset, ["n1"], T0, T0 + timedelta(seconds=10))
+    assert figs["n1"].power_mean_w == 310.0 and figs["n1"].power_source == "power gauge"
+    none = gpu.gpu_figures(page(1, {}, 0) + [], ["n1"], T0, T0 + timedelta(seconds=10))
+    assert none["n1"].power_mean_w is None and none["n1"].energy_j is None
 
 
 # -- the sources, for real: an exporter over HTTP, nvidia-smi through the transport ----------------------------
@@ -275,6 +306,7 @@ def test_report_shows_utilisation_per_node_and_phase_and_absent_as_absent(tmp_pa
     assert "absent: no transport to run nvidia-smi over" in html  # n2: absent, with the reason
     assert "<td>12.2</td>" in html or "<td>12.3</td>" in html  # the ramp step's utilisation
     assert "<td>0.0</td>" not in html  # nothing absent became a zero
+    assert "<th>J per output token</th>" in html and "<th>GPU power W</th>" in html  # absent here: no power
 
 
 def test_run_page_shows_utilisation_beside_achieved_rate(tmp_path):
