@@ -67,9 +67,9 @@ GPU_UTIL_WINDOW_S = 1.0  # the DCGM utilisation gauge averages over this trailin
 GPU_MEMORY_MIB = 131072  # a GB10-class node: 128 GiB of (unified) memory
 KV_MIB_PER_TOKEN = 0.125  # 128 KiB of KV cache per token (an 8B model in fp16)
 GPU_LABELS = 'gpu="0",UUID="GPU-deploybench-sim",device="nvidia0",modelName="deploybench-sim"'
-IDLE_W = 90.0  # an H100 SXM-class GPU idle with a model loaded
-BUSY_W = 700.0  # and at its power limit (700 W board power), every batch slot busy
-SM_CLOCK_MHZ = 1980  # its maximum boost clock
+IDLE_W = 30.0  # the GB10-class GPU idle with a model loaded
+BUSY_W = 140.0  # and every batch slot busy (DGX Spark's GB10 is a 140 W part)
+SM_CLOCK_MHZ = 2000  # the simulated GPU's SM clock, steady (no throttling simulated yet)
 
 
 class Occupancy:
