@@ -112,21 +112,27 @@ def test_a_link_with_a_real_fault_still_fails_with_the_streams(lab):
             assert f"with {STREAMS} streams" in d["excluded"]["n03"], d["excluded"]
 
 
+# The bandwidth threshold of the latency test: the link's bandwidth is not what it is about. With 0.9, a CI run on
+# a loaded machine measured the restored link at 0.897 of nominal and failed it on bandwidth.
+LATENCY_TEST_THRESHOLD = 0.5
+
+
 def test_rtt_and_jitter_thresholds_fire_on_a_link_with_added_delay(lab):
     inv = lab.inv
+    spec = PreflightSpec(**SPEC)
     capped(lab, "n02", icmp_kbit=16)  # a ping waits ~50 ms per ping queued before it
     try:
         with Cluster(inv) as c:
-            lt = links.test_link(c, inv.node("n01"), inv.node("n02"), 0, 2, 0.9, spec=PreflightSpec(**SPEC))
+            lt = links.test_link(c, inv.node("n01"), inv.node("n02"), 0, 2, LATENCY_TEST_THRESHOLD, spec=spec)
     finally:
         capped(lab, "n02")
     assert lt.error is None and not lt.ok, lt
-    assert lt.ratio >= 0.9, lt  # the bandwidth is fine: the link fails on its latency alone
+    assert lt.ratio >= LATENCY_TEST_THRESHOLD, lt  # the bandwidth is fine: the link fails on its latency alone
     assert lt.latency_ms > 10 and lt.jitter_ms > 5, lt
     assert any("RTT" in p and "max_rtt_ms" in p for p in lt.problems), lt.problems
     assert any("jitter" in p and "max_jitter_ms" in p for p in lt.problems), lt.problems
     with Cluster(inv) as c:  # restored: the same test passes
-        again = links.test_link(c, inv.node("n01"), inv.node("n02"), 0, 2, 0.9, spec=PreflightSpec(**SPEC))
+        again = links.test_link(c, inv.node("n01"), inv.node("n02"), 0, 2, LATENCY_TEST_THRESHOLD, spec=spec)
     assert again.ok and again.problems == [], again
 
 
