@@ -52,6 +52,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         n, self.server.hits = self.server.hits, self.server.hits + 1
         self.server.answer(self, n)
 
+    def do_POST(self) -> None:  # noqa: N802  (a streamed request: its body is read and not looked at)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -285,3 +289,17 @@ def test_a_hostile_stream_event_is_read_without_failing_the_sampler(payload):
 
     text, usage = event_text(payload)
     assert isinstance(text, str) and usage is None
+
+
+def test_tritons_per_response_token_counts_stay_a_count_the_engine_could_mean(engine):
+    """Issue 28: a Triton stream's token count is the sum of each response's ``num_output_tokens``; a hostile
+    server sending the largest count each event allows, event after event, must not make the sum past what any
+    engine could mean (``MAX_USAGE_TOKENS``), nor fail the sampler."""
+    import asyncio
+
+    from deploybench.load.ttft import MAX_USAGE_TOKENS, stream_once
+
+    event = b'data: {"text_output": "x", "num_output_tokens": [%d]}\n\n' % MAX_USAGE_TOKENS
+    engine.answer = page(lambda n: event * 5, length=False)
+    row = asyncio.run(stream_once(Endpoint("n1", engine.url, "m"), "triton", "hi", 1, 4, timeout_s=5))
+    assert row["error_kind"] is None and row["output_tokens"] == MAX_USAGE_TOKENS, row

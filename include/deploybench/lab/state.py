@@ -79,7 +79,7 @@ class LabFiles:
 
     @property
     def bin(self) -> Path:
-        """Programs on the nodes' PATH the machine lacks (lab.cluster.STAND_INS)."""
+        """Stand-ins for programs the nodes lack, on their PATH (deploybench.sim.stand_in.STAND_INS)."""
         return self.root / "bin"
 
     @property

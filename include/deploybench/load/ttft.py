@@ -188,8 +188,8 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
                         done = True
                         continue
                     text_out, u = event_text(data)
-                    if u and "output_delta" in u:
-                        deltas = (deltas or 0) + u.pop("output_delta")
+                    if u and "output_delta" in u:  # a hostile server's many counts stay a count it could mean
+                        deltas = min(MAX_USAGE_TOKENS, (deltas or 0) + u.pop("output_delta"))
                     usage = u or usage
                     if text_out:
                         times.append(now)
