@@ -3,28 +3,38 @@
 // Everything comes from the environment (see lib/config.js); deploybench.load sets it. The phase runs
 // for DB_WARMUP_S + DB_DURATION_S at DB_RATE requests/s (constant-arrival-rate), or, when DB_STAGES
 // is set, DB_WARMUP_S at DB_RATE then ramps through the stages (ramping-arrival-rate, the overload
-// phase). Both are open models: a slow server cannot slow the client down. Requests started in the
+// phase). With a timed plan (DB_PLAN_TIMED: the workload's poisson or gamma arrivals) each request is sent at
+// its own time from the plan instead. All are open models: a slow server cannot slow the client down. The
+// requests' lengths and shared prefixes come from the plan (DB_PLAN, deploybench.workloads). Requests started in the
 // first DB_WARMUP_S seconds are tagged window=warmup and left out of the thresholds and of the figures
 // deploybench reports. Every sample is tagged with phase, step, node and the run tags (DB_TAGS).
 import http from 'k6/http';
 import exec from 'k6/execution';
+import { sleep } from 'k6';
 import { SharedArray } from 'k6/data';
 
 import { loadConfig, ms, scenario, scheduledMs } from './lib/config.js';
-import { makePrompts } from './lib/prompts.js';
+import { makePrompts, planPrompt } from './lib/prompts.js';
 import { buildRequest, errorKind, readinessPaths, readResponse } from './lib/requests.js';
-import { recordSample } from './lib/metrics.js';
+import { recordDropped, recordSample } from './lib/metrics.js';
 
 const cfg = loadConfig(__ENV);
-const prompts = new SharedArray('prompts', () =>
+// The workload's plan (DB_PLAN, written by deploybench.workloads) or, run by hand, lib/prompts.js's prompt set.
+// SharedArray parses its file once and hands each VU the items it reads.
+const planned = cfg.plan ? new SharedArray('plan', () => JSON.parse(open(cfg.plan)).requests) : null;
+const planHead = cfg.plan ? new SharedArray('planHead', () => {
+  const doc = JSON.parse(open(cfg.plan));
+  return [{ seed: doc.seed, prefixes: doc.prefixes, prefixTokens: doc.prefix_tokens }];
+})[0] : null;
+const prompts = cfg.plan ? null : new SharedArray('prompts', () =>
   makePrompts(cfg.prompts, cfg.promptTokens, cfg.seed, cfg.outputTokens, cfg.outputSpread));
+const shape = scenario(cfg);
 
 export const options = {
   scenarios: {
     load: {
-      ...scenario(cfg),
-      preAllocatedVUs: cfg.preVUs,
-      maxVUs: cfg.maxVUs,
+      ...shape,
+      ...(cfg.timed ? {} : { preAllocatedVUs: cfg.preVUs, maxVUs: cfg.maxVUs }),
       // let requests in flight at the end finish (they belong to the measured window)
       gracefulStop: ms(cfg.timeoutS + 1),
       tags: { phase: cfg.phase, step: cfg.step },
@@ -65,16 +75,35 @@ export function setup() {
   }
 }
 
+function promptFor(i, n) {
+  if (!planned) return prompts[Math.floor(i / n) % prompts.length];
+  const k = cfg.timed ? i : i % planned.length;
+  return planPrompt(planned[k], planHead.prefixes, planHead.prefixTokens, planHead.seed, k);
+}
+
 export default function () {
   const i = exec.scenario.iterationInTest;
   const n = cfg.endpoints.length;
   const endpoint = cfg.endpoints[i % n];
-  const prompt = prompts[Math.floor(i / n) % prompts.length];
+  let dueMs;
+  if (cfg.timed) {
+    if (i >= planned.length) return;
+    dueMs = planned[i][0];
+    const wait = dueMs - (Date.now() - exec.scenario.startTime);
+    if (wait > 0) sleep(wait / 1000);
+  } else {
+    dueMs = scheduledMs(cfg, i);
+  }
+  const prompt = promptFor(i, n);
   const req = buildRequest(cfg, endpoint, prompt);
 
   const t0 = Date.now();
-  const lagMs = t0 - exec.scenario.startTime - scheduledMs(cfg, i);
+  const lagMs = t0 - exec.scenario.startTime - dueMs;
   const window = t0 - exec.scenario.startTime < cfg.warmupS * 1000 ? 'warmup' : 'measure';
+  if (cfg.timed && lagMs > cfg.dropLagMs) {
+    recordDropped(window); // no VU was free when it was due: dropped, as an arrival-rate executor drops
+    return;
+  }
   const res = http.post(req.url, req.body, {
     headers: req.headers,
     timeout: ms(cfg.timeoutS),

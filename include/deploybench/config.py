@@ -456,6 +456,10 @@ class LoadSpec(_Strict):
                               description="Measured duration of the sustained phase, after its warm-up.")
     warmup_s: float = Field(5.0, ge=0, le=3600, title="Warm-up (s)",
                             description="Warm-up excluded from every figure (sustained and overload).")
+    workload: str = Field("synthetic", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$", title="Workload",
+                          description="The traffic, by name (deploybench.workloads): synthetic (evenly spaced, the "
+                                      "lengths below), chat-lognormal, shared-prefix, bursty; or <name>.toml in a "
+                                      "folder named by $DEPLOYBENCH_WORKLOADS. The rate is the load rate's.")
     prompt_tokens: int = Field(200, ge=1, le=1_048_576, title="Prompt tokens",
                                description="Mean prompt length in tokens.")
     output_tokens: int = Field(64, ge=1, le=131_072, title="Output tokens",
@@ -753,8 +757,11 @@ class RunConfig(_Strict):
             "nodes": self.nodes,
             "model": self.model.model_dump(mode="json"),
             "engine": _engine_identity(self.engine),
-            "workload": self.load.model_dump(mode="json",
-                                             exclude={"duration_s", "warmup_s", "max_vus", *LOAD_SHAPE_FIELDS}),
+            "workload": self.load.model_dump(mode="json", exclude={
+                "duration_s", "warmup_s", "max_vus", *LOAD_SHAPE_FIELDS,
+                # the default workload is what every run offered before workloads had names: left out, so
+                # earlier series keep their identity
+                *(("workload",) if self.load.workload == "synthetic" else ())}),
         }
 
     def fingerprint(self) -> str:

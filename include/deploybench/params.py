@@ -166,6 +166,7 @@ FIELDS: list[FormField] = [
     _f("load_rate", "load.rate", EVERYDAY),
     _f("load_duration_s", "load.duration_s", EVERYDAY),
     _f("warmup_s", "load.warmup_s", EVERYDAY),
+    _f("workload", "load.workload", "Workload"),
     _f("prompt_tokens", "load.prompt_tokens", "Workload"),
     _f("output_tokens", "load.output_tokens", "Workload"),
     _f("api", "load.api", "Workload"),

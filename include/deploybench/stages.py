@@ -442,7 +442,7 @@ class Validate(Stage):
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import params as form
-        from deploybench import policy, rollout
+        from deploybench import policy, rollout, workloads
         from deploybench.inventory import Inventory
         from deploybench.matrix import planned
 
@@ -454,10 +454,13 @@ class Validate(Stage):
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
+        work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
+        work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
+                        cfg.engine.max_model_len)
         write_json(paths.run_dir(ctx.run_key) / "run.json", {
             "run_key": ctx.run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
             "meta": {**(ctx.meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),
-            "preset": preset.record() if preset else None,
+            "preset": preset.record() if preset else None, "workload": work.summary(),
         })
         return ValidateResult(nodes=names, fingerprint=cfg.fingerprint())
 

@@ -81,6 +81,15 @@ export function loadConfig(env) {
     timeoutS: num(env, 'DB_TIMEOUT_S', 30),
     p99Ms: num(env, 'DB_SLO_P99_MS', 2000),
     maxErrorRate: num(env, 'DB_SLO_MAX_ERROR_RATE', 0.01),
+    // the workload's plan (deploybench.workloads.Plan.write): each request's lengths and prefix group, and with
+    // timed arrivals (poisson, gamma) its send time; empty = the prompt set of lib/prompts.js (by hand)
+    plan: str(env, 'DB_PLAN', ''),
+    timed: bool(env, 'DB_PLAN_TIMED', false),
+    // a timed request that could not start within this long of its send time (every VU busy) is dropped, as
+    // constant-arrival-rate drops an iteration it has no VU for
+    dropLagMs: num(env, 'DB_DROP_LAG_MS', 1000),
+    // timed: how many requests the plan holds (the scenario's iterations)
+    planned: num(env, 'DB_PLANNED', 0),
   };
   if (cfg.rate <= 0) throw new Error(`DB_RATE=${cfg.rate} must be > 0 requests/s`);
   if (cfg.durationS <= 0) throw new Error(`DB_DURATION_S=${cfg.durationS} must be > 0`);
@@ -96,6 +105,8 @@ export function loadConfig(env) {
   if (cfg.stages.length) cfg.durationS = cfg.stages.reduce((a, st) => a + st[1], 0);
   if (cfg.outputSpread < 0 || cfg.outputSpread >= 1) throw new Error(`DB_OUTPUT_SPREAD=${cfg.outputSpread} must be in [0, 1)`);
   if (typeof cfg.tags !== 'object' || Array.isArray(cfg.tags)) throw new Error('DB_TAGS must be a JSON object');
+  if (cfg.timed && !cfg.plan) throw new Error('DB_PLAN_TIMED needs DB_PLAN (the plan with the send times)');
+  if (cfg.timed && !(cfg.planned >= 1)) throw new Error(`DB_PLANNED=${cfg.planned} must be >= 1 with DB_PLAN_TIMED`);
   return cfg;
 }
 
@@ -113,6 +124,14 @@ export function arrival(rate) {
 // The load shape as a k6 scenario: constant-arrival-rate, or ramping-arrival-rate when stages are set.
 // Rates are per 1000 s so that fractional rates stay exact.
 export function scenario(cfg) {
+  if (cfg.timed) {
+    // send times from the plan: every VU takes the next request and sleeps until it is due (run.js), so a request
+    // waits for a VU only when all of them hold one in flight; the executor's own pacing plays no part
+    return {
+      executor: 'shared-iterations', vus: cfg.maxVUs, iterations: cfg.planned,
+      maxDuration: ms(cfg.warmupS + cfg.durationS + cfg.timeoutS + 5),
+    };
+  }
   if (!cfg.stages.length) {
     const { rate, timeUnit } = arrival(cfg.rate);
     return { executor: 'constant-arrival-rate', rate, timeUnit, duration: ms(cfg.warmupS + cfg.durationS) };
@@ -128,6 +147,7 @@ export function scenario(cfg) {
 // actual start is the schedule lag; after a dropped iteration it is over-stated.
 export function scheduledMs(cfg, i) {
   const segs = [];
+  if (cfg.timed) throw new Error('a timed plan carries its own send times');
   if (!cfg.stages.length) return (1000 * i) / cfg.rate;
   let from = cfg.rate;
   if (cfg.warmupS > 0) segs.push([cfg.rate, cfg.rate, cfg.warmupS]);

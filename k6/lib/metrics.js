@@ -17,6 +17,14 @@ export const outputTokens = new Trend('db_output_tokens');
 // where each answer's token count came from (usage | stream | text): the summary export carries the counts
 export const tokensFrom = new Counter('db_tokens_from');
 
+// a timed request dropped because no VU was free when it was due (k6's own dropped_iterations counts only the
+// arrival-rate executors' drops); deploybench.load.samples reads both
+export const dropped = new Counter('db_dropped');
+
+export function recordDropped(window) {
+  dropped.add(1, { window });
+}
+
 export function recordSample(sample) {
   const md = exec.vu.metrics.metadata;
   md.t0 = String(sample.t0);

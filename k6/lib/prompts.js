@@ -42,3 +42,22 @@ export function makePrompts(count, meanTokens, seed, outTokens = 0, outSpread = 
   }
   return out;
 }
+
+// Request i of a workload's plan (deploybench.workloads.Plan): [send ms or -1, own tokens, output tokens, group].
+// Its own words come from a stream seeded by (plan seed, i), so every request differs and a rerun repeats them; a
+// request of a prefix group starts with that group's text (plan.prefixes), which every client sends identically.
+// Returns {text, prefix, own, tokens, maxTokens}: text = prefix + ' ' + own words (own words alone without one).
+export function planPrompt(req, prefixes, prefixTokens, seed, i) {
+  const next = rng((seed ^ Math.imul(i + 1, 0x9e3779b1)) >>> 0);
+  const own = new Array(req[1]);
+  for (let w = 0; w < req[1]; w++) own[w] = WORDS[Math.floor(next() * WORDS.length)];
+  const ownText = own.join(' ');
+  const prefix = req[3] >= 0 ? prefixes[req[3]] : '';
+  return {
+    text: prefix ? `${prefix} ${ownText}` : ownText,
+    prefix,
+    own: ownText,
+    tokens: req[1] + (prefix ? prefixTokens : 0),
+    maxTokens: req[2],
+  };
+}

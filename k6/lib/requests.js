@@ -18,7 +18,10 @@ export function buildRequest(cfg, endpoint, prompt) {
   if (cfg.ignoreEos) payload.ignore_eos = true; // vLLM extension: always produce max_tokens
   if (cfg.stream) payload.stream_options = { include_usage: true };
   if (cfg.api === 'chat') {
-    payload.messages = [{ role: 'user', content: prompt.text }];
+    // a shared prefix is the conversation's system prompt (what an application shares between its users)
+    payload.messages = prompt.prefix
+      ? [{ role: 'system', content: prompt.prefix }, { role: 'user', content: prompt.own }]
+      : [{ role: 'user', content: prompt.text }];
     return { url: `${endpoint.url}/v1/chat/completions`, body: JSON.stringify(payload), headers };
   }
   payload.prompt = prompt.text;

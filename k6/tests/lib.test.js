@@ -2,7 +2,7 @@
 // Every check must pass (thresholds: checks rate==1); a failed check exits 99.
 import { check } from 'k6';
 import { arrival, loadConfig, ms, scenario, scheduledMs } from '../lib/config.js';
-import { makePrompts } from '../lib/prompts.js';
+import { makePrompts, planPrompt } from '../lib/prompts.js';
 import { buildRequest, errorKind, parseSSE, readResponse } from '../lib/requests.js';
 
 export const options = { iterations: 1, vus: 1, thresholds: { checks: ['rate==1'] } };
@@ -152,5 +152,31 @@ export default function () {
       errorKind({ status: 503 }) === 'http_503' && errorKind({ status: 0, error_code: 1050 }) === 'timeout' &&
       errorKind({ status: 0, error_code: 1220 }) === 'connection_reset' &&
       errorKind({ status: 0, error_code: 1212 }) === 'connection_refused' && errorKind({ status: 200 }) === '',
+  });
+
+  // a workload plan's request: [send ms, own tokens, output tokens, prefix group]
+  const prefixes = ['g0 the of and', 'g1 to in is'];
+  const p0 = planPrompt([-1, 5, 7, 1], prefixes, 4, 42, 0);
+  const p1 = planPrompt([-1, 5, 7, 1], prefixes, 4, 42, 1);
+  const lone = planPrompt([-1, 6, 3, -1], prefixes, 4, 42, 0);
+  const chatReq = buildRequest(Object.assign({}, loadConfig(base), { api: "chat" }), EP, p0);
+  const timed = loadConfig(Object.assign({}, base, { DB_PLAN: '/x.json', DB_PLAN_TIMED: 'true', DB_PLANNED: '40',
+    DB_WARMUP_S: '1', DB_MAX_VUS: '12' }));
+  check(null, {
+    'plan: prefix then own words, counted': () => p0.text.startsWith('g1 to in is ') && p0.tokens === 9 &&
+      p0.own.split(' ').length === 5 && p0.maxTokens === 7,
+    'plan: each request its own words': () => p0.own !== p1.own && p0.prefix === p1.prefix,
+    'plan: the same request twice, the same words': () => planPrompt([-1, 5, 7, 1], prefixes, 4, 42, 0).text === p0.text,
+    'plan: no prefix group, no prefix': () => lone.prefix === '' && lone.tokens === 6 && lone.text === lone.own,
+    'plan: chat sends the prefix as the system message': () => {
+      const m = JSON.parse(chatReq.body).messages;
+      return m.length === 2 && m[0].role === 'system' && m[0].content === prefixes[1] && m[1].content === p0.own;
+    },
+    'plan: timed is shared-iterations over the planned requests': () => {
+      const sc = scenario(timed);
+      return sc.executor === 'shared-iterations' && sc.iterations === 40 && sc.vus === 12 && sc.maxDuration === '42000ms';
+    },
+    'plan: timed without a count throws': () =>
+      throws(() => loadConfig(Object.assign({}, base, { DB_PLAN: '/x.json', DB_PLAN_TIMED: 'true' }))),
   });
 }

@@ -39,7 +39,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("records", ("deploybench.records",)),
     ("base", ("deploybench", "deploybench.config", "deploybench.inventory", "deploybench.params", "deploybench.presets",
               "deploybench.manifest", "deploybench.transport", "deploybench.engines", "deploybench.paths",
-              "deploybench.errors", "deploybench.http", "deploybench.policy", "deploybench.timeouts")),
+              "deploybench.errors", "deploybench.http", "deploybench.policy", "deploybench.timeouts",
+              "deploybench.workloads")),
 ]
 
 # (importer, imported): why today's code imports upward. Remove an entry with the import it names.

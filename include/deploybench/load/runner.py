@@ -32,6 +32,7 @@ from typing import Literal
 
 import pandas as pd
 
+from deploybench import workloads
 from deploybench.config import K6_VU_HEADROOM, SLO, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
@@ -49,6 +50,7 @@ from deploybench.load.scrape import Scraper, engine_figures, save_series
 from deploybench.load.stats import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 from deploybench.load.ttft import TtftSampler
 from deploybench.paths import k6_dir
+from deploybench.workloads import Workload
 
 LOG = logging.getLogger(__name__)
 
@@ -99,8 +101,13 @@ def build_env(
     step: int = 0,
     stages: list[tuple[float, float]] | None = None,
     warmup_s: float | None = None,
+    plan: Path | None = None,
+    planned: int = 0,
+    burstiness: float = 1.0,
 ) -> dict[str, str]:
-    """The DB_* variables k6/run.js reads (k6/lib/config.js documents each)."""
+    """The DB_* variables k6/run.js reads (k6/lib/config.js documents each). ``plan`` is the workload's plan file;
+    ``planned`` > 0 makes it timed (its requests sent at their own times, ``planned`` of them); ``burstiness``
+    (the gaps' coefficient of variation, at least 1) scales the VUs for arrivals that come in clumps."""
     if not endpoints:
         raise ConfigError("run_load needs at least one endpoint; got an empty list")
     nodes = [e.node for e in endpoints]
@@ -110,8 +117,8 @@ def build_env(
     if bad:
         raise ConfigError(f"tags {bad} are set by the load script itself; rename them (e.g. run_{bad[0]})")
     peak = max([rate, *(t for t, _ in stages or [])])
-    pre, top = size_vus(peak, spec, slo)
-    return {
+    pre, top = size_vus(peak * max(1.0, burstiness), spec, slo)
+    env = {
         "DB_ENDPOINTS": json.dumps([{"node": e.node, "url": e.url, "model": e.model} for e in endpoints]),
         "DB_API": api or spec.api.value,
         "DB_RATE": repr(float(rate)),
@@ -132,6 +139,11 @@ def build_env(
         "DB_SLO_P99_MS": repr(float(slo.p99_latency_ms)),
         "DB_SLO_MAX_ERROR_RATE": repr(float(slo.max_error_rate)),
     }
+    if plan is not None:
+        env["DB_PLAN"] = str(Path(plan).resolve())
+        if planned:
+            env.update(DB_PLAN_TIMED="true", DB_PLANNED=str(planned))
+    return env
 
 
 def find_k6() -> str:
@@ -305,6 +317,7 @@ def run_load(
     warmup_s: float | None = None,
     scrape_endpoints: list[Endpoint] | None = None,
     metrics: Metrics | None = None,
+    workload: Workload | None = None,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
@@ -313,7 +326,9 @@ def run_load(
     profile). ``scrape_endpoints`` are the nodes whose /metrics are scraped (default: ``endpoints``;
     with one load-balanced URL, pass the nodes behind it); ``metrics`` the engine profile's (what the scrapes keep
     and what its figures are called; None: no engine figures). A re-run with the same ``out_dir``,
-    ``phase`` and ``step`` replaces that run's files.
+    ``phase`` and ``step`` replaces that run's files. ``workload`` is the traffic (default: ``spec.workload``'s
+    file): its plan for this run is drawn from a seed of its own per phase and step (``Workload.seed_for``; ``seed``
+    is the phase's own, used when the workload keeps one seed) and saved as ``<stem>.plan.json``.
     """
     rate = float(rate if rate is not None else spec.rate)
     stages = [(float(t), float(s)) for t, s in stages or []]
@@ -325,14 +340,22 @@ def run_load(
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
     share = sampler_share(spec, rate, stages)
     k6_stages = [(t - share, s) for t, s in stages]
-    env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
-                       api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s)
+    work = workload or workloads.workload(spec.workload)
+    plan_seed = work.seed_for(phase, step, seed)
+    plan = workloads.make_plan(work, rate=rate - share, duration_s=duration_s, warmup_s=warmup_s, seed=plan_seed,
+                               stages=k6_stages, prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
+                               output_spread=spec.output_spread)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = _safe(phase) + (f".step{step:02d}" if step else "")
     json_out, summary_out, log_out = (out_dir / f"{stem}.k6.json.gz", out_dir / f"{stem}.k6-summary.json",
                                       out_dir / f"{stem}.k6.log")
     remove_stale(out_dir, stem)
+    plan_path = plan.write(out_dir / f"{stem}.plan.json")
+    env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
+                       api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s, plan=plan_path,
+                       planned=len(plan) if plan.arrivals_ms is not None else 0,
+                       burstiness=work.spec.arrival.cv or 1.0)
 
     cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR", "LANG", "TZ")}
@@ -345,7 +368,8 @@ def run_load(
                if spec.scrape_interval_s > 0 else None)
     # the sampler runs until k6 is done (it starts before k6's first request; rows outside k6's window are
     # dropped below), so its share of the offered rate is there for the whole window
-    sampler = (TtftSampler(endpoints, spec, api or spec.api.value, share, timeout_s, seed) if share else None)
+    sampler = (TtftSampler(endpoints, spec, api or spec.api.value, share, timeout_s, plan_seed, plan=plan)
+               if share else None)
     if scraper:
         scraper.start()
     try:

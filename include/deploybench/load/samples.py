@@ -27,7 +27,8 @@ EXTRA_COLUMNS = ["warmup", "lag_ms", "itl_ms"]
 
 
 def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
-    """Parse k6's ``--out json`` file: (samples, times of dropped iterations).
+    """Parse k6's ``--out json`` file: (samples, times of dropped iterations: k6's own, of the arrival-rate
+    executors, and run.js's ``db_dropped``, of a timed plan's requests no VU was free for).
 
     The samples have SAMPLE_COLUMNS plus ``warmup`` (bool: the request started in the warm-up),
     ``lag_ms`` and ``itl_ms`` (empty: k6 cannot see tokens)."""
@@ -55,7 +56,7 @@ def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
                         "lag_ms": float(md["lag_ms"]) if "lag_ms" in md else None,
                         "itl_ms": None,
                     })
-                elif '"metric":"dropped_iterations"' in line:
+                elif '"metric":"dropped_iterations"' in line or '"metric":"db_dropped"' in line:
                     dropped.append(pd.Timestamp(json.loads(line)["data"]["time"]))
     except (OSError, EOFError, ValueError, KeyError) as exc:
         raise LoadError(f"{path}: cannot read k6's JSON output ({exc!r}); see the k6 log beside it") from exc

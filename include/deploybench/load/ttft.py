@@ -29,11 +29,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from deploybench.config import LoadSpec
 from deploybench.load.results import Endpoint
+
+if TYPE_CHECKING:
+    from deploybench.workloads import Plan
 
 LOG = logging.getLogger(__name__)
 
@@ -50,8 +53,11 @@ def make_prompt(rng: random.Random, spec: LoadSpec) -> tuple[str, int, int]:
     return " ".join(rng.choice(WORDS) for _ in range(tokens)), tokens, out
 
 
-def request_body(api: str, model: str, text: str, max_tokens: int) -> tuple[str, bytes]:
-    """(path, JSON body) of one streamed request."""
+def request_body(api: str, model: str, text: str, max_tokens: int, prefix: str = "") -> tuple[str, bytes]:
+    """(path, JSON body) of one streamed request; the prompt is ``prefix`` (a workload's shared prefix: the chat's
+    system message, as k6/lib/requests.js sends it) then ``text``."""
+    if prefix and api != "chat":
+        text = f"{prefix} {text}"
     if api == "triton":  # as k6's (k6/lib/requests.js tritonBody): the vLLM backend's inputs and parameters
         body: dict[str, Any] = {"text_input": text, "stream": True, "exclude_input_in_output": True,
                                 "return_num_input_tokens": True, "return_num_output_tokens": True,
@@ -60,7 +66,8 @@ def request_body(api: str, model: str, text: str, max_tokens: int) -> tuple[str,
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     if api == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
+        body["messages"] = ([{"role": "system", "content": prefix}] if prefix else []) + [
+            {"role": "user", "content": text}]
         return "/v1/chat/completions", json.dumps(body).encode()
     body["prompt"] = text
     return "/v1/completions", json.dumps(body).encode()
@@ -149,7 +156,7 @@ def _reusable(headers: dict[str, str]) -> bool:
 
 
 async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max_tokens: int,
-                      timeout_s: float, pool: list | None = None) -> dict:
+                      timeout_s: float, pool: list | None = None, prefix: str = "") -> dict:
     """One streamed request; a row of the samples (times in ms, ``ts`` in epoch ms).
 
     ``pool`` holds idle keep-alive connections to ``ep`` (as k6 and real clients keep them): one is
@@ -159,7 +166,7 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
            "prompt_tokens": prompt_tokens, "output_tokens": 0, "itl_ms": None}
     url = urlsplit(ep.url)
     prefix = url.path.rstrip("/")
-    path, body = request_body(api, ep.model, text, max_tokens)
+    path, body = request_body(api, ep.model, text, max_tokens, prefix)
     writer, keep = None, False
     try:
         async with asyncio.timeout(timeout_s):
@@ -244,10 +251,13 @@ class TtftSampler:
     bounded by ``spec.request_timeout_s``) and returns the rows."""
 
     def __init__(self, endpoints: list[Endpoint], spec: LoadSpec, api: str, rate: float, duration_s: float,
-                 seed: int = 0) -> None:
+                 seed: int = 0, plan: Plan | None = None) -> None:
         self.endpoints, self.spec, self.api = endpoints, spec, api
         self.rate, self.duration_s = rate, duration_s
         self.rng = random.Random(seed + 7919)
+        # the workload's plan: the sampler sends its requests from the plan's end backwards (k6 from its start),
+        # so its prompts have the workload's lengths and shared prefixes
+        self.plan = plan
         self.rows: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -284,9 +294,13 @@ class TtftSampler:
             if self._stop.is_set():
                 break
             ep = self.endpoints[i % len(self.endpoints)]
-            text, ptoks, out = make_prompt(self.rng, self.spec)
+            if self.plan is not None and len(self.plan):
+                prefix, text, ptoks, out = self.plan.prompt(len(self.plan) - 1 - i, self.rng)
+            else:
+                prefix, (text, ptoks, out) = "", make_prompt(self.rng, self.spec)
             pool = pools.setdefault(ep.node, [])
-            task = loop.create_task(stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s, pool))
+            task = loop.create_task(stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s, pool,
+                                                prefix))
             task.add_done_callback(lambda t: self.rows.append(t.result()))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

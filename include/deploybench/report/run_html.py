@@ -170,7 +170,8 @@ def render(run: Run, history: History | None = None) -> str:
     status = run_status(recs)
     parts = [f"<h1>deploybench run <code>{esc(run.key)}</code></h1>",
              f"<p class='{status}'>Status: <b>{status}</b> &middot; {len(run.nodes)} nodes &middot; engine "
-             f"{esc(profile_name(run.cfg.engine))} &middot; config {run.cfg.fingerprint()[:12]}</p>",
+             f"{esc(profile_name(run.cfg.engine))} &middot; workload {esc(run.cfg.load.workload)} &middot; config "
+             f"{run.cfg.fingerprint()[:12]}</p>",
              "<h2>Stages</h2>",
              table(["stage", "status", "seconds", "what happened"],
                    [[s, recs[s].status, recs[s].seconds, recs[s].summary]
