@@ -14,7 +14,7 @@ import { sleep } from 'k6';
 import { SharedArray } from 'k6/data';
 
 import { loadConfig, ms, scenario, scheduledMs } from './lib/config.js';
-import { makePrompts, planPrompt } from './lib/prompts.js';
+import { makePrompts, planConversation, turnPrompt } from './lib/prompts.js';
 import { buildRequest, errorKind, readinessPaths, readResponse } from './lib/requests.js';
 import { recordDropped, recordSample } from './lib/metrics.js';
 
@@ -24,7 +24,8 @@ const cfg = loadConfig(__ENV);
 const planned = cfg.plan ? new SharedArray('plan', () => JSON.parse(open(cfg.plan)).requests) : null;
 const planHead = cfg.plan ? new SharedArray('planHead', () => {
   const doc = JSON.parse(open(cfg.plan));
-  return [{ seed: doc.seed, prefixes: doc.prefixes, prefixTokens: doc.prefix_tokens }];
+  return [{ seed: doc.seed, prefixes: doc.prefixes, prefixTokens: doc.prefix_tokens, texts: doc.texts || [],
+    textTokens: doc.text_tokens || [], blockTokens: doc.block_tokens || 512 }];
 })[0] : null;
 const prompts = cfg.plan ? null : new SharedArray('prompts', () =>
   makePrompts(cfg.prompts, cfg.promptTokens, cfg.seed, cfg.outputTokens, cfg.outputSpread));
@@ -75,16 +76,10 @@ export function setup() {
   }
 }
 
-function promptFor(i, n) {
-  if (!planned) return prompts[Math.floor(i / n) % prompts.length];
-  const k = cfg.timed ? i : i % planned.length;
-  return planPrompt(planned[k], planHead.prefixes, planHead.prefixTokens, planHead.seed, k);
-}
-
 export default function () {
   const i = exec.scenario.iterationInTest;
   const n = cfg.endpoints.length;
-  const endpoint = cfg.endpoints[i % n];
+  const endpoint = cfg.endpoints[i % n]; // a conversation stays on one endpoint (and its prefix cache)
   let dueMs;
   if (cfg.timed) {
     if (i >= planned.length) return;
@@ -94,15 +89,37 @@ export default function () {
   } else {
     dueMs = scheduledMs(cfg, i);
   }
-  const prompt = promptFor(i, n);
-  const req = buildRequest(cfg, endpoint, prompt);
+  if (!planned) {
+    send(endpoint, prompts[Math.floor(i / n) % prompts.length], dueMs, false, {});
+    return;
+  }
+  const k = cfg.timed ? i : i % planned.length;
+  const conv = planConversation(planned[k], planHead, k);
+  const history = [];
+  let historyTokens = 0;
+  for (let t = 0; t < conv.turns.length; t++) {
+    const turn = conv.turns[t];
+    if (t > 0) {
+      if (turn.thinkMs > 0) sleep(turn.thinkMs / 1000);
+      dueMs = Date.now() - exec.scenario.startTime; // a later turn is due when its think time is over
+    }
+    const read = send(endpoint, turnPrompt(conv, turn, history, historyTokens), dueMs, cfg.timed && t === 0,
+      { conv: k, turn: t });
+    if (!read || !read.ok) break; // a conversation whose turn failed has no answer to go on from
+    history.push({ role: 'user', content: turn.user }, { role: 'assistant', content: read.text });
+    historyTokens += turn.tokens + read.outputTokens;
+  }
+}
 
+// One request: sent, read and recorded; returns what readResponse read (null when dropped).
+function send(endpoint, prompt, dueMs, droppable, where) {
+  const req = buildRequest(cfg, endpoint, prompt);
   const t0 = Date.now();
   const lagMs = t0 - exec.scenario.startTime - dueMs;
   const window = t0 - exec.scenario.startTime < cfg.warmupS * 1000 ? 'warmup' : 'measure';
-  if (cfg.timed && lagMs > cfg.dropLagMs) {
+  if (droppable && lagMs > cfg.dropLagMs) {
     recordDropped(window); // no VU was free when it was due: dropped, as an arrival-rate executor drops
-    return;
+    return null;
   }
   const res = http.post(req.url, req.body, {
     headers: req.headers,
@@ -111,7 +128,7 @@ export default function () {
     responseType: 'text',
   });
 
-  let read = { ok: false, errorKind: errorKind(res), promptTokens: prompt.tokens, outputTokens: 0 };
+  let read = { ok: false, errorKind: errorKind(res), promptTokens: prompt.tokens, outputTokens: 0, text: '' };
   if (res.status >= 200 && res.status < 300) read = readResponse(cfg, res, prompt);
 
   recordSample({
@@ -127,5 +144,7 @@ export default function () {
     promptTokens: read.promptTokens,
     outputTokens: read.outputTokens,
     tokensFrom: read.tokensFrom,
+    ...where,
   });
+  return read;
 }

@@ -344,7 +344,8 @@ class Load(Stage):
         # is made unless a node needs it)
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
                          transports={n: cluster[n] for n in {e.node for e in eps}},
-                         api="triton" if prof.api == "triton" else None, metrics=prof.metrics)
+                         api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
+                         max_model_len=run.cfg.engine.max_model_len)
         return self._assembled(ctx)
 
     def _assembled(self, ctx: Context) -> LoadStageResult:

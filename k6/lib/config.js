@@ -128,7 +128,7 @@ export function scenario(cfg) {
     // send times from the plan: every VU takes the next request and sleeps until it is due (run.js), so a request
     // waits for a VU only when all of them hold one in flight; the executor's own pacing plays no part
     return {
-      executor: 'shared-iterations', vus: cfg.maxVUs, iterations: cfg.planned,
+      executor: 'shared-iterations', vus: Math.min(cfg.maxVUs, cfg.planned), iterations: cfg.planned,
       maxDuration: ms(cfg.warmupS + cfg.durationS + cfg.timeoutS + 5),
     };
   }

@@ -6,7 +6,8 @@
 //     node, phase, window (warmup|measure), ok (true|false), status, error_kind, plus run tags
 //   metadata (per-VU, high cardinality, creates no time series; written by the JSON output as
 //   data.metadata, verified with k6 1.1.0):
-//     t0 (request start, epoch ms), lag_ms (start - when it was due), prompt_tokens, output_tokens
+//     t0 (request start, epoch ms), lag_ms (start - when it was due), prompt_tokens, output_tokens, and with a
+//     workload's plan conv (its request: a conversation) and turn
 // deploybench.load parses these points into the samples DataFrame.
 import exec from 'k6/execution';
 import { Counter, Rate, Trend } from 'k6/metrics';
@@ -31,6 +32,10 @@ export function recordSample(sample) {
   md.lag_ms = String(sample.lagMs);
   md.prompt_tokens = String(sample.promptTokens);
   md.output_tokens = String(sample.outputTokens);
+  if (sample.conv !== undefined) {
+    md.conv = String(sample.conv); // the plan's request (a conversation) and the turn within it
+    md.turn = String(sample.turn);
+  }
   const tags = {
     node: sample.node,
     window: sample.window,
@@ -48,4 +53,6 @@ export function recordSample(sample) {
   delete md.lag_ms;
   delete md.prompt_tokens;
   delete md.output_tokens;
+  delete md.conv;
+  delete md.turn;
 }

@@ -43,21 +43,68 @@ export function makePrompts(count, meanTokens, seed, outTokens = 0, outSpread = 
   return out;
 }
 
-// Request i of a workload's plan (deploybench.workloads.Plan): [send ms or -1, own tokens, output tokens, group].
-// Its own words come from a stream seeded by (plan seed, i), so every request differs and a rerun repeats them; a
-// request of a prefix group starts with that group's text (plan.prefixes), which every client sends identically.
-// Returns {text, prefix, own, tokens, maxTokens}: text = prefix + ' ' + own words (own words alone without one).
-export function planPrompt(req, prefixes, prefixTokens, seed, i) {
-  const next = rng((seed ^ Math.imul(i + 1, 0x9e3779b1)) >>> 0);
-  const own = new Array(req[1]);
-  for (let w = 0; w < req[1]; w++) own[w] = WORDS[Math.floor(next() * WORDS.length)];
-  const ownText = own.join(' ');
-  const prefix = req[3] >= 0 ? prefixes[req[3]] : '';
+// A trace block's words: block d (a dense id) is `blockTokens` words from a stream seeded by d, so one id is one
+// text wherever it appears (deploybench.workloads.block_text makes the same); a request's last block is cut.
+const blockCache = new Map();
+function blockWords(d, blockTokens) {
+  let words = blockCache.get(d);
+  if (!words) {
+    const next = rng((Math.imul(d, 0x9e3779b1) + 0x7f4a7c15) >>> 0);
+    words = new Array(blockTokens);
+    for (let w = 0; w < blockTokens; w++) words[w] = WORDS[Math.floor(next() * WORDS.length)];
+    if (blockCache.size > 4096) blockCache.clear(); // a VU keeps the blocks it met lately, not a whole trace
+    blockCache.set(d, words);
+  }
+  return words;
+}
+
+export function blockText(blocks, tokens, blockTokens) {
+  const out = [];
+  for (let j = 0; j < blocks.length; j++) {
+    const n = Math.min(blockTokens, tokens - j * blockTokens);
+    if (n > 0) out.push(blockWords(blocks[j], blockTokens).slice(0, n).join(' '));
+  }
+  return out.join(' ');
+}
+
+// Request i of a workload's plan (deploybench.workloads.Plan.write), a conversation of one turn or more:
+//   [send ms or -1, own tokens, output tokens, prefix group, text, system, blocks or 0, later turns or 0]
+// with later turns [own tokens, output tokens, think ms, text]. A turn's words are the plan's text (a dataset's),
+// else its trace blocks, else made from a stream seeded by (plan seed, i, turn): every request differs and a rerun
+// repeats them. The system prompt is the request's shared prefix (which every client sends identically) and/or
+// its dataset system prompt. Returns {system, systemTokens, turns: [{user, tokens, maxTokens, thinkMs}]}.
+export function planConversation(req, head, i) {
+  const sys = [];
+  let systemTokens = 0;
+  if (req[3] >= 0) {
+    sys.push(head.prefixes[req[3]]);
+    systemTokens += head.prefixTokens;
+  }
+  if (req[5] >= 0) {
+    sys.push(head.texts[req[5]]);
+    systemTokens += head.textTokens[req[5]];
+  }
+  const all = [[req[1], req[2], 0, req[4]]].concat(req[7] || []);
+  const turns = all.map(([own, out, think, text], t) => {
+    let user;
+    if (text >= 0) user = head.texts[text];
+    else if (req[6] && t === 0) user = blockText(req[6], own, head.blockTokens);
+    else {
+      const next = rng((head.seed ^ Math.imul(i + 1, 0x9e3779b1) ^ Math.imul(t, 0x85ebca6b)) >>> 0);
+      const words = new Array(own);
+      for (let w = 0; w < own; w++) words[w] = WORDS[Math.floor(next() * WORDS.length)];
+      user = words.join(' ');
+    }
+    return { user, tokens: own, maxTokens: out, thinkMs: think };
+  });
+  return { system: sys.join(' '), systemTokens, turns };
+}
+
+// One turn as buildRequest takes it: the conversation so far (`history`: [{role, content}]) then `user`.
+export function turnPrompt(conv, turn, history, historyTokens) {
+  const parts = [conv.system].concat(history.map((m) => m.content), [turn.user]).filter((x) => x);
   return {
-    text: prefix ? `${prefix} ${ownText}` : ownText,
-    prefix,
-    own: ownText,
-    tokens: req[1] + (prefix ? prefixTokens : 0),
-    maxTokens: req[2],
+    text: parts.join(' '), prefix: conv.system, own: turn.user, history,
+    tokens: conv.systemTokens + historyTokens + turn.tokens, maxTokens: turn.maxTokens,
   };
 }

@@ -18,10 +18,11 @@ export function buildRequest(cfg, endpoint, prompt) {
   if (cfg.ignoreEos) payload.ignore_eos = true; // vLLM extension: always produce max_tokens
   if (cfg.stream) payload.stream_options = { include_usage: true };
   if (cfg.api === 'chat') {
-    // a shared prefix is the conversation's system prompt (what an application shares between its users)
-    payload.messages = prompt.prefix
-      ? [{ role: 'system', content: prompt.prefix }, { role: 'user', content: prompt.own }]
-      : [{ role: 'user', content: prompt.text }];
+    // a shared prefix is the conversation's system prompt (what an application shares between its users); a
+    // later turn of a conversation carries the turns before it, the answers included
+    payload.messages = (prompt.prefix ? [{ role: 'system', content: prompt.prefix }] : [])
+      .concat(prompt.history || [])
+      .concat([{ role: 'user', content: prompt.own !== undefined ? prompt.own : prompt.text }]);
     return { url: `${endpoint.url}/v1/chat/completions`, body: JSON.stringify(payload), headers };
   }
   payload.prompt = prompt.text;
@@ -103,16 +104,18 @@ export function parseSSE(body) {
   return out;
 }
 
-// Reads a 2xx answer: {ok, errorKind, promptTokens, outputTokens, tokensFrom}. A 2xx whose body cannot be
+// Reads a 2xx answer: {ok, errorKind, promptTokens, outputTokens, tokensFrom, text (the answer: a conversation's
+// next turn carries it)}. A 2xx whose body cannot be
 // read (bad JSON, a stream without [DONE]) is an error of its own kind, not a success. tokensFrom says
 // where outputTokens came from: 'usage' (the server's count), 'stream' (text events counted: servers
 // such as llama.cpp's send no usage in a stream) or 'text' (words of an answer without usage).
 export function readResponse(cfg, res, prompt) {
-  const r = { ok: true, errorKind: '', promptTokens: prompt.tokens, outputTokens: 0, tokensFrom: 'usage' };
+  const r = { ok: true, errorKind: '', promptTokens: prompt.tokens, outputTokens: 0, tokensFrom: 'usage', text: '' };
   if (cfg.stream) {
     const sse = parseSSE(res.body);
     if (cfg.api !== 'triton' && !sse.done) return { ...r, ok: false, errorKind: 'stream_incomplete' };
     if (sse.chunks === 0 && !sse.usage) return { ...r, ok: false, errorKind: 'bad_response' };
+    r.text = sse.text;
     if (sse.usage) {
       r.outputTokens = sse.usage.completion_tokens || 0;
       r.promptTokens = sse.usage.prompt_tokens || r.promptTokens;
@@ -133,6 +136,7 @@ export function readResponse(cfg, res, prompt) {
   }
   if (cfg.api === 'triton') {
     if (typeof data.text_output !== 'string') return { ...r, ok: false, errorKind: 'bad_response' };
+    r.text = data.text_output;
     const n = tritonCount(data.num_output_tokens);
     if (n !== null) {
       r.outputTokens = n; // the vLLM backend's count; the text is the answer alone (exclude_input_in_output)
@@ -144,6 +148,9 @@ export function readResponse(cfg, res, prompt) {
     return r;
   }
   if (!Array.isArray(data.choices) || !data.choices.length) return { ...r, ok: false, errorKind: 'bad_response' };
+  const first = data.choices[0] || {};
+  const said = first.text !== undefined ? first.text : first.message && first.message.content;
+  r.text = typeof said === 'string' ? said : '';
   if (!data.usage) {
     const c = data.choices[0] || {};
     r.outputTokens = wordCount(c.text !== undefined ? c.text : c.message && c.message.content);

@@ -2,7 +2,7 @@
 // Every check must pass (thresholds: checks rate==1); a failed check exits 99.
 import { check } from 'k6';
 import { arrival, loadConfig, ms, scenario, scheduledMs } from '../lib/config.js';
-import { makePrompts, planPrompt } from '../lib/prompts.js';
+import { blockText, makePrompts, planConversation, turnPrompt } from '../lib/prompts.js';
 import { buildRequest, errorKind, parseSSE, readResponse } from '../lib/requests.js';
 
 export const options = { iterations: 1, vus: 1, thresholds: { checks: ['rate==1'] } };
@@ -154,24 +154,47 @@ export default function () {
       errorKind({ status: 0, error_code: 1212 }) === 'connection_refused' && errorKind({ status: 200 }) === '',
   });
 
-  // a workload plan's request: [send ms, own tokens, output tokens, prefix group]
-  const prefixes = ['g0 the of and', 'g1 to in is'];
-  const p0 = planPrompt([-1, 5, 7, 1], prefixes, 4, 42, 0);
-  const p1 = planPrompt([-1, 5, 7, 1], prefixes, 4, 42, 1);
-  const lone = planPrompt([-1, 6, 3, -1], prefixes, 4, 42, 0);
-  const chatReq = buildRequest(Object.assign({}, loadConfig(base), { api: "chat" }), EP, p0);
+  // a workload plan's request: [send ms, own tokens, output tokens, prefix group, text, system, blocks, later turns]
+  const head = { seed: 42, prefixes: ['g0 the of and', 'g1 to in is'], prefixTokens: 4, texts: ['hello there', 'be brief'],
+    textTokens: [2, 2], blockTokens: 4 };
+  const c0 = planConversation([-1, 5, 7, 1, -1, -1, 0, 0], head, 0);
+  const c1 = planConversation([-1, 5, 7, 1, -1, -1, 0, 0], head, 1);
+  const lone = planConversation([-1, 6, 3, -1, -1, -1, 0, 0], head, 0);
+  const talk = planConversation([-1, 2, 3, -1, 0, 1, 0, [[4, 5, 1500, -1], [2, 2, 0, 0]]], head, 3);
+  const traced = planConversation([-1, 6, 2, -1, -1, -1, [7, 9], 0], head, 0);
+  const p0 = turnPrompt(c0, c0.turns[0], [], 0);
+  const hist = [{ role: 'user', content: 'hello there' }, { role: 'assistant', content: ' a b c' }];
+  const later = turnPrompt(talk, talk.turns[1], hist, 5);
+  const chatCfg = Object.assign({}, loadConfig(base), { api: 'chat' });
   const timed = loadConfig(Object.assign({}, base, { DB_PLAN: '/x.json', DB_PLAN_TIMED: 'true', DB_PLANNED: '40',
     DB_WARMUP_S: '1', DB_MAX_VUS: '12' }));
   check(null, {
     'plan: prefix then own words, counted': () => p0.text.startsWith('g1 to in is ') && p0.tokens === 9 &&
       p0.own.split(' ').length === 5 && p0.maxTokens === 7,
-    'plan: each request its own words': () => p0.own !== p1.own && p0.prefix === p1.prefix,
-    'plan: the same request twice, the same words': () => planPrompt([-1, 5, 7, 1], prefixes, 4, 42, 0).text === p0.text,
-    'plan: no prefix group, no prefix': () => lone.prefix === '' && lone.tokens === 6 && lone.text === lone.own,
+    'plan: each request its own words': () => c0.turns[0].user !== c1.turns[0].user && c0.system === c1.system,
+    'plan: the same request twice, the same words': () =>
+      planConversation([-1, 5, 7, 1, -1, -1, 0, 0], head, 0).turns[0].user === c0.turns[0].user,
+    'plan: no prefix group, no system prompt': () => lone.system === '' && lone.systemTokens === 0 &&
+      turnPrompt(lone, lone.turns[0], [], 0).text === lone.turns[0].user,
     'plan: chat sends the prefix as the system message': () => {
-      const m = JSON.parse(chatReq.body).messages;
-      return m.length === 2 && m[0].role === 'system' && m[0].content === prefixes[1] && m[1].content === p0.own;
+      const m = JSON.parse(buildRequest(chatCfg, EP, p0).body).messages;
+      return m.length === 2 && m[0].role === 'system' && m[0].content === head.prefixes[1] && m[1].content === p0.own;
     },
+    'plan: a dataset text and system prompt': () => talk.turns[0].user === 'hello there' && talk.system === 'be brief' &&
+      talk.systemTokens === 2 && talk.turns.length === 3 && talk.turns[2].user === 'hello there',
+    'plan: a later turn waits its think time and carries the conversation': () => {
+      const m = JSON.parse(buildRequest(chatCfg, EP, later).body).messages;
+      return talk.turns[1].thinkMs === 1500 && later.tokens === 2 + 5 + 4 && m.length === 4 && m[0].role === 'system' &&
+        m[2].role === 'assistant' && m[2].content === ' a b c' && m[3].content === talk.turns[1].user;
+    },
+    'plan: completions get the conversation as one text': () =>
+      JSON.parse(buildRequest(loadConfig(base), EP, later).body).prompt === `be brief hello there  a b c ${talk.turns[1].user}`,
+    'plan: trace blocks, the last one cut': () => traced.turns[0].user.split(' ').length === 6 &&
+      traced.turns[0].user.startsWith(blockText([7], 4, 4)) && blockText([7], 4, 4) === blockText([7], 4, 4) &&
+      blockText([7], 4, 4) !== blockText([9], 4, 4),
+    // deploybench.workloads.block_text, computed by the Python test that runs this file
+    'plan: block words as Python makes them': () => !__ENV.DB_TEST_BLOCK_TEXT ||
+      blockText([3, 11], 600, 512) === __ENV.DB_TEST_BLOCK_TEXT,
     'plan: timed is shared-iterations over the planned requests': () => {
       const sc = scenario(timed);
       return sc.executor === 'shared-iterations' && sc.iterations === 40 && sc.vus === 12 && sc.maxDuration === '42000ms';

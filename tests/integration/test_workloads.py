@@ -55,3 +55,48 @@ def test_poisson_arrivals_are_sent_at_the_plans_times_and_fit_the_exponential(lo
     # the lengths are the plan's: each request's own tokens, its answer's
     assert sorted(df["prompt_tokens"]) == sorted(r[1] for r in plan["requests"])
     assert (df["output_tokens"] == 2).all()
+
+
+def _k6_points(path):
+    import gzip
+
+    with gzip.open(path, "rt") as fh:
+        for line in fh:
+            if '"metric":"db_request"' in line and '"type":"Point"' in line:
+                yield json.loads(line)["data"]
+
+
+def test_conversations_send_each_turn_after_the_last_with_the_whole_history(local_engines, workload_dir, tmp_path):
+    (workload_dir / "talk.toml").write_text(
+        'name = "talk"\n[arrival]\nprocess = "poisson"\n[session]\nturns = { dist = "uniform", min = 2, max = 4 }\n'
+        'think = { dist = "fixed", mean_s = 0.2 }\n'
+        '[input]\ndist = "uniform"\nmin = 8\nmax = 40\n[output]\ndist = "uniform"\nmin = 2\nmax = 6\n')
+    eps = local_engines.start(2)
+    spec = LoadSpec(workload="talk", rate=12, duration_s=8, warmup_s=0, ttft_sample_rps=0, request_timeout_s=10,
+                    api="chat")
+    res = run_load(eps, spec, SLO(p99_latency_ms=2000), tmp_path / "out", phase="sustained")
+    plan = json.loads((tmp_path / "out" / "sustained.plan.json").read_text())
+    assert res.errors == 0
+
+    convs: dict[int, list[dict]] = {}
+    for p in _k6_points(tmp_path / "out" / "sustained.k6.json.gz"):
+        md = p["metadata"]
+        convs.setdefault(int(md["conv"]), []).append(
+            {"turn": int(md["turn"]), "t0": int(md["t0"]), "node": p["tags"]["node"], "ms": p["value"],
+             "prompt": int(md["prompt_tokens"]), "output": int(md["output_tokens"])})
+    assert len(convs) == len(plan["requests"])
+    finished = 0
+    for k, turns in convs.items():
+        row = plan["requests"][k]
+        planned = [(row[1], row[2])] + [(t[0], t[1]) for t in row[7] or []]
+        turns.sort(key=lambda t: t["t0"])
+        assert [t["turn"] for t in turns] == list(range(len(turns)))  # in order, none twice
+        assert len({t["node"] for t in turns}) == 1  # a conversation stays on its endpoint
+        finished += len(turns) == len(planned)
+        for a, b in zip(turns, turns[1:]):
+            assert b["t0"] >= a["t0"] + a["ms"] + 200 - 5  # after the answer and the think time
+        for t, (own, out) in zip(turns, planned):
+            # the engine counts the prompt it was sent: every earlier turn and answer, then this turn's words
+            before = sum(o + a for o, a in planned[: t["turn"]])
+            assert (t["prompt"], t["output"]) == (before + own, out), (k, t)
+    assert finished >= 0.8 * len(convs)  # those cut short began near the end of the window

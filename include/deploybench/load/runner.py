@@ -183,6 +183,20 @@ def sampler_share(spec: LoadSpec, rate: float, stages: list[tuple[float, float]]
     return share if share >= 0.05 else 0.0
 
 
+def _plan_offered(plan: workloads.Plan, warmup_s: float, duration_s: float, window_s: float,
+                  share: float) -> tuple[float, Callable[[float], float]]:
+    """(mean offered rate over the measured window, offered rate at t s after the warm-up) of a timed plan that
+    keeps its own clock (a trace): its requests per second in the window of ``window_s`` holding t (the windows of
+    the per-window figures), plus the sampler's share."""
+    at = [a / 1000.0 - warmup_s for a in plan.arrivals_ms or []]
+    inside = [t for t in at if 0 <= t < duration_s]
+    bins = [0] * (int(math.ceil(duration_s / window_s)) + 1)
+    for t in inside:
+        bins[int(t // window_s)] += 1
+    return (len(inside) / duration_s + share,
+            lambda t: bins[min(len(bins) - 1, max(0, int(t // window_s)))] / window_s + share)
+
+
 # -- the runner -------------------------------------------------------------------------------------
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "phase"
@@ -318,6 +332,7 @@ def run_load(
     scrape_endpoints: list[Endpoint] | None = None,
     metrics: Metrics | None = None,
     workload: Workload | None = None,
+    max_model_len: int = workloads.MAX_TOKENS,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
@@ -328,7 +343,8 @@ def run_load(
     and what its figures are called; None: no engine figures). A re-run with the same ``out_dir``,
     ``phase`` and ``step`` replaces that run's files. ``workload`` is the traffic (default: ``spec.workload``'s
     file): its plan for this run is drawn from a seed of its own per phase and step (``Workload.seed_for``; ``seed``
-    is the phase's own, used when the workload keeps one seed) and saved as ``<stem>.plan.json``.
+    is the phase's own, used when the workload keeps one seed) and saved as ``<stem>.plan.json``; a conversation
+    stops before the turn that would not fit ``max_model_len``.
     """
     rate = float(rate if rate is not None else spec.rate)
     stages = [(float(t), float(s)) for t, s in stages or []]
@@ -344,7 +360,7 @@ def run_load(
     plan_seed = work.seed_for(phase, step, seed)
     plan = workloads.make_plan(work, rate=rate - share, duration_s=duration_s, warmup_s=warmup_s, seed=plan_seed,
                                stages=k6_stages, prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
-                               output_spread=spec.output_spread)
+                               output_spread=spec.output_spread, max_model_len=max_model_len)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = _safe(phase) + (f".step{step:02d}" if step else "")
@@ -355,7 +371,7 @@ def run_load(
     env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
                        api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s, plan=plan_path,
                        planned=len(plan) if plan.arrivals_ms is not None else 0,
-                       burstiness=work.spec.arrival.cv or 1.0)
+                       burstiness=workloads.vu_scale(plan, work, slo.p99_latency_ms, warmup_s + duration_s))
 
     cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR", "LANG", "TZ")}
@@ -413,6 +429,9 @@ def run_load(
     verdict = slo_verdict(total, slo)
     offered_mean = (sum((offered_at(rate, stages, t + 0.05)) for t in [i * 0.1 for i in range(int(duration_s * 10))])
                     / max(1, int(duration_s * 10))) if stages else rate
+    offered = lambda t: offered_at(rate, stages, t)  # noqa: E731
+    if plan.meta.get("offered_rps") is not None:  # a trace on its own clock: what it sends, not the phase's rate
+        offered_mean, offered = _plan_offered(plan, warmup_s, duration_s, spec.window_s, share)
     metrics_path = save_series(points, out_dir / f"{stem}.metrics.jsonl.gz") if points else None
     result = LoadResult(
         **total.model_dump(),
@@ -440,7 +459,7 @@ def run_load(
         ttft_sample_rps=share,
         stages=stages,
         windows=window_figures(samples, warmup_end, duration_s, spec.window_s,
-                                       lambda t: offered_at(rate, stages, t), dropped, slo),
+                                       offered, dropped, slo),
         engine=engine_figures(points, warmup_end.to_pydatetime(), metrics) if points else {},
         metrics_path=str(metrics_path) if metrics_path else None,
         sources={**SOURCES, "output_tokens": _token_note(token_sources(summary, sampled))},

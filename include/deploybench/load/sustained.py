@@ -17,6 +17,7 @@ from deploybench.config import SLO, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.load.results import Endpoint, LoadResult, WindowFigures
 from deploybench.load.runner import ApiFlavour, run_load
+from deploybench.workloads import MAX_TOKENS
 
 
 class Drift(BaseModel):
@@ -57,8 +58,9 @@ def drift(windows: list[WindowFigures], threshold: float) -> Drift:
 
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
-        scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None) -> tuple[LoadResult, Drift]:
+        scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
+        max_model_len: int = MAX_TOKENS) -> tuple[LoadResult, Drift]:
     res = run_load(endpoints, spec, slo, out_dir, phase="sustained", tags=tags,
                    rate=spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,
-                   scrape_endpoints=scrape_endpoints, metrics=metrics)
+                   scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len)
     return res, drift(res.windows, spec.drift_threshold)

@@ -74,7 +74,7 @@ def gate_load(endpoints: list[dict], cfg: RunConfig, prof: EngineProfile, out_di
     try:
         res = load.run_load(eps, spec, slo, out_dir, phase=f"gate-{step}", rate=rate, duration_s=r.gate_duration_s,
                             tags={"rollout_step": str(step)}, api="triton" if prof.api == "triton" else None,
-                            metrics=prof.metrics)
+                            metrics=prof.metrics, max_model_len=cfg.engine.max_model_len)
     except DeploybenchError as exc:
         return {"passed": False, "reasons": [f"the gate load could not run: {exc}"], "requests": 0, "errors": 0,
                 "error_rate": None, "latency_p99_ms": None, "slo_ok": False, "rate": rate}

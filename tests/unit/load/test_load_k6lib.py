@@ -16,7 +16,11 @@ def test_k6_lib_checks_pass():
         k6 = find_k6()
     except Exception as exc:  # noqa: BLE001 - no k6 here: nothing to check
         pytest.skip(str(exc))
-    env = {"PATH": os.environ.get("PATH", ""), "K6_NO_USAGE_REPORT": "true"}
+    from deploybench.workloads import block_text
+
+    # the trace's block words must be the same in k6 and in Python (the TTFT sampler's requests share blocks)
+    env = {"PATH": os.environ.get("PATH", ""), "K6_NO_USAGE_REPORT": "true",
+           "DB_TEST_BLOCK_TEXT": block_text([3, 11], 600, 512)}
     proc = subprocess.run(
         [k6, "run", "--no-color", "--address", "", str(k6_dir() / "tests" / "lib.test.js")],
         capture_output=True, text=True, timeout=60, env=env,
