@@ -28,7 +28,7 @@ from deploybench.sim.server import (
     response,
     stream_head,
 )
-from deploybench.sim.service_model import TokenStream, chat_prompt, count_tokens
+from deploybench.sim.service_model import TokenStream, block_hashes, chat_prompt, count_tokens
 
 if TYPE_CHECKING:
     from deploybench.sim.engine import EngineServer
@@ -82,7 +82,9 @@ class OpenAIApi:
             await writer.drain()
             server.count_answer()
             return True
-        job = server.engine.submit(p.prompt_tokens, p.output_tokens)
+        # hashed only when the cache is on: the CPU is shared by many engines and the load generator
+        blocks = block_hashes(p.prompt) if server.prefix_caching else ()
+        job = server.engine.submit(p.prompt_tokens, p.output_tokens, blocks)
         if job is None:
             server.metrics.refused += 1
             o = server.opts

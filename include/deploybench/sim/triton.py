@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from deploybench.sim.server import LAST_CHUNK, HttpError, Request, chunk, response, stream_head
-from deploybench.sim.service_model import TokenStream, count_tokens
+from deploybench.sim.service_model import TokenStream, block_hashes, count_tokens
 
 if TYPE_CHECKING:
     from deploybench.sim.engine import EngineServer
@@ -113,7 +113,7 @@ class TritonApi:
             await writer.drain()
             server.count_answer()
             return True
-        job = server.engine.submit(prompt_tokens, out)
+        job = server.engine.submit(prompt_tokens, out, block_hashes(text) if server.prefix_caching else ())
         if job is None:
             m.refused += 1
             m.failure += 1
@@ -292,6 +292,7 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     engine's own (``--sim-<option>``, passed on); SystemExit names any other."""
     known = {"model-repository", "http-address", "http-port", "metrics-port", "allow-metrics", "allow-grpc",
              "metrics-address", "log-verbose"}
+    switches = {"enable-prefix-caching", "no-enable-prefix-caching"}  # the engine's options that take no value
     opts: dict[str, str] = {}
     sim: list[str] = []
     it = iter(argv)
@@ -300,7 +301,10 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
             raise SystemExit(f"tritonserver (the lab's stand-in): unexpected argument {arg!r}")
         name, eq, value = arg[2:].partition("=")
         if name.startswith("sim-"):
-            sim += [f"--{name[4:]}", value] if eq else [f"--{name[4:]}", next(it, "")]
+            if name[4:] in switches:
+                sim.append(f"--{name[4:]}")
+            else:
+                sim += [f"--{name[4:]}", value] if eq else [f"--{name[4:]}", next(it, "")]
             continue
         if name not in known:
             raise SystemExit(f"tritonserver (the lab's stand-in): unrecognized option '--{name}'")

@@ -209,3 +209,36 @@ def test_without_a_cache_or_shared_blocks_the_run_is_todays():
     cache = PrefixCache(10**6)
     assert simulate(p, with_blocks, cache=cache) == today  # a cache, nothing shared: no hit, same times
     assert cache.hits == 0 and cache.queries == sum(n for _, n, _ in plain)
+
+
+# -- the engine's side: its cache's size, and the KV usage it exports -----------------------------------
+
+
+def test_the_kv_cache_is_what_memory_leaves_after_the_model_unless_given():
+    from deploybench.sim import metrics as em
+    from deploybench.sim.engine import kv_cache_blocks
+
+    assert em.GPU_MEMORY_UTILIZATION == 0.9 and em.KV_MIB_PER_TOKEN == 0.125 and em.GPU_MEMORY_MIB == 131072
+    assert kv_cache_blocks(0, 0) == int(131072 * 0.9 / 0.125) // 16 == 58982
+    assert kv_cache_blocks(0, 64 * 2**20) == int((131072 * 0.9 - 64) / 0.125) // 16 == 58950
+    assert kv_cache_blocks(0, 200 * 2**30) == 0  # the model alone fills the memory
+    assert kv_cache_blocks(1000, 64 * 2**20) == 62  # given: whole blocks of it
+
+
+def test_kv_usage_counts_a_shared_prompt_block_once():
+    from deploybench.sim.metrics import EngineMetrics
+
+    m = EngineMetrics("m", slots=4, kv_blocks=100)
+    assert m.kv_usage() == 0.0
+    shared = block_hashes(words(40, "s"))  # 2 full blocks, 8 tokens in a third
+    a, b = Sequence(40, 10, blocks=shared), Sequence(40, 10, blocks=shared, generated=9)
+    m.batch([a, b], waiting=0)
+    # the 2 shared blocks once; a: its partial third block; b: 49 tokens, 2 blocks beyond the shared
+    assert m.kv_usage() == pytest.approx((2 + 1 + 2) / 100)
+    m.batch([Sequence(40, 10), Sequence(40, 10, generated=9)], waiting=0)  # no cache: nothing shared
+    assert m.kv_usage() == pytest.approx((3 + 4) / 100)
+    assert 'vllm:kv_cache_usage_perc{model_name="m"} 0.070000' in m.render()
+    m.kv_blocks = 5
+    assert m.kv_usage() == 1.0  # the sim does not preempt: the gauge stops at full
+    m.batch([], waiting=0)
+    assert m.kv_usage() == 0.0
