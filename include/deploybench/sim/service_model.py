@@ -67,7 +67,7 @@ VOCABULARY: tuple[str, ...] = tuple(
 _MASK64 = (1 << 64) - 1
 
 
-def _tokens(text: str) -> list[str]:
+def tokenize(text: str) -> list[str]:
     """The sim's tokens of ``text``: words and single punctuation marks (see module doc).
 
     Text without punctuation (a benchmark's prompt, mostly) is split on whitespace, which gives the
@@ -77,7 +77,7 @@ def _tokens(text: str) -> list[str]:
 
 def count_tokens(text: str) -> int:
     """The sim's token count of ``text``: words and single punctuation marks (see module doc)."""
-    return len(_tokens(text))
+    return len(tokenize(text))
 
 
 def chat_prompt(messages: Iterable[dict]) -> str:
@@ -141,13 +141,18 @@ _NONE_HASH = bytes(8)  # the parent of the first block
 
 
 def block_hashes(text: str, block_tokens: int = BLOCK_TOKENS) -> tuple[int, ...]:
-    """The chained hashes of the full blocks of ``text``'s tokens (the tokens ``count_tokens`` counts).
+    """The chained hashes of the full blocks of ``text``'s tokens (the tokens ``count_tokens`` counts)."""
+    return chain_hashes(tokenize(text), block_tokens)
+
+
+def chain_hashes(tokens: list[str], block_tokens: int = BLOCK_TOKENS) -> tuple[int, ...]:
+    """The chained hashes of the full blocks of ``tokens`` (a server that has them hashes without tokenizing again).
 
     Block i's hash is an 8-byte blake2b of block i-1's hash and of its own tokens: two prompts share
     their first n hashes exactly when they share their first n x ``block_tokens`` tokens, and the
-    hashes are the same in every process, so a test can compute what an engine caches.
+    hashes are the same in every process, so a test can compute what an engine caches. About 0.1 ms
+    for a prompt of 2,000 tokens (125 blocks).
     """
-    tokens = _tokens(text)
     out = []
     parent = _NONE_HASH
     for start in range(0, len(tokens) - block_tokens + 1, block_tokens):
