@@ -119,7 +119,7 @@ class EngineMetrics:
         self.occupancy = Occupancy(time.monotonic())
         self.started = self.occupancy.t0  # the energy counter counts from here
         self.kv_tokens = 0  # tokens held by the running sequences
-        self.kv_blocks = kv_blocks  # the KV cache's size (0: no usage gauge)
+        self.kv_blocks = kv_blocks  # the KV cache's size, in blocks (0: none, the usage reads 0)
         self._running: list = []  # the running sequences, for the KV usage (reckoned when scraped)
         self.running = 0
         self.waiting = 0
