@@ -290,6 +290,13 @@ class SimKnobs(_Strict):
     prefill_per_token_ms: float = Field(0.1, ge=0, le=1_000, title="Prefill per prompt token (ms)",
                                         description="Prefill cost per prompt token.")
     queue_limit: int = Field(64, ge=0, le=100_000)
+    prefix_caching: bool = Field(True, title="Prefix caching",
+                                 description="Reuse the KV cache of a prompt's prefix computed for an earlier "
+                                             "request: only the rest is prefilled (vLLM's automatic prefix caching, "
+                                             "on by default in vLLM v1).")
+    kv_cache_tokens: int = Field(0, ge=0, le=1_000_000_000, title="KV cache (tokens)",
+                                 description="Tokens the KV cache holds, rounded down to 16-token blocks; 0 = what "
+                                             "is left of 90 % of the GPU's memory after the model.")
     seed: int = 0
     slowdown: float = Field(1.0, gt=0, le=1_000, title="Slowdown (fault)",
                             description="Multiplies every simulated time (fault injection).")
@@ -438,6 +445,8 @@ class EngineSpec(_Strict):
 # Engine fields added after the first stored runs: left out of the fingerprint while at their
 # defaults (or irrelevant to the profile), so earlier series keep their identity.
 _LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args", "profile_file", "gpus")
+# the same for the simulated engine's knobs (engine.sim; deploybench.store.identity leaves them out likewise)
+LATER_SIM_FIELDS = ("prefix_caching", "kv_cache_tokens")
 
 
 class LoadPhase(str, Enum):
@@ -774,6 +783,9 @@ def _engine_identity(engine: EngineSpec) -> dict[str, Any]:
     for k in _LATER_ENGINE_FIELDS:
         if data[k] == default[k] or (k == "triton" and engine.profile is not EngineProfileName.TRITON):
             data.pop(k)
+    for k in LATER_SIM_FIELDS:
+        if data["sim"][k] == default["sim"][k]:
+            data["sim"].pop(k)
     return data
 
 

@@ -154,6 +154,8 @@ def sim_service_args(engine: EngineSpec) -> list[str]:
         "--max-num-seqs", str(engine.max_num_seqs),
         "--decode-base-ms", f"{k.decode_base_ms:g}", "--decode-per-seq-ms", f"{k.decode_per_seq_ms:g}",
         "--prefill-per-token-ms", f"{k.prefill_per_token_ms:g}", "--queue-limit", str(k.queue_limit),
+        "--enable-prefix-caching" if k.prefix_caching else "--no-enable-prefix-caching",
+        "--kv-cache-tokens", str(k.kv_cache_tokens),
     ]
 
 

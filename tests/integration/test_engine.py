@@ -9,10 +9,14 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from deploybench import engines
+from deploybench.load import Endpoint
+from deploybench.load.scrape import Scraper, engine_figures
 from deploybench.manifest import seed_model
 from deploybench.sim.service_model import (
     ServiceParams,
@@ -238,6 +242,61 @@ def test_metrics_move(start, model_dir):
     assert before[f"DCGM_FI_DEV_GPU_UTIL{{{gpu}}}"] == 0.0
     assert delta("deploybench_sim_busy_slot_seconds_total") == pytest.approx(
         (10 * 2.5 + 0.01 * 3 + 4 * 2.5 + 0.01 * 2) / 1000, abs=0.004)
+
+
+def scrape(engine: Engine) -> dict[str, float]:
+    """The engine's /metrics page: sample (with its labels) -> value."""
+    status, _, raw = engine.request("GET", "/metrics")
+    assert status == 200
+    return {name: float(value) for name, value in (
+        line.rsplit(" ", 1) for line in raw.decode().splitlines() if line and not line.startswith("#"))}
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_prefix_cache_counters_are_the_closed_forms(start, caching):
+    """Requests that share a system prompt of 50 tokens (3 full blocks): with prefix caching (the default), every
+    one after the first finds 48 tokens cached, chat and completions alike (the same tokens); the same prompt of
+    exactly 2 blocks sent twice hits 1 block, its last always computed. Without it, the counters stay at 0."""
+    e = start(*FAST, *(() if caching else ("--no-enable-prefix-caching",)))
+    label = '{model_name="sim-test"}'
+    queries, hits = f"vllm:prefix_cache_queries_total{label}", f"vllm:prefix_cache_hits_total{label}"
+    profile = engines.profile("sim").metrics  # the load stage's scraper reads the figures by the profile's map
+    scraper = Scraper([Endpoint("n1", f"http://127.0.0.1:{e.port}", "sim-test")], 1.0, "p", metrics=profile)
+    scraper.scrape_once()
+    before = scrape(e)
+    assert before[queries] == before[hits] == 0 and before[f"vllm:kv_cache_usage_perc{label}"] == 0
+    system = " ".join(f"rule{i}" for i in range(50))
+    prompts = []
+    for i in range(4):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": f"q{i} what is a canary?"}]
+        status, body = e.post("/v1/chat/completions", {"messages": messages, "max_tokens": 3})
+        assert status == 200
+        prompts.append(body["usage"]["prompt_tokens"])
+    for i in range(3):
+        body = {"prompt": f"{system} c{i} and a rollout", "max_tokens": 3}
+        if i == 2:
+            read_sse(e, "/v1/completions", {**body, "stream": True})
+        else:
+            assert e.post("/v1/completions", body)[0] == 200
+        prompts.append(count_tokens(body["prompt"]))
+    two_blocks = " ".join(f"b{i}" for i in range(32))
+    for _ in range(2):
+        assert e.post("/v1/completions", {"prompt": two_blocks, "max_tokens": 2})[0] == 200
+    prompts += [32, 32]
+    assert prompts[:4] == [56] * 4 and prompts[4:7] == [54] * 3
+    after = scrape(e)
+    assert after[f"vllm:prompt_tokens_total{label}"] - before[f"vllm:prompt_tokens_total{label}"] == sum(prompts)
+    scraper.scrape_once()
+    first = datetime.fromisoformat(scraper.points[0]["ts"])  # the window: from the first scrape to the last
+    fig = engine_figures(scraper.points, first, profile)["n1"]
+    if caching:
+        assert after[queries] - before[queries] == sum(prompts)
+        assert after[hits] - before[hits] == 6 * 48 + 16  # 6 of 7 find the system prompt's 3 blocks; then 1 of 2
+        assert fig["prefix_hit_rate"] == pytest.approx((6 * 48 + 16) / sum(prompts))
+    else:
+        assert after[queries] == after[hits] == 0  # exported all the same, as vLLM does: the hit rate is none
+        assert fig["prefix_queries"] == 0 and fig["prefix_hit_rate"] is None
+    assert after[f"vllm:kv_cache_usage_perc{label}"] == 0  # idle again: no running sequence holds a block
 
 
 def test_corrupt_or_missing_shard_stops_start_up(tmp_path, start):

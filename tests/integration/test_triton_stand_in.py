@@ -98,6 +98,15 @@ def test_an_option_tritonserver_does_not_have_is_refused(tmp_path):
     assert proc.returncode != 0 and "unrecognized option '--max-num-seqs'" in out, out
 
 
+def test_the_simulated_engines_own_options_pass_through_switches_included():
+    from deploybench.sim.triton import parse_args
+
+    opts, sim = parse_args(["--model-repository=/r", "--sim-no-enable-prefix-caching", "--sim-seed", "3",
+                            "--sim-kv-cache-tokens=4096", "--http-port=9"])
+    assert opts == {"model-repository": "/r", "http-port": "9"}
+    assert sim == ["--no-enable-prefix-caching", "--seed", "3", "--kv-cache-tokens", "4096"]
+
+
 def test_its_command_line_is_tritonservers(server):
     proc, base, _ = server
     cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")

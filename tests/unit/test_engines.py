@@ -141,6 +141,16 @@ def test_new_engine_knobs_at_their_defaults_keep_the_fingerprint():
     assert a.fingerprint() == b.fingerprint() and c.fingerprint() != d.fingerprint()
 
 
+def test_the_sims_prefix_cache_knobs_at_their_defaults_keep_the_fingerprint():
+    a = RunConfig.parse({"inventory": "x"})
+    assert not {"prefix_caching", "kv_cache_tokens"} & set(a.performance_identity()["engine"]["sim"])
+    assert a.performance_identity()["engine"]["sim"]["decode_base_ms"] == a.engine.sim.decode_base_ms
+    off = RunConfig.parse({"inventory": "x", "engine": {"sim": {"prefix_caching": False}}})
+    small = RunConfig.parse({"inventory": "x", "engine": {"sim": {"kv_cache_tokens": 4096}}})
+    assert off.performance_identity()["engine"]["sim"]["prefix_caching"] is False
+    assert len({a.fingerprint(), off.fingerprint(), small.fingerprint()}) == 3
+
+
 # -- profiles as data (issue 17) ---------------------------------------------------------------------
 def _write(folder, name: str, body: str):
     folder.mkdir(parents=True, exist_ok=True)
@@ -164,6 +174,17 @@ def test_sim_profile_expands_its_knobs_from_the_template():
     assert argv[argv.index("--max-num-seqs") + 1] == "6" and argv[argv.index("--decode-base-ms") + 1] == "7.5"
     assert argv[argv.index("--seed") + 1] == "3" and argv[argv.index("--host") + 1] == "10.0.0.11"
     assert argv[argv.index("--served-model-name") + 1] == "llama"
+    # prefix caching on by default, as in vLLM v1, with vLLM's spelling of the switch
+    assert "--enable-prefix-caching" in argv and argv[argv.index("--kv-cache-tokens") + 1] == "0"
+    spec = EngineSpec(sim={"prefix_caching": False, "kv_cache_tokens": 8192})
+    argv = engines.profile("sim").command(_ctx(spec))
+    assert "--no-enable-prefix-caching" in argv and "--enable-prefix-caching" not in argv
+    assert argv[argv.index("--kv-cache-tokens") + 1] == "8192"
+    from deploybench.cli.engine import options_from_args, parse_serve_args
+
+    opts = options_from_args(parse_serve_args(["--model-dir", "m", *engines.sim_service_args(spec)]))
+    assert (opts.prefix_caching, opts.kv_cache_tokens) == (False, 8192)
+    assert options_from_args(parse_serve_args(["--model-dir", "m"])).prefix_caching is True
 
 
 def test_a_profile_file_in_the_profiles_folder_is_used_without_touching_the_library(tmp_path, monkeypatch):

@@ -38,6 +38,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt + output tokens; the output is capped to fit")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="accepted for vLLM compatibility; ignored")
     _add_knobs(parser)
+    c = parser.add_argument_group("prefix cache")
+    c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=sim.prefix_caching,
+                   help="reuse the KV blocks of a prompt prefix computed before, as vLLM v1 does by default")
+    c.add_argument("--kv-cache-tokens", type=int, default=sim.kv_cache_tokens,
+                   help="tokens the KV cache holds (whole 16-token blocks); 0 = what is left of 90%% of the GPU's "
+                        "memory after the model")
     f = parser.add_argument_group("determinism and faults")
     f.add_argument("--seed", type=int, default=sim.seed, help="seed of the generated text and of injected errors")
     f.add_argument("--error-rate", type=float, default=sim.error_rate, help="fraction of requests answered 500")
@@ -84,6 +90,7 @@ def options_from_args(args: argparse.Namespace):
                 decode_base_ms=args.decode_base_ms, decode_per_seq_ms=args.decode_per_seq_ms,
                 prefill_per_token_ms=args.prefill_per_token_ms, queue_limit=args.queue_limit, seed=args.seed,
                 slowdown=args.slowdown, error_rate=args.error_rate, crash_after=args.crash_after,
+                prefix_caching=args.enable_prefix_caching, kv_cache_tokens=args.kv_cache_tokens,
             ),
         )
     except ValidationError as exc:
@@ -98,6 +105,8 @@ def options_from_args(args: argparse.Namespace):
         seed=spec.sim.seed,
         error_rate=spec.sim.error_rate,
         crash_after=spec.sim.crash_after,
+        prefix_caching=spec.sim.prefix_caching,
+        kv_cache_tokens=spec.sim.kv_cache_tokens,
     )
 
 
@@ -108,14 +117,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _capacity(args: argparse.Namespace) -> int:
-    cap = capacity(params_from_args(args), args.prompt_tokens, args.output_tokens)
+    cap = capacity(params_from_args(args), args.prompt_tokens, args.output_tokens, args.cached_tokens)
     if args.json:
         print(json.dumps({**cap.as_dict(), "engines": args.engines,
                           "cluster_requests_per_s": args.engines * cap.requests_per_s}, indent=1))
         return 0
     n = args.engines
     rows = [
-        ("workload", f"B={cap.max_num_seqs}, prompt {cap.prompt_tokens:g} tokens, output {cap.output_tokens:g} tokens"),
+        ("workload", f"B={cap.max_num_seqs}, prompt {cap.prompt_tokens:g} tokens"
+                     + (f" ({cap.cached_tokens:g} cached)" if cap.cached_tokens else "")
+                     + f", output {cap.output_tokens:g} tokens"),
         ("saturation throughput",
          f"{cap.requests_per_s:.3f} requests/s, {cap.output_tokens_per_s:.1f} output tokens/s"),
         ("light load (alone)", f"TTFT {cap.single_ttft_ms:.1f} ms, ITL {cap.single_itl_ms:.1f} ms, "
@@ -158,6 +169,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="mean prompt tokens (default %(default)s)")
     cap.add_argument("--output-tokens", type=float, default=LoadSpec().output_tokens,
                      help="mean output tokens (default %(default)s)")
+    cap.add_argument("--cached-tokens", type=float, default=0.0,
+                     help="mean prompt tokens found in the prefix cache, not prefilled (default %(default)s)")
     cap.add_argument("--engines", type=int, default=1, help="also print the figures for this many engines")
     cap.add_argument("--json", action="store_true", help="print JSON")
     _add_knobs(cap)

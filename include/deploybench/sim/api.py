@@ -28,7 +28,7 @@ from deploybench.sim.server import (
     response,
     stream_head,
 )
-from deploybench.sim.service_model import TokenStream, chat_prompt, count_tokens
+from deploybench.sim.service_model import TokenStream, chain_hashes, chat_prompt, tokenize
 
 if TYPE_CHECKING:
     from deploybench.sim.engine import EngineServer
@@ -40,11 +40,13 @@ _DUMPS = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class _Parsed:
-    __slots__ = ("prompt", "prompt_tokens", "output_tokens", "stream", "include_usage")
+    __slots__ = ("prompt", "prompt_tokens", "blocks", "output_tokens", "stream", "include_usage")
 
-    def __init__(self, prompt: str, prompt_tokens: int, output_tokens: int, stream: bool, include_usage: bool) -> None:
+    def __init__(self, prompt: str, prompt_tokens: int, blocks: tuple[int, ...], output_tokens: int, stream: bool,
+                 include_usage: bool) -> None:
         self.prompt = prompt
         self.prompt_tokens = prompt_tokens
+        self.blocks = blocks  # the prompt's block hashes for the prefix cache; () when it is off
         self.output_tokens = output_tokens
         self.stream = stream
         self.include_usage = include_usage
@@ -58,6 +60,8 @@ class OpenAIApi:
         self.name = server.opts.served_model_name
         self.seed = server.opts.seed
         self.max_model_len = server.opts.max_model_len
+        # hashed only when the cache is on: the CPU is shared by many engines and the load generator
+        self.caching = server.prefix_caching
 
     def models_body(self) -> bytes:
         card = {
@@ -82,7 +86,7 @@ class OpenAIApi:
             await writer.drain()
             server.count_answer()
             return True
-        job = server.engine.submit(p.prompt_tokens, p.output_tokens)
+        job = server.engine.submit(p.prompt_tokens, p.output_tokens, p.blocks)
         if job is None:
             server.metrics.refused += 1
             o = server.opts
@@ -122,11 +126,12 @@ class OpenAIApi:
             ):
                 raise HttpError(400, "`messages` must be a non-empty list of objects with a `role`")
             prompt = chat_prompt(messages)
-            prompt_tokens = count_tokens(prompt)
+            tokens = tokenize(prompt)
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         else:
-            prompt, prompt_tokens = _completion_prompt(body.get("prompt"))
+            prompt, tokens = _completion_prompt(body.get("prompt"))
             max_tokens = body.get("max_tokens")
+        prompt_tokens = len(tokens)
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -147,7 +152,8 @@ class OpenAIApi:
                 f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
             )
         out = min(max_tokens, self.max_model_len - prompt_tokens)
-        return _Parsed(prompt, prompt_tokens, out, stream, bool(opts and opts.get("include_usage")))
+        blocks = chain_hashes(tokens) if self.caching else ()
+        return _Parsed(prompt, prompt_tokens, blocks, out, stream, bool(opts and opts.get("include_usage")))
 
     # -- answers ---------------------------------------------------------------------------------
     def _usage(self, p: _Parsed) -> dict:
@@ -196,12 +202,14 @@ class OpenAIApi:
         await writer.drain()
 
 
-def _completion_prompt(prompt: Any) -> tuple[str, int]:
-    """(text, token count) of a completions ``prompt``: a string, [string], [token ids] or [[token ids]]."""
+def _completion_prompt(prompt: Any) -> tuple[str, list[str]]:
+    """(text, its tokens) of a completions ``prompt``: a string, [string], [token ids] or [[token ids]]
+    (a token id is one token: its digits)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt, count_tokens(prompt)
+        return prompt, tokenize(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return " ".join(map(str, prompt)), len(prompt)
+        ids = [str(t) for t in prompt]
+        return " ".join(ids), ids
     raise HttpError(400, "`prompt` must be a string or a list of token ids (one prompt per request)")

@@ -3,7 +3,12 @@
 Hand-rolled (no prometheus_client) because the set is small and fixed and the text format is
 simple; the server-metrics scraper reads a sim and a real vLLM the same way. Inter-token
 latency is observed per token under both ``vllm:inter_token_latency_seconds`` and the older
-``vllm:time_per_output_token_seconds``, as vLLM 0.x observed the latter.
+``vllm:time_per_output_token_seconds``, as vLLM 0.x observed the latter. The prefix cache's
+``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` count prompt tokens looked up and found
+(vllm/v1/metrics/loggers.py); with prefix caching off they stay 0, as vLLM's do. ``vllm:kv_cache_usage_perc`` is
+the fraction (0-1) of the KV cache's blocks the running sequences hold: the blocks of their prompts and of what
+they generated so far, a prompt block that several share (found in the prefix cache) counted once, as vLLM's
+block pool counts them; the sim does not preempt, so it stops at 1 when they would hold more.
 
 The sim has no GPU, so it exports the gauges NVIDIA's DCGM exporter would, derived from its batch
 occupancy in closed form (what the load stage's GPU figures are tested against):
@@ -28,6 +33,8 @@ from __future__ import annotations
 import time
 from bisect import bisect_left, bisect_right
 from collections import deque
+
+from deploybench.sim.service_model import BLOCK_TOKENS
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -66,6 +73,7 @@ class Histogram:
 GPU_UTIL_WINDOW_S = 1.0  # the DCGM utilisation gauge averages over this trailing window
 GPU_MEMORY_MIB = 131072  # a GB10-class node: 128 GiB of (unified) memory
 KV_MIB_PER_TOKEN = 0.125  # 128 KiB of KV cache per token (an 8B model in fp16)
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default: its share of the GPU's memory
 GPU_LABELS = 'gpu="0",UUID="GPU-deploybench-sim",device="nvidia0",modelName="deploybench-sim"'
 IDLE_W = 30.0  # the GB10-class GPU idle with a model loaded
 BUSY_W = 140.0  # and every batch slot busy (DGX Spark's GB10 is a 140 W part)
@@ -104,17 +112,21 @@ class Occupancy:
 class EngineMetrics:
     """Counters, gauges and histograms of one engine; the scheduler and the handlers update them."""
 
-    def __init__(self, model_name: str, slots: int = 1, model_bytes: int = 0) -> None:
+    def __init__(self, model_name: str, slots: int = 1, model_bytes: int = 0, kv_blocks: int = 0) -> None:
         self.labels = f'model_name="{model_name}"'
         self.slots = max(1, slots)
         self.model_mib = model_bytes / 2**20
         self.occupancy = Occupancy(time.monotonic())
         self.started = self.occupancy.t0  # the energy counter counts from here
         self.kv_tokens = 0  # tokens held by the running sequences
+        self.kv_blocks = kv_blocks  # the KV cache's size, in blocks (0: none, the usage reads 0)
+        self._running: list = []  # the running sequences, for the KV usage (reckoned when scraped)
         self.running = 0
         self.waiting = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of those, the tokens found there
         self.success = 0
         self.refused = 0  # 429: the queue was full
         self.errors = 0  # 500: injected
@@ -132,8 +144,18 @@ class EngineMetrics:
     def batch(self, running: list, waiting: int, now: float | None = None) -> None:
         """The scheduler's state changed: ``running`` sequences (with ``prompt_tokens``/``generated``)."""
         self.running, self.waiting = len(running), waiting
+        self._running = running
         self.kv_tokens = sum(s.prompt_tokens + s.generated for s in running)
         self.occupancy.set(self.running, time.monotonic() if now is None else now)
+
+    def kv_usage(self) -> float:
+        """The fraction of the KV cache's blocks the running sequences hold (see the module doc)."""
+        if not self.kv_blocks:
+            return 0.0
+        seqs = self._running
+        shared = set().union(*(s.blocks for s in seqs))  # full prompt blocks, by hash: one copy each
+        own = sum(-(-(s.prompt_tokens + s.generated) // BLOCK_TOKENS) - len(s.blocks) for s in seqs)
+        return min(1.0, (len(shared) + own) / self.kv_blocks)
 
     def gpu_lines(self, now: float | None = None) -> list[str]:
         """The DCGM-named gauges (see the module doc)."""
@@ -174,6 +196,15 @@ class EngineMetrics:
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{{{lb}}} {self.waiting}",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{lb}}} {self.kv_usage():.6f}",
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total{{{lb}}} {self.prefix_queries}",
+            "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f"vllm:prefix_cache_hits_total{{{lb}}} {self.prefix_hits}",
             "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{{{lb}}} {self.prompt_tokens}",

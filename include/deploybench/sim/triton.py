@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from deploybench.sim.server import LAST_CHUNK, HttpError, Request, chunk, response, stream_head
-from deploybench.sim.service_model import TokenStream, count_tokens
+from deploybench.sim.service_model import TokenStream, chain_hashes, tokenize
 
 if TYPE_CHECKING:
     from deploybench.sim.engine import EngineServer
@@ -99,7 +99,7 @@ class TritonApi:
         server, keep = self.server, req.keep_alive
         m = server.metrics
         try:
-            text, prompt_tokens, out, stream, prepend, counts = self._parse(what, req.json())
+            text, tokens, out, stream, prepend, counts = self._parse(what, req.json())
         except HttpError as exc:
             m.failure += 1
             writer.write(response(exc.status, _DUMPS({"error": str(exc)}).encode(), keep_alive=keep))
@@ -113,7 +113,9 @@ class TritonApi:
             await writer.drain()
             server.count_answer()
             return True
-        job = server.engine.submit(prompt_tokens, out)
+        prompt_tokens = len(tokens)
+        # hashed only when the cache is on: the CPU is shared by many engines and the load generator
+        job = server.engine.submit(prompt_tokens, out, chain_hashes(tokens) if server.prefix_caching else ())
         if job is None:
             m.refused += 1
             m.failure += 1
@@ -143,7 +145,7 @@ class TritonApi:
         server.count_answer()
         return True
 
-    def _parse(self, what: str, body: Any) -> tuple[str, int, int, bool, bool, tuple[bool, bool]]:
+    def _parse(self, what: str, body: Any) -> tuple[str, list[str], int, bool, bool, tuple[bool, bool]]:
         """(prompt, its tokens, output tokens, stream, prepend the prompt, (return input count, output count))."""
         if not isinstance(body, dict):
             raise HttpError(400, "the request body must be a JSON object")
@@ -181,12 +183,13 @@ class TritonApi:
         max_tokens = params.get("max_tokens", DEFAULT_MAX_TOKENS)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise HttpError(400, f"max_tokens must be an integer >= 1 (got {max_tokens!r})")
-        prompt_tokens = count_tokens(text)
+        tokens = tokenize(text)
+        prompt_tokens = len(tokens)
         if prompt_tokens >= self.max_model_len:
             raise HttpError(400, f"the prompt's {prompt_tokens} tokens do not fit max_model_len={self.max_model_len}")
         out = min(max_tokens, self.max_model_len - prompt_tokens)
         counts = (bool(flags["return_num_input_tokens"]), bool(flags["return_num_output_tokens"]))
-        return text, prompt_tokens, out, stream, prepend, counts
+        return text, tokens, out, stream, prepend, counts
 
     async def _stream(self, job, total: int, tokens: TokenStream, prompt_tokens: int, counts: tuple[bool, bool],
                       writer, keep: bool) -> None:
@@ -292,6 +295,7 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     engine's own (``--sim-<option>``, passed on); SystemExit names any other."""
     known = {"model-repository", "http-address", "http-port", "metrics-port", "allow-metrics", "allow-grpc",
              "metrics-address", "log-verbose"}
+    switches = {"enable-prefix-caching", "no-enable-prefix-caching"}  # the engine's options that take no value
     opts: dict[str, str] = {}
     sim: list[str] = []
     it = iter(argv)
@@ -300,7 +304,10 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
             raise SystemExit(f"tritonserver (the lab's stand-in): unexpected argument {arg!r}")
         name, eq, value = arg[2:].partition("=")
         if name.startswith("sim-"):
-            sim += [f"--{name[4:]}", value] if eq else [f"--{name[4:]}", next(it, "")]
+            if name[4:] in switches:
+                sim.append(f"--{name[4:]}")
+            else:
+                sim += [f"--{name[4:]}", value] if eq else [f"--{name[4:]}", next(it, "")]
             continue
         if name not in known:
             raise SystemExit(f"tritonserver (the lab's stand-in): unrecognized option '--{name}'")

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from deploybench.config import canonical_hash
+from deploybench.config import LATER_SIM_FIELDS, SimKnobs, canonical_hash
 
 KINDS = ("cluster", "software", "model", "serving", "workload")
 FAULT_KNOBS = ("slowdown", "error_rate", "crash_after")
@@ -125,7 +125,10 @@ def identity_of(
     if not knobs.get("extra_args"):
         knobs.pop("extra_args", None)  # added later: runs without extra arguments keep their identity
     if engine.get("profile") == "sim":
-        knobs["sim"] = {k: v for k, v in (engine.get("sim") or {}).items() if k not in FAULT_KNOBS}
+        sim_default = SimKnobs().model_dump(mode="json")
+        # knobs added later: runs at their default keep the identity they had before them
+        knobs["sim"] = {k: v for k, v in (engine.get("sim") or {}).items()
+                        if k not in FAULT_KNOBS and not (k in LATER_SIM_FIELDS and v == sim_default[k])}
     replicas = len(rollout.get("endpoints") or []) or len(nodes)
     serving = Identity(kind="serving", attrs={**knobs, "replicas": replicas})
 

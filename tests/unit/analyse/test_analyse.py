@@ -60,3 +60,13 @@ def test_identity_parts_change_with_what_they_describe():
     faster = identity_of(_with("load", rate=16), ["n1", "n2"])
     assert faster.differences(base) == [] and faster.fingerprint != base.fingerprint
     assert identity_of(CFG, ["n2", "n1"]).fingerprint == base.fingerprint  # node order does not matter
+
+
+def test_the_sims_prefix_cache_knobs_at_their_defaults_keep_the_series_of_runs_stored_before_them():
+    def sim(**kw) -> dict:
+        return {**CFG, "engine": {**CFG["engine"], "sim": {**CFG["engine"]["sim"], **kw}}}
+
+    before = identity_of(CFG, ["n1", "n2"])  # a run stored before the knobs existed
+    assert identity_of(sim(prefix_caching=True, kv_cache_tokens=0), ["n1", "n2"]).fingerprint == before.fingerprint
+    assert identity_of(sim(prefix_caching=False), ["n1", "n2"]).differences(before) == ["serving"]
+    assert identity_of(sim(kv_cache_tokens=4096), ["n1", "n2"]).differences(before) == ["serving"]
