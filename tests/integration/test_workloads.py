@@ -100,3 +100,59 @@ def test_conversations_send_each_turn_after_the_last_with_the_whole_history(loca
             before = sum(o + a for o, a in planned[: t["turn"]])
             assert (t["prompt"], t["output"]) == (before + own, out), (k, t)
     assert finished >= 0.8 * len(convs)  # those cut short began near the end of the window
+
+
+def _engine_counters(ep) -> dict[str, float]:
+    from deploybench.load.scrape import get_page, parse_metrics
+
+    names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    return {n: v for n, _, v in parse_metrics(get_page(f"{ep.url}/metrics", 2.0), names)}
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_the_shared_prefix_workloads_hit_rate_is_its_closed_form(local_engines, tmp_path, api):
+    eps = local_engines.start(1)
+    spec = LoadSpec(workload="shared-prefix", rate=10, duration_s=6, warmup_s=0, ttft_sample_rps=0, output_tokens=4,
+                    request_timeout_s=10, api=api)
+    before = _engine_counters(eps[0])
+    res = run_load(eps, spec, SLO(p99_latency_ms=5000), tmp_path / "out", phase="sustained")
+    after = _engine_counters(eps[0])
+    assert res.errors == 0
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+    plan = workloads.make_plan(workloads.workload("shared-prefix"), rate=10, duration_s=6, warmup_s=0,
+                               seed=workloads.workload("shared-prefix").seed_for("sustained", 0, 0), output_tokens=4)
+    want_hits, want_queries = plan.expected_prefix_hits()
+    # a fresh engine: each group's first request computes its prefix; every later prefixed request hits its 512
+    # tokens, and nothing else hits (each request's own words differ)
+    first = len({g for g in plan.group if g >= 0})
+    assert queries == want_queries
+    assert hits == want_hits - first * 512
+    assert len(plan) > 40 and hits / queries > 0.5
+
+
+def test_later_turns_of_a_conversation_hit_the_blocks_of_the_turns_before(local_engines, workload_dir, tmp_path):
+    (workload_dir / "talk2.toml").write_text(
+        'name = "talk2"\n[arrival]\nprocess = "poisson"\n[session]\nturns = { dist = "fixed", value = 3 }\n'
+        '[input]\ndist = "uniform"\nmin = 20\nmax = 60\n[output]\ndist = "fixed"\nvalue = 20\n')
+    eps = local_engines.start(1)
+    spec = LoadSpec(workload="talk2", rate=12, duration_s=6, warmup_s=0, ttft_sample_rps=0, request_timeout_s=10,
+                    api="chat")
+    before = _engine_counters(eps[0])
+    res = run_load(eps, spec, SLO(p99_latency_ms=5000), tmp_path / "out", phase="sustained")
+    after = _engine_counters(eps[0])
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+    doc = json.loads((tmp_path / "out" / "sustained.plan.json").read_text())
+    sent = {}
+    for p in _k6_points(tmp_path / "out" / "sustained.k6.json.gz"):
+        sent.setdefault(int(p["metadata"]["conv"]), set()).add(int(p["metadata"]["turn"]))
+    rows = [r for k, r in enumerate(doc["requests"]) if len(sent.get(k, ())) == 1 + len(r[7] or [])]
+    assert res.errors == 0 and len(rows) >= 0.7 * len(doc["requests"])
+    plan = workloads.Plan("talk2", 0, [], 0, [r[1] for r in rows], [r[2] for r in rows], [-1] * len(rows),
+                          more=[r[7] or [] for r in rows])
+    # what the cache would hit over the conversations that finished; the cut ones add their first turns only
+    want, _ = plan.expected_prefix_hits()
+    no_answers, _ = plan.expected_prefix_hits(cache_answers=False)
+    assert hits >= want > no_answers  # later turns find the earlier turns' words *and* answers
+    assert hits / queries > 0.4

@@ -40,13 +40,14 @@ _DUMPS = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class _Parsed:
-    __slots__ = ("prompt", "prompt_tokens", "blocks", "output_tokens", "stream", "include_usage")
+    __slots__ = ("prompt", "prompt_tokens", "blocks", "output_tokens", "stream", "include_usage", "tokens")
 
     def __init__(self, prompt: str, prompt_tokens: int, blocks: tuple[int, ...], output_tokens: int, stream: bool,
-                 include_usage: bool) -> None:
+                 include_usage: bool, tokens: list[str] | None = None) -> None:
         self.prompt = prompt
         self.prompt_tokens = prompt_tokens
         self.blocks = blocks  # the prompt's block hashes for the prefix cache; () when it is off
+        self.tokens = tokens  # the prompt's tokens when the cache is on: the answer's blocks continue their chain
         self.output_tokens = output_tokens
         self.stream = stream
         self.include_usage = include_usage
@@ -108,6 +109,8 @@ class OpenAIApi:
         except BaseException:
             server.engine.cancel(job)
             raise
+        if p.tokens is not None:  # the answer's full blocks are cached too (a conversation's next turn finds them)
+            server.engine.cache_answer(p.tokens, [tokens.token(i)[1:] for i in range(p.output_tokens)])
         server.metrics.success += 1
         server.count_answer()
         return True
@@ -153,7 +156,8 @@ class OpenAIApi:
             )
         out = min(max_tokens, self.max_model_len - prompt_tokens)
         blocks = chain_hashes(tokens) if self.caching else ()
-        return _Parsed(prompt, prompt_tokens, blocks, out, stream, bool(opts and opts.get("include_usage")))
+        return _Parsed(prompt, prompt_tokens, blocks, out, stream, bool(opts and opts.get("include_usage")),
+                       tokens if self.caching else None)
 
     # -- answers ---------------------------------------------------------------------------------
     def _usage(self, p: _Parsed) -> dict:
