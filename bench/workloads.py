@@ -35,11 +35,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from deploybench import workloads
 from deploybench.config import SLO, LoadSpec
-from deploybench.load import Endpoint, load_samples, run_load
+from deploybench.load import Endpoint, load_samples, read_k6_json, run_load
 
 CANNED = ('{"id":"cmpl-bench","object":"text_completion","model":"m","choices":[{"index":0,"text":" ok",'
           '"finish_reason":"length"}],"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}')
@@ -129,7 +130,7 @@ def lag_table(rates: list[float], seconds: float, folder: Path) -> dict[tuple[st
     with haproxy(folder) as url:
         ep = [Endpoint(node="haproxy", url=url, model="m")]
         print(f"{'process':>9} {'rate':>6} {'sent/plan':>9} {'lag p50':>8} {'lag p99':>8} {'dropped':>7} "
-              f"{'poisson counts p':>16} {'schedule p':>10}")
+              f"{'poisson counts p':>16} {'schedule p':>10} {'k6 CPU/req':>10}")
         for rate in rates:
             for process in PROCESSES:
                 spec = LoadSpec(workload=f"bench-{process}", rate=rate, duration_s=seconds, warmup_s=1,
@@ -139,20 +140,18 @@ def lag_table(rates: list[float], seconds: float, folder: Path) -> dict[tuple[st
                 df = load_samples(res.samples_path)
                 plan = json.loads((run_dir / "bench.plan.json").read_text())
                 planned = len(plan["requests"]) if plan["timed"] else rate * (1 + seconds)
-                lag = df["lag_ms"].to_numpy() if "lag_ms" in df else None
-                if lag is None or np.isnan(lag).all():
-                    from deploybench.load import read_k6_json
-
-                    k6, _ = read_k6_json(run_dir / "bench.k6.json.gz")
-                    lag = k6["lag_ms"].to_numpy()
-                sent = (df["ts"].astype("int64").to_numpy() / 1e9)
+                k6, _ = read_k6_json(run_dir / "bench.k6.json.gz")
+                measured = k6[k6["ts"] >= pd.Timestamp(res.started_at)]  # the warm-up second left out
+                lag = measured["lag_ms"].to_numpy()
+                sent = (df["ts"] - df["ts"].min()).dt.total_seconds().to_numpy()
                 row = {"lag_p50": float(np.nanpercentile(lag, 50)), "lag_p99": float(np.nanpercentile(lag, 99)),
                        "sent": (res.requests + res.warmup_excluded) / planned, "dropped": res.dropped_iterations,
-                       "counts_p": poisson_counts_p(sent, rate), "schedule_p": schedule_p(plan, process, rate)}
+                       "counts_p": poisson_counts_p(sent, rate), "schedule_p": schedule_p(plan, process, rate),
+                       "cpu_ms": 1000 * res.k6_cpu_s / max(1, res.requests + res.warmup_excluded)}
                 out[(process, rate)] = row
                 sp = "-" if row["schedule_p"] is None else f"{row['schedule_p']:.3g}"
                 print(f"{process:>9} {rate:6.0f} {row['sent']:9.3f} {row['lag_p50']:6.2f}ms {row['lag_p99']:6.2f}ms "
-                      f"{row['dropped']:7d} {row['counts_p']:16.3g} {sp:>10}")
+                      f"{row['dropped']:7d} {row['counts_p']:16.3g} {sp:>10} {row['cpu_ms']:8.3f}ms")
     return out
 
 

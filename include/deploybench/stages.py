@@ -457,7 +457,7 @@ class Validate(Stage):
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
         work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
         work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
-                        cfg.engine.max_model_len)
+                        cfg.engine.max_model_len, [p.value for p in cfg.load.phases])
         write_json(paths.run_dir(ctx.run_key) / "run.json", {
             "run_key": ctx.run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
             "meta": {**(ctx.meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),

@@ -580,3 +580,4 @@ def test_engine_figures_are_computed_by_the_roles_the_profile_maps():
     fig = engine_figures(_pages(page.format(1, 1, 1, 1), page.format(2, 2, 2, 2), keep=keep_of(sg)),
                          start=T0, metrics=sg)["n1"]
     assert fig["scrapes"] == 2 and all(v is None for k, v in fig.items() if k not in ("scrapes", "scrape_errors"))
+

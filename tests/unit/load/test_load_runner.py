@@ -60,3 +60,13 @@ def test_missing_k6_is_a_clear_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "find_k6", lambda: str(tmp_path / "no-such-k6"))
     with pytest.raises(LoadError, match=r"cannot start k6 .*no-such-k6"):
         run_load(EPS, SPEC, SLO(), tmp_path / "out")
+
+
+def test_k6_runs_with_its_collector_held_back_unless_the_operator_says_otherwise():
+    from deploybench.load.runner import k6_process_env
+
+    env = k6_process_env({"PATH": "/bin", "SECRET": "x", "AIRFLOW_CONN_DB": "postgres://u:p@h/db"}, 24 << 30)
+    assert env == {"PATH": "/bin", "GOGC": "off", "GOMEMLIMIT": "4096MiB"}  # 20 % of 24 GiB, at most 4 GiB
+    assert k6_process_env({}, 4 << 30)["GOMEMLIMIT"] == "819MiB"
+    assert k6_process_env({}, 1 << 30)["GOMEMLIMIT"] == "512MiB"  # never below the floor
+    assert k6_process_env({"GOGC": "200"}, 24 << 30) == {"GOGC": "200"}  # the operator's choice, as it is
