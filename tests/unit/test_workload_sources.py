@@ -11,6 +11,7 @@ import json
 import random
 import time
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ import pytest
 from deploybench import workloads as W
 from deploybench.errors import ConfigError
 from deploybench.sim.service_model import count_tokens
+from deploybench.workloads import samples, streams
 from deploybench.workloads import sources as S
-from deploybench.workloads import streams
 
 MB = 1 << 20
 
@@ -361,3 +362,51 @@ def test_a_hostile_trace_is_refused_naming_the_line(tmp_path, fmt, data, kw, mes
     with pytest.raises(ConfigError, match=message) as err:
         S.read_trace(path, fmt, **{"max_bytes": MB, **kw})
     assert str(err.value).startswith(f"trace {path}: ")
+
+
+# -- the shipped samples --------------------------------------------------------------------------------------------
+def test_the_committed_samples_are_what_the_module_makes_and_check_fails_when_they_drift(tmp_path):
+    assert samples.main(["--check"]) == 0
+    assert samples.main(["--dir", str(tmp_path)]) == 0
+    assert samples.main(["--check", "--dir", str(tmp_path)]) == 0
+    trace = tmp_path / samples.TRACE_SAMPLE
+    trace.write_bytes(trace.read_bytes().replace(b'"timestamp": 0,', b'"timestamp": 1,', 1))
+    assert samples.main(["--check", "--dir", str(tmp_path)]) == 1
+    trace.unlink()
+    assert samples.main(["--check", "--dir", str(tmp_path)]) == 1
+    sizes = [(samples.DATA_DIR / name).stat().st_size for name in samples.render()]
+    assert sum(sizes) < 600_000
+
+
+def test_the_sample_dataset_reads_as_plausible_conversations():
+    convs, stats = S.read_dataset(
+        samples.DATA_DIR / samples.SHAREGPT_SAMPLE, "sharegpt", sample=1000, seed=0, max_bytes=MB
+    )
+    assert stats.records_read == len(convs) == 200
+    assert {len(c.turns) for c in convs} == {1, 2, 3, 4, 5, 6}
+    assert all(t.answer_tokens is not None for c in convs for t in c.turns)
+    human = sorted(len(t.user.split()) for c in convs for t in c.turns)
+    answers = sorted(t.answer_tokens or 0 for c in convs for t in c.turns)
+    assert 30 <= human[len(human) // 2] <= 50 and human[-1] <= 400 and human[0] >= 3
+    assert 100 <= answers[len(answers) // 2] <= 160 and answers[-1] <= 700  # 600 words and their marks
+    assert max(sum(S.approx_tokens(t.user) + (t.answer_tokens or 0) for t in c.turns) for c in convs) <= 4096
+
+
+def test_the_sample_trace_fits_the_context_shares_whole_blocks_and_has_bursts():
+    rows = S.read_trace(samples.DATA_DIR / samples.TRACE_SAMPLE, "mooncake", max_bytes=MB)
+    assert 550 <= len(rows) <= 650 and rows[0].at_ms == 0 and rows[-1].at_ms < 60_000
+    assert all(r.input_tokens + r.output_tokens <= 4096 for r in rows)
+    assert all(128 <= r.input_tokens <= 3000 and 16 <= r.output_tokens <= 300 for r in rows)
+    holders = Counter(i for r in rows for i in r.hash_ids)
+    shared = [r for r in rows if holders[r.hash_ids[0]] > 1]
+    assert 0.2 <= len(shared) / len(rows) <= 0.4
+    for r in (
+        shared
+    ):  # 1-4 leading blocks shared, each a whole block (the prompt goes on past them), the rest its own
+        k = next(j for j, i in enumerate([*r.hash_ids, -1]) if holders[i] < 2)
+        assert 1 <= k <= 4 and r.input_tokens > k * 512
+        assert all(holders[i] == 1 for i in r.hash_ids[k:])
+    per_second = [0] * 60
+    for r in rows:
+        per_second[int(r.at_ms // 1000)] += 1
+    assert max(per_second) >= 3 * len(rows) / 60  # a burst
