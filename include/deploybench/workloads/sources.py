@@ -56,6 +56,7 @@ AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 _AZURE_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ def _show(value: Any) -> str:
     """A value from the file, quoted and cut short: it may be a megabyte long."""
     try:
         text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)[:60]
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -130,9 +131,22 @@ def _tokens(value: Any, name: str) -> int:
     return value
 
 
+def _text(value: Any, name: str) -> str:
+    """A message's text: a string, and one that UTF-8 can carry (JSON's \\ud800 escape alone makes a string that
+    any later encode would fail on)."""
+    if not isinstance(value, str):
+        raise _Bad(f"{name} is {_show(value)}, not a string", "give the text as a string")
+    if m := _SURROGATE.search(value):
+        raise _Bad(
+            f"{name} holds a lone UTF-16 surrogate (\\u{ord(m.group()):04x}) at character {m.start()}",
+            "fix or drop the record: no request can carry it",
+        )
+    return value
+
+
 # -- datasets -------------------------------------------------------------------------------------------------------
-# a record as read: its system prompt and each turn's user text with the answer's texts (counted only if the record
-# is kept: tokenizing every answer of a 650 MB file would be most of the reading) or its given token count
+# a record as read: its system prompt and each turn's user text with the answer's texts (counted only when the record
+# enters the sample: tokenizing every answer of a 650 MB file would be most of the reading) or its given token count
 _Answer = int | tuple[str, ...]
 _Raw = tuple[str, tuple[tuple[str, _Answer], ...]]
 
@@ -158,11 +172,7 @@ def _dialogue(
                 f"{key}[{i}].{role_key} = {_show(role)} is not one of {', '.join(roles)}",
                 "fix or drop that message",
             )
-        text = item.get(text_key)
-        if not isinstance(text, str):
-            raise _Bad(
-                f"{key}[{i}].{text_key} is {_show(text)}, not a string", "give the message's text as a string"
-            )
+        text = _text(item.get(text_key), f"{key}[{i}].{text_key}")
         if roles[role] == "system":
             system.append(text)
         elif roles[role] == "user":
@@ -181,9 +191,7 @@ def _jsonl_record(obj: Any) -> _Raw:
     if "prompt" in obj and "messages" in obj:
         raise _Bad("has both prompt and messages", "keep one of them")
     if "prompt" in obj:
-        if not isinstance(obj["prompt"], str):
-            raise _Bad(f"prompt is {_show(obj['prompt'])}, not a string", "give the prompt as a string")
-        return "", ((obj["prompt"], explicit if explicit is not None else ()),)
+        return "", ((_text(obj["prompt"], "prompt"), explicit if explicit is not None else ()),)
     if "messages" not in obj:
         hint = " (it has conversations: read the file as sharegpt)" if "conversations" in obj else ""
         raise _Bad(
@@ -248,7 +256,7 @@ def read_dataset(
         raise ConfigError(f"dataset {path}: sample = {sample!r}; keep at least 1 record")
     check = _jsonl_record if fmt == "jsonl" else _sharegpt_record
     rng = random.Random(seed)
-    kept: list[tuple[int, _Raw]] = []
+    kept: list[tuple[int, Conversation]] = []
     seen = 0
     with BoundedFile(path, "dataset", max_bytes, max_line_bytes) as src:
         head = src.first_byte()
@@ -262,15 +270,15 @@ def read_dataset(
             except _Bad as bad:
                 raise src.refuse(f"{where}: {bad.what}", bad.fix) from None
             if seen < sample:
-                kept.append((seen, raw))
+                kept.append((seen, _conversation(raw)))
             elif (j := rng.randrange(seen + 1)) < sample:
-                kept[j] = (seen, raw)
+                kept[j] = (seen, _conversation(raw))
             seen += 1
         if not seen:
             raise src.refuse("has no records", f"name a {fmt} file with records in it")
         kept.sort(key=lambda k: k[0])
         stats = DatasetStats(seen, len(kept), src.bytes_read, src.largest)
-    return [_conversation(raw) for _, raw in kept], stats
+    return [conv for _, conv in kept], stats
 
 
 # -- traces ---------------------------------------------------------------------------------------------------------
