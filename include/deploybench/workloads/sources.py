@@ -13,7 +13,8 @@ Datasets (``read_dataset``) come as ``jsonl`` (``{"prompt": ...}`` or chat ``{"m
 JSON array, split into its elements by a small incremental scanner, never loaded whole). A sample of them is kept by
 reservoir sampling, so memory follows the sample, not the file. Traces (``read_trace``) come as ``mooncake`` (the
 FAST'25 Mooncake trace's JSONL, with the hash ids of its prompts' 512-token blocks) or ``azure`` (the Azure LLM
-inference trace's CSV). Pure: no Airflow, no network.
+inference trace's CSV). Pure: no Airflow, no network. The reading under limits (sizes, lines, JSON, the array
+splitter) is deploybench.workloads.streams; in the array form the line limit (max_line_bytes) bounds each record.
 """
 
 from __future__ import annotations
