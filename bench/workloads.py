@@ -6,9 +6,10 @@
    server costs next to nothing, so the client is what is measured), each arrival process (constant, poisson,
    gamma with gaps' CV 3) at each rate: the send lag P50/P99 (a request's actual send time minus the time its
    schedule had it due: k6's even spacing, or the plan's send time) and goodness of fit. The fit of what was
-   *sent*: a chi-square test of the number of requests sent in windows of 10 / rate seconds against Poisson's law
-   (k6 stamps sends in whole ms, too coarse for the gaps themselves at 2,000 req/s); Poisson must pass it, constant
-   and gamma must fail it. Beside it, the schedule's own law (the plan's gaps against exponential or gamma).
+   *sent*: a chi-square test of the number of requests sent per window (of max(20 ms, 10 / rate): k6 stamps sends
+   in whole ms, too coarse for the gaps themselves at 2,000 req/s) against Poisson's law; Poisson must pass it,
+   constant and gamma must fail it. Beside it, the schedule's own law (the plan's gaps against exponential or
+   gamma).
 2. Prefix hit rate. The shared-prefix workload against the simulated engine: the hit rate the engine counted
    (vllm:prefix_cache_hits / queries over the phase) against the closed form of the plan (every shared prefix's
    whole 16-token blocks hit, the rest computed).
@@ -95,17 +96,29 @@ frontend canned
 
 
 def poisson_counts_p(sent_s: np.ndarray, rate: float) -> float:
-    """p-value of the counts of sends in windows of 10 / rate s against Poisson(10) (chi-square, tail bins merged)."""
-    w = 10.0 / rate
+    """p-value of the numbers of sends in windows of max(20 ms, 10 / rate) against Poisson's law for that window
+    (chi-square; counts grouped so that each group expects at least 5 windows). Windows of 20 ms at least: k6
+    stamps sends in whole ms and a send lags its due time by a ms or two, which at 2,000 req/s moves requests
+    between 5 ms windows often enough to show."""
+    w = max(0.02, 10.0 / rate)
     t = sent_s - sent_s.min()
     n_win = int(t.max() // w)
     if n_win < 20:
         return float("nan")
     counts = np.bincount((t[t < n_win * w] // w).astype(int), minlength=n_win)
-    edges = list(range(3, 18))  # bins: <=3, 4, ..., 17, >=18 (each expected >= 5 windows for 20+ windows)
-    law = stats.poisson(10)
-    seen = [np.sum(counts <= 3)] + [np.sum(counts == k) for k in edges[1:]] + [np.sum(counts >= 18)]
-    probs = [law.cdf(3)] + [law.pmf(k) for k in edges[1:]] + [law.sf(17)]
+    law = stats.poisson(rate * w)
+    # groups of consecutive counts, each expecting >= 5 windows (the tails folded into the end groups)
+    edges, lo, top = [], 0, int(law.ppf(1 - 1e-9)) + 1
+    while lo <= top:
+        hi = lo
+        while hi < top and (law.cdf(hi) - law.cdf(lo - 1)) * n_win < 5:
+            hi += 1
+        edges.append((lo, hi))
+        lo = hi + 1
+    seen = [np.sum((counts >= a) & (counts <= b)) for a, b in edges]
+    seen[-1] += np.sum(counts > edges[-1][1])
+    probs = [law.cdf(b) - law.cdf(a - 1) for a, b in edges]
+    probs[-1] += law.sf(edges[-1][1])
     expected = np.array(probs) * n_win
     return float(stats.chisquare(seen, expected * (sum(seen) / expected.sum())).pvalue)
 
@@ -171,8 +184,10 @@ def engine_part(folder: Path, seconds: float) -> tuple[float | None, float | Non
         eps = [Endpoint.of({"node": e.node, "url": e.url, "model": e.model}, f"{e.url}/metrics") for e in eps]
         spec = LoadSpec(workload="shared-prefix", rate=8, duration_s=max(10.0, 4 * seconds), warmup_s=0,
                         output_tokens=16, ttft_sample_rps=0, scrape_interval_s=1, request_timeout_s=30)
-        res = run_load(eps, spec, slo, folder / "prefix", phase="prefix", metrics=metrics)
-        measured = (res.engine.get(eps[0].node) or {}).get("prefix_hit_rate") if res.engine else None
+        before = _counters(eps[0])
+        run_load(eps, spec, slo, folder / "prefix", phase="prefix", metrics=metrics)
+        after = _counters(eps[0])
+        measured = (after[0] - before[0]) / max(1.0, after[1] - before[1])
         doc = json.loads((folder / "prefix" / "prefix.plan.json").read_text())
         truth = _closed_form(doc)
         caps = {}
@@ -185,13 +200,24 @@ def engine_part(folder: Path, seconds: float) -> tuple[float | None, float | Non
     return measured, truth, caps
 
 
+def _counters(ep: Endpoint) -> tuple[float, float]:
+    """The engine's (prefix cache hits, queries) counters, in tokens."""
+    from deploybench.load.scrape import get_page, parse_metrics
+
+    names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    got = {n: v for n, _, v in parse_metrics(get_page(f"{ep.url}/metrics", 2.0), names)}
+    return got[names[0]], got[names[1]]
+
+
 def _closed_form(doc: dict) -> float:
-    """The plan file's closed-form hit rate (deploybench.workloads.Plan.expected_prefix_hits)."""
+    """The plan file's closed-form hit rate on a fresh engine (deploybench.workloads.Plan.expected_prefix_hits,
+    less each group's first request, which computes its prefix)."""
     rows = doc["requests"]
     plan = workloads.Plan(doc["workload"], doc["seed"], doc["prefixes"], doc["prefix_tokens"],
                           [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
     hits, queries = plan.expected_prefix_hits()
-    return hits / queries
+    first = len({g for g in plan.group if g >= 0}) * (plan.prefix_tokens // 16 * 16)
+    return (hits - first) / queries
 
 
 def main() -> int:

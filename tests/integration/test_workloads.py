@@ -156,3 +156,44 @@ def test_later_turns_of_a_conversation_hit_the_blocks_of_the_turns_before(local_
     no_answers, _ = plan.expected_prefix_hits(cache_answers=False)
     assert hits >= want > no_answers  # later turns find the earlier turns' words *and* answers
     assert hits / queries > 0.4
+
+
+def test_a_trace_replays_on_its_own_clock_and_its_shared_blocks_hit_as_the_closed_form_says(
+        local_engines, workload_dir, tmp_path):
+    import random
+
+    rng = random.Random(5)
+    rows, t, convs = [], 0, [[rng.randrange(10**6) for _ in range(3)] for _ in range(4)]
+    for i in range(120):
+        t += int(rng.expovariate(1 / 90)) + (0 if i % 30 else 400)  # about 11/s, a pause every 30 rows
+        shared = rng.random() < 0.5
+        ids = convs[rng.randrange(4)][: rng.randint(1, 3)] if shared else []
+        ids = ids + [10**6 + i * 10 + j for j in range(rng.randint(1, 2))]
+        n = 32 * (len(ids) - 1) + rng.randint(1, 32)
+        rows.append({"timestamp": 5000 + t, "input_length": n, "output_length": 2, "hash_ids": ids})
+    (workload_dir / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (workload_dir / "replay.toml").write_text(
+        'name = "replay"\n[source]\nkind = "trace"\npath = "trace.jsonl"\nformat = "mooncake"\nblock_tokens = 32\n'
+        "speed = 2.0\n")
+    eps = local_engines.start(1)
+    before = _engine_counters(eps[0])
+    span_s = (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000 / 2
+    spec = LoadSpec(workload="replay", rate=5, duration_s=span_s + 0.5, warmup_s=0, ttft_sample_rps=0,
+                    request_timeout_s=10)
+    res = run_load(eps, spec, SLO(p99_latency_ms=5000), tmp_path / "out", phase="sustained")
+    after = _engine_counters(eps[0])
+
+    df = load_samples(res.samples_path)
+    assert res.errors == 0 and len(df) == len(rows)  # every row, once
+    due = np.array([(r["timestamp"] - rows[0]["timestamp"]) / 2 for r in rows])  # ms, at twice the speed
+    sent = np.sort((df["ts"] - df["ts"].min()).dt.total_seconds().to_numpy() * 1000)
+    lag = sent - due
+    assert np.percentile(np.abs(lag - np.median(lag)), 99) < SEND_LAG_P99_MS, np.percentile(lag, [50, 99])
+    assert sorted(df["prompt_tokens"]) == sorted(r["input_length"] for r in rows)
+    assert res.offered_rps == pytest.approx(len(rows) / spec.duration_s, rel=0.05)  # the trace's rate, not 5/s
+
+    plan = workloads.make_plan(workloads.workload("replay"), rate=5, duration_s=spec.duration_s, warmup_s=0, seed=0)
+    want_hits, want_queries = plan.expected_prefix_hits()
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+    assert (hits, queries) == (want_hits, want_queries) and want_hits > 0.1 * want_queries
