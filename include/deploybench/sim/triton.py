@@ -123,15 +123,15 @@ class TritonApi:
                                   keep_alive=keep))
             await writer.drain()
             return True
-        tokens = TokenStream(text, self.seed)
+        answer = TokenStream(text, self.seed)
         try:
             if stream:
-                await self._stream(job, out, tokens, prompt_tokens, counts, writer, keep)
+                await self._stream(job, out, answer, prompt_tokens, counts, writer, keep)
             else:
                 await server.engine.wait(job, out)
                 body: dict[str, Any] = {"model_name": self.name, "model_version": "1",
                                         "text_output": (text if prepend else "") + "".join(
-                                            tokens.token(i) for i in range(out))}
+                                            answer.token(i) for i in range(out))}
                 if counts[0]:
                     body["num_input_tokens"] = prompt_tokens
                 if counts[1]:

@@ -308,14 +308,14 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _read_dataset(path: str, stamp: tuple[int, int], fmt: str, sample: int, seed: int, max_bytes: int) -> list[Any]:
     from deploybench.workloads import sources
 
-    return sources.read_dataset(path, fmt, sample=sample, seed=seed, max_bytes=max_bytes)[0]
+    return sources.read_dataset(path, fmt, sample=sample, seed=seed, max_bytes=max_bytes)[0]  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=8)
 def _read_trace(path: str, stamp: tuple[int, int], fmt: str, max_bytes: int, block_tokens: int) -> list[Any]:
     from deploybench.workloads import sources
 
-    return sources.read_trace(path, fmt, max_bytes=max_bytes, block_tokens=block_tokens)
+    return sources.read_trace(path, fmt, max_bytes=max_bytes, block_tokens=block_tokens)  # type: ignore[arg-type]
 
 
 def _first_tokens(conv: Any) -> int:
