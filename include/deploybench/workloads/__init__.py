@@ -641,14 +641,17 @@ def _arrivals(w: Workload, rng: Any, segs: list[tuple[float, float, float]], per
             return None, expected
         ops = np.arange(0, math.ceil(expected), dtype=float)
     else:
-        budget = int(expected + 10 * math.sqrt(expected + 1) * max(1.0, s.arrival.cv or 1.0) + 16)
+        # exactly the expected number of requests (a phase offers its rate, not a random draw around it: a probe
+        # step of 6 s at 13/s would otherwise offer 13 +- 11 % and be judged on what it did not offer), their gaps
+        # the process's, scaled to fill the phase: for Poisson, the process given its count (uniform order
+        # statistics); the first request at the start, as k6's executors have it
+        n = max(1, round(expected))
         if s.arrival.process == "poisson":
-            gaps = rng.exponential(1.0, budget)
+            gaps = rng.exponential(1.0, n)
         else:
             cv = float(s.arrival.cv or 1.0)
-            gaps = rng.gamma(1.0 / cv**2, cv**2, budget)
-        ops = np.cumsum(gaps) - gaps[0]  # the first request at the start, as k6's executors have it
-        ops = ops[ops < expected]
+            gaps = rng.gamma(1.0 / cv**2, cv**2, n)
+        ops = np.concatenate([[0.0], np.cumsum(gaps[1:])]) * (expected / float(gaps.sum()))
     times = invert_rate(ops, segs)
     return times[~np.isnan(times)], expected
 
