@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from deploybench.report import plots
-from deploybench.report.html import Html, document, esc, figure, fmt_change, fmt_p, table
+from deploybench.report.html import Html, document, esc, figure, fmt_change, fmt_p, fmt_pct, table
 
 if TYPE_CHECKING:
     from deploybench.analyse.compare import Comparison
@@ -17,8 +17,19 @@ if TYPE_CHECKING:
 FIGURE_LABELS = {
     "capacity_rps": "capacity req/s", "goodput_rps": "goodput req/s", "achieved_rps": "achieved req/s",
     "output_tps": "output tok/s", "latency_p50_ms": "P50 ms", "latency_p99_ms": "P99 e2e ms",
-    "ttft_p99_ms": "P99 TTFT ms", "error_rate": "error rate",
+    "ttft_p99_ms": "P99 TTFT ms", "error_rate": "error rate", "prefix_hit_rate": "prefix hit rate",
+    "energy_per_output_token_j": "J per output token",
 }
+
+
+def _shown(figure: str, v: Any) -> Any:
+    """A figure as the table shows it; the engine's and the GPUs' say "absent" when not measured (an engine without
+    a prefix cache, GPUs without power readings), never a blank that reads as 0."""
+    if figure not in ("prefix_hit_rate", "energy_per_output_token_j"):
+        return v
+    if v is None or (isinstance(v, float) and v != v):
+        return "absent"
+    return fmt_pct(v, 1) if figure == "prefix_hit_rate" else f"{float(v):.4g}"
 
 
 def config_label(row: Any) -> str:
@@ -48,7 +59,9 @@ def sections(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | Non
         sub = t[t["run_key"].isin(keys)]
         best = cmp.best.get(group)
         label = {str(r["run_key"]): config_label(r) for _, r in sub.iterrows()}
-        parts.append(f"<h2>Workload group {n} <code>{esc(group[:12])}</code></h2>")
+        names = sorted({str(w) for w in sub.get("workload_name", pd.Series(dtype=object)).dropna()})
+        parts.append(f"<h2>Workload group {n}: {esc(', '.join(names) or 'unknown')} <code>{esc(group[:12])}</code>"
+                     "</h2>")
         if best:
             parts.append(f"<p class='best-run'>Best configuration meeting the SLO: <b class='success'>"
                          f"{esc(label[best])}</b>, run {_cell_html(name(best))}</p>")
@@ -56,7 +69,7 @@ def sections(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | Non
             parts.append("<p class='best-run'>Best configuration meeting the SLO: "
                          "<b class='failed'>none meets the SLO</b></p>")
         headers = ["configuration", *FIGURE_LABELS.values(), "SLO", "Pareto"]
-        rows = [[name(str(r["run_key"]), label[str(r["run_key"])]), *[r[f] for f in FIGURE_LABELS],
+        rows = [[name(str(r["run_key"]), label[str(r["run_key"])]), *[_shown(f, r.get(f)) for f in FIGURE_LABELS],
                  "met" if r["slo_met"] else "not met", "yes" if r["pareto"] else ""] for _, r in sub.iterrows()]
         parts.append(table(headers, rows, ["best" if k == best else "" for k in sub["run_key"]]))
         pts = {label[str(r["run_key"])]: (r["capacity_rps"] if pd.notna(r["capacity_rps"]) else r["achieved_rps"],

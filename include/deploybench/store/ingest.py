@@ -54,13 +54,27 @@ def phase_records(load: LoadResult) -> list[Any]:
     from deploybench.store import PhaseRecord
 
     common = {"phase": load.phase, "duration_s": load.duration_s, "started_at": load.started_at}
+    engine = load.engine or {}
     out = [PhaseRecord(node="*", offered_rps=load.offered_rps, dropped_iterations=load.dropped_iterations,
+                       prefix_hit_rate=_hit_rate(list(engine.values())),
+                       energy_per_output_token_j=load.energy_per_output_token_j,
                        **common, **{k: getattr(load, k) for k in _FIGURES})]
     per_node_offered = load.offered_rps / max(1, len(load.nodes))
     for n in load.nodes:
         out.append(PhaseRecord(node=n.node, offered_rps=per_node_offered, **common,
+                               prefix_hit_rate=_hit_rate([engine[n.node]] if n.node in engine else []),
                                **{k: getattr(n, k) for k in _FIGURES}))
     return out
+
+
+def _hit_rate(figs: list[dict]) -> float | None:
+    """Hit tokens over queried tokens of the engines' prefix caches (their counters' increases over the phase);
+    None when an engine did not count them (a partial sum would speak for the others) or nothing was queried."""
+    pairs = [(f.get("prefix_hits"), f.get("prefix_queries")) for f in figs]
+    if not pairs or any(not isinstance(h, int | float) or not isinstance(q, int | float) for h, q in pairs):
+        return None
+    hits, total = sum(float(h or 0) for h, _ in pairs), sum(float(q or 0) for _, q in pairs)
+    return min(1.0, max(0.0, hits / total)) if total > 0 else None
 
 
 _STEP_FIGURES = ("achieved_rps", "latency_p99_ms", "ttft_p99_ms", "error_rate", "dropped_iterations")

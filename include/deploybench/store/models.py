@@ -129,6 +129,9 @@ class LoadPhase(Base):
     ttft_p99_ms: Mapped[float | None] = mapped_column(Double)
     duration_s: Mapped[float] = mapped_column(Double, nullable=False)
     started_at: Mapped[datetime] = _ts()
+    # migration 0007: the engine's prefix-cache hit rate and the GPUs' energy per output token (absent: not measured)
+    prefix_hit_rate: Mapped[float | None] = mapped_column(Double)
+    energy_per_output_token_j: Mapped[float | None] = mapped_column(Double)
 
 
 class RequestSample(Base):

@@ -111,6 +111,8 @@ class PhaseRecord(_Record):
     ttft_p99_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
     duration_s: float = Field(ge=0, allow_inf_nan=False)
     started_at: AwareDatetime
+    prefix_hit_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # the engine's, None: not counted
+    energy_per_output_token_j: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: power not measured
 
     @model_validator(mode="after")
     def _coherent(self) -> PhaseRecord:
