@@ -67,7 +67,7 @@ def phase_records(load: LoadResult) -> list[Any]:
     return out
 
 
-def _hit_rate(figs: list[dict]) -> float | None:
+def _hit_rate(figs: list[dict[str, Any]]) -> float | None:
     """Hit tokens over queried tokens of the engines' prefix caches (their counters' increases over the phase);
     None when an engine did not count them (a partial sum would speak for the others) or nothing was queried."""
     pairs = [(f.get("prefix_hits"), f.get("prefix_queries")) for f in figs]
