@@ -24,7 +24,7 @@ const cfg = loadConfig(__ENV);
 const planned = cfg.plan ? new SharedArray('plan', () => JSON.parse(open(cfg.plan)).requests) : null;
 const planHead = cfg.plan ? new SharedArray('planHead', () => {
   const doc = JSON.parse(open(cfg.plan));
-  return [{ seed: doc.seed, prefixes: doc.prefixes, prefixTokens: doc.prefix_tokens, texts: doc.texts || [],
+  return [{ seed: doc.seed, salt: doc.salt || 0, prefixes: doc.prefixes, prefixTokens: doc.prefix_tokens, texts: doc.texts || [],
     textTokens: doc.text_tokens || [], blockTokens: doc.block_tokens || 512 }];
 })[0] : null;
 const prompts = cfg.plan ? null : new SharedArray('prompts', () =>

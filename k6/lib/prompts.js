@@ -43,26 +43,28 @@ export function makePrompts(count, meanTokens, seed, outTokens = 0, outSpread = 
   return out;
 }
 
-// A trace block's words: block d (a dense id) is `blockTokens` words from a stream seeded by d, so one id is one
-// text wherever it appears (deploybench.workloads.block_text makes the same); a request's last block is cut.
+// A trace block's words: block d (a dense id) is `blockTokens` words from a stream seeded by d and the run's salt,
+// so one id is one text wherever it appears in a run, and another run's words differ (a warm engine must not find
+// an earlier run's blocks); deploybench.workloads.block_text makes the same. A request's last block is cut.
 const blockCache = new Map();
-function blockWords(d, blockTokens) {
-  let words = blockCache.get(d);
+function blockWords(d, blockTokens, salt) {
+  const key = `${salt}:${d}`;
+  let words = blockCache.get(key);
   if (!words) {
-    const next = rng((Math.imul(d, 0x9e3779b1) + 0x7f4a7c15) >>> 0);
+    const next = rng(((Math.imul(d, 0x9e3779b1) + 0x7f4a7c15) ^ salt) >>> 0);
     words = new Array(blockTokens);
     for (let w = 0; w < blockTokens; w++) words[w] = WORDS[Math.floor(next() * WORDS.length)];
     if (blockCache.size > 4096) blockCache.clear(); // a VU keeps the blocks it met lately, not a whole trace
-    blockCache.set(d, words);
+    blockCache.set(key, words);
   }
   return words;
 }
 
-export function blockText(blocks, tokens, blockTokens) {
+export function blockText(blocks, tokens, blockTokens, salt = 0) {
   const out = [];
   for (let j = 0; j < blocks.length; j++) {
     const n = Math.min(blockTokens, tokens - j * blockTokens);
-    if (n > 0) out.push(blockWords(blocks[j], blockTokens).slice(0, n).join(' '));
+    if (n > 0) out.push(blockWords(blocks[j], blockTokens, salt).slice(0, n).join(' '));
   }
   return out.join(' ');
 }
@@ -70,8 +72,8 @@ export function blockText(blocks, tokens, blockTokens) {
 // Request i of a workload's plan (deploybench.workloads.Plan.write), a conversation of one turn or more:
 //   [send ms or -1, own tokens, output tokens, prefix group, text, system, blocks or 0, later turns or 0]
 // with later turns [own tokens, output tokens, think ms, text]. A turn's words are the plan's text (a dataset's),
-// else its trace blocks, else made from a stream seeded by (plan seed, i, turn): every request differs and a rerun
-// repeats them. The system prompt is the request's shared prefix (which every client sends identically) and/or
+// else its trace blocks, else made from a stream seeded by (plan seed, the run's salt, i, turn): every request
+// differs, a rerun of the same run repeats them, and another run's differ (so a warm engine finds none of them). The system prompt is the request's shared prefix (which every client sends identically) and/or
 // its dataset system prompt. Returns {system, systemTokens, turns: [{user, tokens, maxTokens, thinkMs}]}.
 export function planConversation(req, head, i) {
   const sys = [];
@@ -88,9 +90,9 @@ export function planConversation(req, head, i) {
   const turns = all.map(([own, out, think, text], t) => {
     let user;
     if (text >= 0) user = head.texts[text];
-    else if (req[6] && t === 0) user = blockText(req[6], own, head.blockTokens);
+    else if (req[6] && t === 0) user = blockText(req[6], own, head.blockTokens, head.salt || 0);
     else {
-      const next = rng((head.seed ^ Math.imul(i + 1, 0x9e3779b1) ^ Math.imul(t, 0x85ebca6b)) >>> 0);
+      const next = rng((head.seed ^ (head.salt || 0) ^ Math.imul(i + 1, 0x9e3779b1) ^ Math.imul(t, 0x85ebca6b)) >>> 0);
       const words = new Array(own);
       for (let w = 0; w < own; w++) words[w] = WORDS[Math.floor(next() * WORDS.length)];
       user = words.join(' ');

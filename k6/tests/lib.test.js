@@ -191,10 +191,10 @@ export default function () {
       JSON.parse(buildRequest(loadConfig(base), EP, later).body).prompt === `be brief hello there  a b c ${talk.turns[1].user}`,
     'plan: trace blocks, the last one cut': () => traced.turns[0].user.split(' ').length === 6 &&
       traced.turns[0].user.startsWith(blockText([7], 4, 4)) && blockText([7], 4, 4) === blockText([7], 4, 4) &&
-      blockText([7], 4, 4) !== blockText([9], 4, 4),
+      blockText([7], 4, 4) !== blockText([9], 4, 4) && blockText([7], 4, 4, 5) !== blockText([7], 4, 4, 6),
     // deploybench.workloads.block_text, computed by the Python test that runs this file
     'plan: block words as Python makes them': () => !__ENV.DB_TEST_BLOCK_TEXT ||
-      blockText([3, 11], 600, 512) === __ENV.DB_TEST_BLOCK_TEXT,
+      blockText([3, 11], 600, 512, 987654321) === __ENV.DB_TEST_BLOCK_TEXT,
     'plan: timed is shared-iterations over the planned requests': () => {
       const sc = scenario(timed);
       return sc.executor === 'shared-iterations' && sc.iterations === 40 && sc.vus === 12 && sc.maxDuration === '42000ms';

@@ -16,6 +16,7 @@ a bounded time, and turns what they wrote into a ``LoadResult``:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -392,6 +393,10 @@ def run_load(
     json_out, summary_out, log_out = (out_dir / f"{stem}.k6.json.gz", out_dir / f"{stem}.k6-summary.json",
                                       out_dir / f"{stem}.k6.log")
     remove_stale(out_dir, stem)
+    # the words differ per run (its folder, phase and step): a warm engine kept from an earlier run, or a matrix
+    # cell's shared rollout, finds none of this run's made-up words in its prefix cache
+    plan.salt = int.from_bytes(hashlib.blake2b(f"{out_dir.resolve()}:{phase}:{step}".encode(), digest_size=4)
+                               .digest(), "little") & 0x7FFFFFFF
     plan_path = plan.write(out_dir / f"{stem}.plan.json")
     env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
                        api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s, plan=plan_path,

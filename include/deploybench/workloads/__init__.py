@@ -414,6 +414,9 @@ class Plan:
     block_tokens: int = 512
     more: list[list[list[float]]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # the words' salt: the run's own (runner.run_load), so that the words made from the seed differ between runs
+    # while the lengths, groups and times stay the seed's (two runs of a workload offer the same shape)
+    salt: int = 0
 
     def __len__(self) -> int:
         return len(self.own)
@@ -437,11 +440,11 @@ class Plan:
         n = len(self)
         at = self.arrivals_ms or [-1.0] * n
         text, system = self.text or [-1] * n, self.system or [-1] * n
-        rows = [[round(at[i], 3), self.own[i], self.output[i], self.group[i], text[i], system[i],
+        rows = [[round(at[i], 6), self.own[i], self.output[i], self.group[i], text[i], system[i],
                  self.blocks[i] if self.blocks else 0,
                  [[int(a), int(b), round(c, 1), int(d)] for a, b, c, d in self.more[i]] if self.more and self.more[i]
                  else 0] for i in range(n)]
-        doc = {"workload": self.workload, "seed": self.seed, "prefixes": self.prefixes,
+        doc = {"workload": self.workload, "seed": self.seed, "salt": self.salt, "prefixes": self.prefixes,
                "prefix_tokens": self.prefix_tokens, "timed": self.arrivals_ms is not None, "texts": self.texts,
                "text_tokens": self.text_tokens, "block_tokens": self.block_tokens, "requests": rows}
         tmp = path.with_name(path.name + ".tmp")
@@ -459,7 +462,7 @@ class Plan:
         if self.text and self.text[i] >= 0:
             user = self.texts[self.text[i]]
         elif self.blocks:
-            user = block_text(self.blocks[i], self.own[i], self.block_tokens)
+            user = block_text(self.blocks[i], self.own[i], self.block_tokens, self.salt)
         else:
             user = " ".join(WORDS[int(rng.random() * len(WORDS))] for _ in range(self.own[i]))
         return " ".join(sys_parts), user, self.prompt_tokens(i), self.output[i]
@@ -537,13 +540,14 @@ def _mulberry32(seed: int) -> Any:
     return nxt
 
 
-def block_text(blocks: list[int], tokens: int, block_tokens: int) -> str:
-    """A trace request's prompt: block ``d`` is ``block_tokens`` words from a stream seeded by ``d`` (so one id is
-    one text wherever it appears); the last block is cut to make ``tokens`` in all. As k6/lib/prompts.js makes it."""
+def block_text(blocks: list[int], tokens: int, block_tokens: int, salt: int = 0) -> str:
+    """A trace request's prompt: block ``d`` is ``block_tokens`` words from a stream seeded by ``d`` and the run's
+    ``salt`` (so one id is one text wherever it appears in a run); the last block is cut to make ``tokens`` in all.
+    As k6/lib/prompts.js makes it."""
     words: list[str] = []
     for j, d in enumerate(blocks):
         n = min(block_tokens, tokens - j * block_tokens)
-        nxt = _mulberry32((d * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF)
+        nxt = _mulberry32(((d * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF) ^ (salt & 0xFFFFFFFF))
         words += [WORDS[int(nxt() * len(WORDS))] for _ in range(max(0, n))]
     return " ".join(words)
 

@@ -20,7 +20,7 @@ def test_k6_lib_checks_pass():
 
     # the trace's block words must be the same in k6 and in Python (the TTFT sampler's requests share blocks)
     env = {"PATH": os.environ.get("PATH", ""), "K6_NO_USAGE_REPORT": "true",
-           "DB_TEST_BLOCK_TEXT": block_text([3, 11], 600, 512)}
+           "DB_TEST_BLOCK_TEXT": block_text([3, 11], 600, 512, 987654321)}
     proc = subprocess.run(
         [k6, "run", "--no-color", "--address", "", str(k6_dir() / "tests" / "lib.test.js")],
         capture_output=True, text=True, timeout=60, env=env,
