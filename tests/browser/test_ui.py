@@ -52,7 +52,8 @@ CHANGES = {
     "Preflight": [("link_threshold", "0.5")],  # 1-2 s iperf3 tests on a busy 2-core machine read ~75 %
     # 16 output tokens: P99 ~0.4 s instead of ~1.9 s with the default 64, far from the 2 s SLO that the
     # rollout gates enforce (a loaded machine must not fail the run)
-    "Workload": [("output_tokens", "16")],
+    # and the traffic by name: shared system prompts, so the run's pages show the engine's prefix-cache hit rate
+    "Workload": [("workload", "shared-prefix"), ("output_tokens", "16")],
 }
 
 
@@ -307,7 +308,7 @@ def test_the_form_opens_with_the_everyday_fields_and_every_other_section_closed(
     open_section(dialog, "Workload")
     _wait(browser, 10).until(lambda d: [s["name"] for s in d.execute_script(_SECTIONS_JS, dialog)
                                         if s["expanded"]] == ["Workload"])
-    assert visible_fields(dialog) == ["prompt_tokens", "output_tokens", "api", "stream", "output_spread"]
+    assert visible_fields(dialog) == ["workload", "prompt_tokens", "output_tokens", "api", "stream", "output_spread"]
 
 
 def test_triggering_with_the_defaults_gives_the_run_the_forms_defaults(airflow, browser):
@@ -339,7 +340,9 @@ def test_the_run_gets_the_preset_and_what_was_typed_into_the_form(airflow, form_
     assert conf["inventory"] == str(lab_inventory) and conf[params.PRESET] == PRESET
     for changes in CHANGES.values():
         for name, value in changes:
-            assert float(conf[name]) == float(value), (name, conf[name])
+            assert (conf[name] == value if name == "workload" else float(conf[name]) == float(value)), (name, conf)
+    assert form_run["run_json"]["config"]["load"]["workload"] == "shared-prefix"
+    assert form_run["run_json"]["workload"]["name"] == "shared-prefix"
     # the preset filled in what was left at its default; what was typed won, also where the preset sets it
     preset = presets.preset(PRESET)
     used = form_run["run_json"]["preset"]
@@ -411,6 +414,7 @@ def follow(driver, text: str) -> str:
 
 
 def test_benchmark_results_tab_shows_the_runs_stages_and_throughput(airflow, browser, form_run, shot):
+    from deploybench.report.html import fmt_pct
     from deploybench.web.markup import fmt_num, headline_phase
 
     stored = form_run["stored"]
@@ -428,6 +432,10 @@ def test_benchmark_results_tab_shows_the_runs_stages_and_throughput(airflow, bro
     assert cluster[0]["achieved req/s"] == fmt_num(ph.achieved_rps), (cluster[0], ph)
     assert cluster[0]["requests"] == fmt_num(ph.requests), (cluster[0], ph)
     assert cluster[0]["errors"] == "0", cluster[0]
+    # the traffic typed into the form, and the engine's own prefix-cache hit rate of it (the sim caches prefixes)
+    assert ph.prefix_hit_rate is not None and ph.prefix_hit_rate > 0, ph
+    assert cluster[0]["prefix hit rate"] == fmt_pct(ph.prefix_hit_rate, 1), (cluster[0], ph)
+    assert "shared-prefix" in body_text(browser)
     nodes = {r["node"] for r in phases if r["phase"] == "sustained"} - {"cluster"}
     assert len(nodes) == LAB_NODES, phases
     text = body_text(browser)
@@ -454,5 +462,6 @@ def test_series_history_and_comparison_pages_show_the_run(airflow, browser, form
     text = body_text(browser)
     assert "Configurations side by side" in text, text[:2000]
     assert "Best configuration meeting the SLO" in text, text[:2000]
+    assert "Workload group 1: shared-prefix" in text, text[:2000]
     assert key in text
     assert len(browser.find_elements(By.CSS_SELECTOR, "figure svg")) >= 2, "no throughput-latency/Pareto plots"

@@ -16,8 +16,6 @@ from deploybench import workloads as W
 from deploybench.config import RunConfig
 from deploybench.errors import ConfigError
 
-pytestmark = pytest.mark.quiet
-
 
 def _file(tmp_path, name: str, text: str):
     folder = tmp_path / "wl"

@@ -104,11 +104,11 @@ def build_env(
     warmup_s: float | None = None,
     plan: Path | None = None,
     planned: int = 0,
-    burstiness: float = 1.0,
+    vu_scale: float = 1.0,
 ) -> dict[str, str]:
     """The DB_* variables k6/run.js reads (k6/lib/config.js documents each). ``plan`` is the workload's plan file;
-    ``planned`` > 0 makes it timed (its requests sent at their own times, ``planned`` of them); ``burstiness``
-    (the gaps' coefficient of variation, at least 1) scales the VUs for arrivals that come in clumps."""
+    ``planned`` > 0 makes it timed (its requests sent at their own times, ``planned`` of them); ``vu_scale`` (at
+    least 1: ``workloads.vu_scale``) sizes the VUs for arrivals in clumps and conversations' pauses."""
     if not endpoints:
         raise ConfigError("run_load needs at least one endpoint; got an empty list")
     nodes = [e.node for e in endpoints]
@@ -118,7 +118,7 @@ def build_env(
     if bad:
         raise ConfigError(f"tags {bad} are set by the load script itself; rename them (e.g. run_{bad[0]})")
     peak = max([rate, *(t for t, _ in stages or [])])
-    pre, top = size_vus(peak * max(1.0, burstiness), spec, slo)
+    pre, top = size_vus(peak * max(1.0, vu_scale), spec, slo)
     env = {
         "DB_ENDPOINTS": json.dumps([{"node": e.node, "url": e.url, "model": e.model} for e in endpoints]),
         "DB_API": api or spec.api.value,
@@ -162,11 +162,11 @@ def k6_process_env(environ: Mapping[str, str], total_memory: int | None = None) 
     """k6's environment: the few variables it needs from ours, and its garbage collector held back.
 
     Go's collector, at its default (GOGC=100), stops k6 often enough to shift the send times of a timed plan:
-    measured side by side at 2,000 req/s on two cores (bench/workloads.py's server), the send lag P99 was 21.6 ms
-    with GOGC=100, 13.6 ms with 400 and 2.4 ms with the collector off. So it runs with GOGC=off and a memory
-    limit (GOMEMLIMIT: a share of this machine's memory, at most 4 GiB), past which Go collects again: about 40
-    MB/s at 2,000 req/s, so a minute at that rate needs no collection at all. GOGC, GOMEMLIMIT and GOMAXPROCS set
-    in our own environment are passed on instead."""
+    measured side by side at 2,000 req/s of Poisson arrivals on two cores (bench/workloads.py's server), the send
+    lag P99 was 21.6 ms with GOGC=100, 13.6 ms with 400 and 2.4 ms with the collector off. So it runs with GOGC=off
+    and a memory limit (GOMEMLIMIT: a share of this machine's memory, at most 4 GiB), past which Go collects again:
+    k6 grew by about 50 MB/s at 2,000 req/s, so a minute at that rate needs no collection at all. GOGC, GOMEMLIMIT
+    and GOMAXPROCS set in our own environment are passed on instead."""
     env = {k: v for k, v in environ.items()
            if k in ("PATH", "HOME", "TMPDIR", "LANG", "TZ", "GOGC", "GOMEMLIMIT", "GOMAXPROCS")}
     if "GOGC" not in env and "GOMEMLIMIT" not in env:
@@ -401,7 +401,7 @@ def run_load(
     env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
                        api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s, plan=plan_path,
                        planned=len(plan) if plan.arrivals_ms is not None else 0,
-                       burstiness=workloads.vu_scale(plan, work, slo.p99_latency_ms, warmup_s + duration_s))
+                       vu_scale=workloads.vu_scale(plan, work, slo.p99_latency_ms))
 
     cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out)
     env = k6_process_env(os.environ)

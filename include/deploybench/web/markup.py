@@ -140,7 +140,7 @@ LIST_COLUMNS = ["compare", "baseline", "run", "DAG", "status", "started", "nodes
                 "achieved req/s", "P99 ms", "error rate"]
 PHASE_COLUMNS = ["phase", "node", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "requests", "errors",
                  "error rate", "dropped", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "TTFT P50 ms", "TTFT P99 ms",
-                 "seconds"]
+                 "prefix hit rate", "J per output token", "seconds"]
 
 
 def render_run_list(
@@ -246,6 +246,9 @@ def _phase_rows(phases: list[PhaseRecord], gpu: dict[tuple[str, str], float | No
             fmt_ms(p.latency_p999_ms),
             fmt_ms(p.ttft_p50_ms),
             fmt_ms(p.ttft_p99_ms),
+            # the engine's and the GPUs' own figures: absent when not measured (no prefix cache, no power reading)
+            fmt_pct(p.prefix_hit_rate, 1, missing="absent"),
+            "absent" if p.energy_per_output_token_j is None else f"{p.energy_per_output_token_j:.4g}",
             fmt_num(p.duration_s, 1),
         ]
         for p in ordered
@@ -275,6 +278,7 @@ def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str
         ("inventory", esc(r.inventory)),
         ("nodes", esc(r.node_count)),
         ("engine", esc(engine_of(r))),
+        ("workload", esc(((r.config or {}).get("load") or {}).get("workload") or "synthetic")),
         ("config fingerprint", f"<code>{esc(r.fingerprint)}</code>"),
         ("series", _series_fact(stored, root)),
         ("raw samples", esc(fmt_num(stored.sample_count))),
