@@ -211,9 +211,9 @@ def sampler_share(spec: LoadSpec, rate: float, stages: list[tuple[float, float]]
 
 def _plan_offered(plan: workloads.Plan, warmup_s: float, duration_s: float, window_s: float,
                   share: float) -> tuple[float, Callable[[float], float]]:
-    """(mean offered rate over the measured window, offered rate at t s after the warm-up) of a timed plan that
-    keeps its own clock (a trace): its requests per second in the window of ``window_s`` holding t (the windows of
-    the per-window figures), plus the sampler's share."""
+    """(mean offered rate over the measured window, offered rate at t s after the warm-up) of a timed plan: its
+    requests per second in the window of ``window_s`` holding t (the windows of the per-window figures), plus the
+    sampler's share. A Poisson window offers more or less than the rate; a trace on its own clock, its own rate."""
     at = [a / 1000.0 - warmup_s for a in plan.arrivals_ms or []]
     inside = [t for t in at if 0 <= t < duration_s]
     bins = [0] * (int(math.ceil(duration_s / window_s)) + 1)
@@ -460,7 +460,7 @@ def run_load(
     offered_mean = (sum((offered_at(rate, stages, t + 0.05)) for t in [i * 0.1 for i in range(int(duration_s * 10))])
                     / max(1, int(duration_s * 10))) if stages else rate
     offered = lambda t: offered_at(rate, stages, t)  # noqa: E731
-    if plan.meta.get("offered_rps") is not None:  # a trace on its own clock: what it sends, not the phase's rate
+    if plan.arrivals_ms is not None:  # timed: what each window of the plan sends (a trace: not the phase's rate)
         offered_mean, offered = _plan_offered(plan, warmup_s, duration_s, spec.window_s, share)
     metrics_path = save_series(points, out_dir / f"{stem}.metrics.jsonl.gz") if points else None
     result = LoadResult(

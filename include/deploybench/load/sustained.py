@@ -3,8 +3,9 @@ The capacity is the probe's; without the probe the phase offers ``load.rate`` as
 1 then: ``phases.phase_spec``).
 
 Figures per window (``window_s``) come with the result (``LoadResult.windows``); drift compares the
-first and the last full window: throughput (requests answered per second) and P99 end-to-end latency
-moving by more than ``drift_threshold`` (relative) is reported, with the values.
+first and the last full window: throughput (requests answered per second, against what each window offered
+when that differs: Poisson arrivals, a trace) and P99 end-to-end latency moving by more than
+``drift_threshold`` (relative) is reported, with the values.
 """
 
 from __future__ import annotations
@@ -43,11 +44,19 @@ def drift(windows: list[WindowFigures], threshold: float) -> Drift:
                      latency_p99_ms=None, latency_p99_change=None,
                      reasons=[f"{len(windows)} window(s): drift needs two; make duration_s >= 2 x window_s"])
     first, last = windows[0], windows[-1]
-    thr = _change(first.achieved_rps, last.achieved_rps)
+    # throughput against what each window offered: Poisson or a trace offers more in one window than another,
+    # which is no drift of the server (with even arrivals the offered rate is the same, and this is the plain change)
+    if first.offered_rps > 0 and last.offered_rps > 0 and first.offered_rps != last.offered_rps:
+        thr = _change(first.achieved_rps / first.offered_rps, last.achieved_rps / last.offered_rps)
+    else:
+        thr = _change(first.achieved_rps, last.achieved_rps)
     p99 = _change(first.latency_p99_ms, last.latency_p99_ms)
     reasons = []
     if thr is not None and abs(thr) > threshold:
-        reasons.append(f"throughput moved {thr:+.1%} ({first.achieved_rps:.2f} -> {last.achieved_rps:.2f} req/s)")
+        against = ("" if first.offered_rps == last.offered_rps else
+                   f" of {first.offered_rps:.2f} -> {last.offered_rps:.2f} offered")
+        reasons.append(f"throughput moved {thr:+.1%} ({first.achieved_rps:.2f} -> {last.achieved_rps:.2f} req/s"
+                       f"{against})")
     if p99 is not None and abs(p99) > threshold:
         reasons.append(f"P99 latency moved {p99:+.1%} ({first.latency_p99_ms:.0f} -> {last.latency_p99_ms:.0f} ms)")
     both = first.latency_p99_ms is not None and last.latency_p99_ms is not None

@@ -295,6 +295,12 @@ def test_drift_compares_first_and_last_window():
     assert d.drifted and len(d.reasons) == 2 and "-15.0%" in d.reasons[0] and "+30.0%" in d.reasons[1]
     d = sustained.drift([_window(0, 10, 100)], 0.1)
     assert not d.drifted and "needs two" in d.reasons[0]
+    # Poisson windows offer more or less: answering what each offered is no drift; falling behind it is
+    bursts = [_window(0, 7.6, 100, offered=7.6), _window(2, 9.3, 100, offered=9.4)]
+    assert not sustained.drift(bursts, 0.1).drifted
+    d = sustained.drift([_window(0, 7.6, 100, offered=7.6), _window(2, 7.5, 100, offered=9.4)], 0.1)
+    assert d.drifted and "of 7.60 -> 9.40 offered" in d.reasons[0]
+    assert d.achieved_change == pytest.approx(7.5 / 9.4 - 1, abs=1e-3)
 
 
 # -- overload: where each objective broke, recovery ------------------------------------------------------
