@@ -467,8 +467,9 @@ class LoadSpec(_Strict):
                             description="Warm-up excluded from every figure (sustained and overload).")
     workload: str = Field("synthetic", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$", title="Workload",
                           description="The traffic, by name (deploybench.workloads): synthetic (evenly spaced, the "
-                                      "lengths below), chat-lognormal, shared-prefix, bursty; or <name>.toml in a "
-                                      "folder named by $DEPLOYBENCH_WORKLOADS. The rate is the load rate's.")
+                                      "lengths below), chat-lognormal, shared-prefix, multi-turn, bursty, "
+                                      "sharegpt-sample, trace-sample; or <name>.toml in a folder named by "
+                                      "$DEPLOYBENCH_WORKLOADS. The rate is the load rate's (requests/s).")
     prompt_tokens: int = Field(200, ge=1, le=1_048_576, title="Prompt tokens",
                                description="Mean prompt length in tokens.")
     output_tokens: int = Field(64, ge=1, le=131_072, title="Output tokens",

@@ -77,6 +77,7 @@ def test_conversations_send_each_turn_after_the_last_with_the_whole_history(loca
     res = run_load(eps, spec, SLO(p99_latency_ms=2000), tmp_path / "out", phase="sustained")
     plan = json.loads((tmp_path / "out" / "sustained.plan.json").read_text())
     assert res.errors == 0
+    assert res.offered_rps == 12  # requests/s, every turn counted (the plan's times are the conversations')
 
     convs: dict[int, list[dict]] = {}
     for p in _k6_points(tmp_path / "out" / "sustained.k6.json.gz"):

@@ -460,7 +460,9 @@ def run_load(
     offered_mean = (sum((offered_at(rate, stages, t + 0.05)) for t in [i * 0.1 for i in range(int(duration_s * 10))])
                     / max(1, int(duration_s * 10))) if stages else rate
     offered = lambda t: offered_at(rate, stages, t)  # noqa: E731
-    if plan.arrivals_ms is not None:  # timed: what each window of the plan sends (a trace: not the phase's rate)
+    if plan.arrivals_ms is not None and not plan.more:
+        # timed: what each window of the plan sends (a trace: not the phase's rate). Conversations' later turns
+        # are sent when the answers before them come: their offered rate is the phase's, in requests/s
         offered_mean, offered = _plan_offered(plan, warmup_s, duration_s, spec.window_s, share)
     metrics_path = save_series(points, out_dir / f"{stem}.metrics.jsonl.gz") if points else None
     result = LoadResult(
