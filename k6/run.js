@@ -3,9 +3,10 @@
 // Everything comes from the environment (see lib/config.js); deploybench.load sets it. The phase runs
 // for DB_WARMUP_S + DB_DURATION_S at DB_RATE requests/s (constant-arrival-rate), or, when DB_STAGES
 // is set, DB_WARMUP_S at DB_RATE then ramps through the stages (ramping-arrival-rate, the overload
-// phase). With a timed plan (DB_PLAN_TIMED: the workload's poisson or gamma arrivals) each request is sent at
-// its own time from the plan instead. All are open models: a slow server cannot slow the client down. The
-// requests' lengths and shared prefixes come from the plan (DB_PLAN, deploybench.workloads). Requests started in the
+// phase). With a timed plan (DB_PLAN_TIMED: the workload's poisson or gamma arrivals, conversations, a trace)
+// each request is sent at its own time from the plan instead, a conversation's later turns after the answers and
+// think times before them. All are open models: a slow server cannot slow the client down. The requests' lengths,
+// words and shared prefixes come from the plan (DB_PLAN, deploybench.workloads). Requests started in the
 // first DB_WARMUP_S seconds are tagged window=warmup and left out of the thresholds and of the figures
 // deploybench reports. Every sample is tagged with phase, step, node and the run tags (DB_TAGS).
 import http from 'k6/http';
@@ -24,8 +25,8 @@ const cfg = loadConfig(__ENV);
 const planned = cfg.plan ? new SharedArray('plan', () => JSON.parse(open(cfg.plan)).requests) : null;
 const planHead = cfg.plan ? new SharedArray('planHead', () => {
   const doc = JSON.parse(open(cfg.plan));
-  return [{ seed: doc.seed, salt: doc.salt || 0, prefixes: doc.prefixes, prefixTokens: doc.prefix_tokens, texts: doc.texts || [],
-    textTokens: doc.text_tokens || [], blockTokens: doc.block_tokens || 512 }];
+  return [{ seed: doc.seed, salt: doc.salt || 0, prefixes: doc.prefixes, prefixTokens: doc.prefix_tokens,
+    texts: doc.texts || [], textTokens: doc.text_tokens || [], blockTokens: doc.block_tokens || 512 }];
 })[0] : null;
 const prompts = cfg.plan ? null : new SharedArray('prompts', () =>
   makePrompts(cfg.prompts, cfg.promptTokens, cfg.seed, cfg.outputTokens, cfg.outputSpread));

@@ -73,8 +73,9 @@ export function blockText(blocks, tokens, blockTokens, salt = 0) {
 //   [send ms or -1, own tokens, output tokens, prefix group, text, system, blocks or 0, later turns or 0]
 // with later turns [own tokens, output tokens, think ms, text]. A turn's words are the plan's text (a dataset's),
 // else its trace blocks, else made from a stream seeded by (plan seed, the run's salt, i, turn): every request
-// differs, a rerun of the same run repeats them, and another run's differ (so a warm engine finds none of them). The system prompt is the request's shared prefix (which every client sends identically) and/or
-// its dataset system prompt. Returns {system, systemTokens, turns: [{user, tokens, maxTokens, thinkMs}]}.
+// differs, a rerun of the same run repeats them, and another run's differ (so a warm engine finds none of them).
+// The system prompt is the request's shared prefix (which every client sends identically) and/or its dataset
+// system prompt. Returns {system, systemTokens, turns: [{user, tokens, maxTokens, thinkMs}]}.
 export function planConversation(req, head, i) {
   const sys = [];
   let systemTokens = 0;
@@ -92,7 +93,8 @@ export function planConversation(req, head, i) {
     if (text >= 0) user = head.texts[text];
     else if (req[6] && t === 0) user = blockText(req[6], own, head.blockTokens, head.salt || 0);
     else {
-      const next = rng((head.seed ^ (head.salt || 0) ^ Math.imul(i + 1, 0x9e3779b1) ^ Math.imul(t, 0x85ebca6b)) >>> 0);
+      const mix = head.seed ^ (head.salt || 0) ^ Math.imul(i + 1, 0x9e3779b1) ^ Math.imul(t, 0x85ebca6b);
+      const next = rng(mix >>> 0);
       const words = new Array(own);
       for (let w = 0; w < own; w++) words[w] = WORDS[Math.floor(next() * WORDS.length)];
       user = words.join(' ');

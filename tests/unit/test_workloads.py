@@ -193,3 +193,13 @@ def test_the_form_has_one_workload_field():
 
     assert "workload" in params.BY_NAME and params.BY_NAME["workload"].section == "Workload"
     assert [n for n in params.BY_NAME if "workload" in n] == ["workload"]
+
+
+def test_a_dataset_with_no_record_that_fits_the_context_is_refused_not_looped_on(tmp_path, monkeypatch):
+    folder = _file(tmp_path, "long", 'name = "long"\n[source]\nkind = "dataset"\npath = "d.jsonl"\nformat = "jsonl"\n')
+    (folder / "d.jsonl").write_text('{"prompt": "' + "word " * 300 + '", "output_tokens": 10}\n')
+    monkeypatch.setenv(W.WORKLOAD_ENV, str(folder))
+    with pytest.raises(ConfigError, match="none of the 1 sampled records fits max_model_len=100"):
+        W.make_plan(W.workload("long"), rate=5, duration_s=2, warmup_s=0, seed=1, max_model_len=100)
+    plan = W.make_plan(W.workload("long"), rate=5, duration_s=2, warmup_s=0, seed=1, max_model_len=4096)
+    assert len(plan) == 11 and set(plan.text) == {0} and plan.own[0] == 300 and plan.output[0] == 10

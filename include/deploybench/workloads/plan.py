@@ -381,6 +381,9 @@ def _dataset_rows(plan: Plan, w: Workload, convs: list[Any], rng: Any, n: int, f
     fits = [c for c in convs if prefix + approx_tokens(c.system) + approx_tokens(c.turns[0].user)
             + (c.turns[0].answer_tokens or int(fallback_out.max())) <= max_model_len]
     plan.meta.update(dataset_records=len(convs), dataset_records_too_long=len(convs) - len(fits))
+    if not fits:
+        raise ConfigError(f"workload {w.name!r}: none of the {len(convs)} sampled records fits max_model_len="
+                          f"{max_model_len} (prompt + answer); raise max_model_len or use shorter records")
     order: list[int] = []
     while len(order) < n:
         order += rng.permutation(len(fits)).tolist()
