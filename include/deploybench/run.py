@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,9 @@ class Run:
     inventory: Inventory
     nodes: list[str]
     meta: dict[str, Any]
+    # the workload validate resolved (deploybench.workloads.Workload.summary): its name, its file's and its data's
+    # sha256, its settings; {} for a run validated before workloads had names
+    traffic: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def open(cls, run_key: str) -> Run:
@@ -108,7 +111,8 @@ class Run:
             raise ConfigError(f"run {run_key!r} has not been validated yet (no {d / 'run.json'})") from exc
         check_owner(d, run_key, data.get("run_key") if isinstance(data, dict) else None)
         cfg = RunConfig.model_validate(data["config"])
-        return cls(run_key, d, cfg, Inventory.load(cfg.inventory), data["nodes"], data["meta"])
+        traffic = data.get("workload") if isinstance(data.get("workload"), dict) else {}
+        return cls(run_key, d, cfg, Inventory.load(cfg.inventory), data["nodes"], data["meta"], traffic)
 
     @classmethod
     def open_if_validated(cls, run_key: str) -> Run | None:

@@ -6,6 +6,8 @@ draws; what k6 makes of a plan against a real engine is tests/integration/test_w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import numpy as np
@@ -203,3 +205,25 @@ def test_a_dataset_with_no_record_that_fits_the_context_is_refused_not_looped_on
         W.make_plan(W.workload("long"), rate=5, duration_s=2, warmup_s=0, seed=1, max_model_len=100)
     plan = W.make_plan(W.workload("long"), rate=5, duration_s=2, warmup_s=0, seed=1, max_model_len=4096)
     assert len(plan) == 11 and set(plan.text) == {0} and plan.own[0] == 300 and plan.output[0] == 10
+
+
+def test_the_series_holds_the_traffic_its_file_and_its_data_and_the_default_keeps_earlier_series(tmp_path, monkeypatch):
+    from deploybench.store.identity import identity_of
+
+    cfg = RunConfig(inventory="demo").model_dump(mode="json")
+    before = identity_of(cfg, ["n1"]).workload.hash  # a run stored before workloads had names
+    assert identity_of(cfg, ["n1"], traffic=W.workload("synthetic").summary()).workload.hash == before
+    other = RunConfig(inventory="demo", load={"workload": "shared-prefix"}).model_dump(mode="json")
+    shared = identity_of(other, ["n1"], traffic=W.workload("shared-prefix").summary()).workload
+    assert shared.hash != before and shared.attrs["traffic"]["prefix"]["tokens"] == 512
+
+    folder = _file(tmp_path, "mine", 'name = "mine"\n[source]\nkind = "dataset"\npath = "d.jsonl"\nformat = "jsonl"\n')
+    monkeypatch.setenv(W.WORKLOAD_ENV, str(folder))
+    mine = RunConfig(inventory="demo", load={"workload": "mine"}).model_dump(mode="json")
+    hashes = []
+    for text in ("hello there", "hello there!"):  # the same file name, other data: another series
+        (folder / "d.jsonl").write_text(json.dumps({"prompt": text}) + "\n")
+        summary = W.workload("mine").summary()
+        assert summary["data_sha256"] == hashlib.sha256((json.dumps({"prompt": text}) + "\n").encode()).hexdigest()
+        hashes.append(identity_of(mine, ["n1"], traffic=summary).workload.hash)
+    assert hashes[0] != hashes[1]

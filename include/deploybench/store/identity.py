@@ -78,6 +78,7 @@ def identity_of(
     fanout: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
     fabric: dict[str, dict[str, Any]] | None = None,
+    traffic: dict[str, Any] | None = None,
 ) -> RunIdentity:
     """The five identities of a run from its RunConfig dump, its node names, and stage results.
 
@@ -86,7 +87,10 @@ def identity_of(
     rollout result (``profile``, ``endpoints``, and ``image``/``version`` when a backend reports
     them); ``fabric`` node -> what preflight read of its fabric (deploybench.preflight.checks.fabric_identity).
     Missing parts leave their fields None: the hash still says what was known; a node without fabric facts
-    (a run before preflight read them, or preflight skipped) keeps the identity it had.
+    (a run before preflight read them, or preflight skipped) keeps the identity it had. ``traffic`` is the workload
+    validate resolved (``Workload.summary``: its name, its file's and data's sha256, its distributions and arrival
+    process): part of the workload identity, so that runs of other traffic never line up as one series; the default
+    workload (synthetic) is what every run offered before workloads had names, and keeps their identity.
     """
     inv_nodes = {n["name"]: n for n in (inventory or {}).get("nodes") or []}
     cluster_nodes = []
@@ -134,6 +138,10 @@ def identity_of(
 
     load_cfg = config.get("load") or {}
     requests = {k: load_cfg[k] for k in WORKLOAD_FIELDS if k in load_cfg}
-    workload = Identity(kind="workload", attrs={"requests": requests, "slo": config.get("slo") or {}})
+    attrs: dict[str, Any] = {"requests": requests, "slo": config.get("slo") or {}}
+    name = (traffic or {}).get("name") or load_cfg.get("workload") or "synthetic"
+    if name != "synthetic":
+        attrs["traffic"] = dict(traffic or {"name": name})
+    workload = Identity(kind="workload", attrs=attrs)
     return RunIdentity(cluster=cluster, software=software, model=model, serving=serving, workload=workload,
                        load={k: load_cfg[k] for k in LOAD_FIELDS if k in load_cfg})

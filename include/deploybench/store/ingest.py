@@ -151,7 +151,7 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
               else pf.fabric if isinstance(pf, ReusedPreflight) else None)
     pf = pf if isinstance(pf, PreflightResult) else None
     identity = identity_of(run.cfg.model_dump(mode="json"), run.nodes, run.inventory.model_dump(mode="json"), model,
-                           engine, fabric)
+                           engine, fabric, run.traffic)
     fo = fo if isinstance(fo, FanoutResult) else None
     ro = ro if isinstance(ro, RolloutResult) else None
     return RunFacts(

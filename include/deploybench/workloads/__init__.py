@@ -243,9 +243,13 @@ class Workload:
         return int.from_bytes(h, "little") & 0x7FFFFFFF
 
     def summary(self) -> dict[str, Any]:
-        """What a run records of its workload: the name, the file's digest and the settings."""
-        return {"name": self.name, "digest": self.digest, **self.spec.model_dump(mode="json",
-                                                                                   exclude={"name", "description"})}
+        """What a run records of its workload (and its series' identity holds): the name, the file's sha256, its
+        dataset's or trace's sha256, and the settings."""
+        out = {"name": self.name, "digest": self.digest,
+               **self.spec.model_dump(mode="json", exclude={"name", "description"})}
+        if self.spec.source.kind != "synthetic":
+            out["data_sha256"] = _sha256_of(self.data_path(), self.spec.source.max_bytes)
+        return out
 
     def data_path(self) -> Path:
         """The dataset's or trace's file: relative to the workload file's folder and inside it (a symbolic link
@@ -300,6 +304,21 @@ class Workload:
             raise ConfigError(
                 f"{where}: its longest request ({longest} tokens: prefix + input max + output max) does not fit "
                 f"max_model_len={max_model_len}; raise max_model_len, or bound the workload's lengths (max = ...)")
+
+
+def _sha256_of(path: Path, limit: int) -> str:
+    """The sha256 of a data file, read in chunks (refused past ``limit`` bytes, as the readers refuse it)."""
+    h, seen = hashlib.sha256(), 0
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                seen += len(chunk)
+                if seen > limit:
+                    raise ConfigError(f"{path}: more than the workload's limit of {limit} bytes (max_bytes)")
+                h.update(chunk)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+    return h.hexdigest()
 
 
 def _stamp(path: Path) -> tuple[int, int]:
