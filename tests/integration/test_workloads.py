@@ -101,6 +101,11 @@ def test_conversations_send_each_turn_after_the_last_with_the_whole_history(loca
             before = sum(o + a for o, a in planned[: t["turn"]])
             assert (t["prompt"], t["output"]) == (before + own, out), (k, t)
     assert finished >= 0.8 * len(convs)  # those cut short began near the end of the window
+    # the result's figures by turn: every turn index there was, the prompt growing with the conversation
+    by_turn = {t.turn: t for t in res.turns}
+    assert set(by_turn) == {t["turn"] for ts in convs.values() for t in ts} and len(by_turn) >= 2
+    assert sum(t.requests for t in res.turns) == res.requests
+    assert by_turn[0].prompt_tokens_mean < by_turn[1].prompt_tokens_mean < by_turn[max(by_turn)].prompt_tokens_mean
 
 
 def _engine_counters(ep) -> dict[str, float]:

@@ -125,6 +125,20 @@ class NodeFigures(Figures):
     gpu_mem_used_mib: float | None = None
 
 
+class TurnFigures(BaseModel):
+    """One turn index of a conversation workload's measured requests: how many, their latency, their prompt (which
+    grows with the conversation) and TTFT where the sampler measured it (it sends first turns only)."""
+
+    turn: int
+    requests: int
+    errors: int
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    prompt_tokens_mean: float | None
+    ttft_p99_ms: float | None = None
+    ttft_samples: int = 0
+
+
 class WindowFigures(Figures):
     """Figures of one time window of a phase (``start_s`` after the measured window's start)."""
 
@@ -168,6 +182,8 @@ class LoadResult(Figures):
     ttft_sample_rps: float = 0.0
     stages: list[tuple[float, float]] = Field(default_factory=list)  # a ramp: (target rate, seconds)
     windows: list[WindowFigures] = Field(default_factory=list)
+    # conversations: figures by turn index (0 the first), the later turns carrying the conversation so far
+    turns: list[TurnFigures] = Field(default_factory=list)
     engine: dict = Field(default_factory=dict)  # per node: figures from the engine's /metrics (scrape.py)
     metrics_path: str | None = None  # the scraped /metrics series (NDJSON, see scrape.py)
     sources: dict[str, str] = Field(default_factory=dict)

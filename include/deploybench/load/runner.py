@@ -37,7 +37,7 @@ from deploybench import workloads
 from deploybench.config import K6_VU_HEADROOM, SLO, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
-from deploybench.load.results import Endpoint, EndpointNotReady, LoadError, LoadResult
+from deploybench.load.results import Endpoint, EndpointNotReady, LoadError, LoadResult, TurnFigures
 from deploybench.load.samples import (
     EXTRA_COLUMNS,
     SAMPLE_COLUMNS,
@@ -331,12 +331,31 @@ def _token_note(counts: dict[str, int]) -> str:
                                         or "no successful answer")
 
 
+def turn_figures(measured: pd.DataFrame) -> list[TurnFigures]:
+    """Figures by turn index of a conversation workload's measured requests; [] for single-turn traffic."""
+    if "turn" not in measured or measured["turn"].isna().all() or measured["turn"].max() < 1:
+        return []
+    out = []
+    for _, g in measured.dropna(subset=["turn"]).groupby("turn"):
+        ok = g[g["error_kind"].isna()]
+        lat = ok["latency_ms"]
+        ttft = g["ttft_ms"].dropna()
+        out.append(TurnFigures(
+            turn=int(g["turn"].iloc[0]), requests=len(g), errors=int(g["error_kind"].notna().sum()),
+            latency_p50_ms=round(float(lat.quantile(0.5)), 3) if len(lat) else None,
+            latency_p99_ms=round(float(lat.quantile(0.99)), 3) if len(lat) else None,
+            prompt_tokens_mean=round(float(g["prompt_tokens"].mean()), 1),
+            ttft_p99_ms=round(float(ttft.quantile(0.99)), 3) if len(ttft) else None, ttft_samples=len(ttft)))
+    return out
+
+
 def _sampler_frame(rows: list[dict], phase: str) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["ts", "node", "status", "error_kind", "latency_ms", "ttft_ms",
                                      "prompt_tokens", "output_tokens", "itl_ms"])
     df["phase"] = phase
     df["warmup"] = False
     df["lag_ms"] = float("nan")
+    df["turn"] = 0.0  # the sampler sends first turns
     return _typed(df[[*SAMPLE_COLUMNS, *EXTRA_COLUMNS]], ts_unit="ms")
 
 
@@ -490,6 +509,7 @@ def run_load(
         k6_rps=rate - share,
         ttft_sample_rps=share,
         stages=stages,
+        turns=turn_figures(measured),
         windows=window_figures(samples, warmup_end, duration_s, spec.window_s,
                                        offered, dropped, slo),
         engine=engine_figures(points, warmup_end.to_pydatetime(), metrics) if points else {},

@@ -23,7 +23,7 @@ SAMPLE_METRIC = "db_request"
 SAMPLE_COLUMNS = [
     "ts", "phase", "node", "status", "error_kind", "latency_ms", "ttft_ms", "prompt_tokens", "output_tokens",
 ]
-EXTRA_COLUMNS = ["warmup", "lag_ms", "itl_ms"]
+EXTRA_COLUMNS = ["warmup", "lag_ms", "itl_ms", "turn"]
 
 
 def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
@@ -55,6 +55,8 @@ def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
                         "warmup": tags.get("window") == "warmup",
                         "lag_ms": float(md["lag_ms"]) if "lag_ms" in md else None,
                         "itl_ms": None,
+                        # a conversation's turn (0 first); None outside a conversation workload's plan
+                        "turn": int(md["turn"]) if "turn" in md else None,
                     })
                 elif '"metric":"dropped_iterations"' in line or '"metric":"db_dropped"' in line:
                     dropped.append(pd.Timestamp(json.loads(line)["data"]["time"]))
@@ -78,6 +80,8 @@ def _typed(df: pd.DataFrame, ts_unit: Literal["s", "ms", "us", "ns"] | None = No
         out["warmup"] = out["warmup"].astype(bool)
     if "lag_ms" in out:
         out["lag_ms"] = pd.to_numeric(out["lag_ms"], errors="coerce").astype("float64")
+    if "turn" in out:
+        out["turn"] = pd.to_numeric(out["turn"], errors="coerce").astype("float64")
     kind = out["error_kind"].astype(object)
     out["error_kind"] = kind.where(kind.notna() & (kind != ""), None)
     return out.sort_values("ts", kind="stable").reset_index(drop=True)

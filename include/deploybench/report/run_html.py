@@ -121,6 +121,16 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
                           "absent" if v.get("gpu_mem_used_mib") is None else v["gpu_mem_used_mib"],
                           v.get("output_tps"), v.get("latency_p50_ms"), v.get("latency_p99_ms"), v.get("errors")]
                          for v in nodes])]
+    turn_rows = [[p.get("phase"), t["turn"] + 1, t["requests"], t["errors"], t.get("prompt_tokens_mean"),
+                  t.get("latency_p50_ms"), t.get("latency_p99_ms"),
+                  f"{t['ttft_p99_ms']} (n={t['ttft_samples']})" if t.get("ttft_p99_ms") is not None else "absent"]
+                 for p in phases for t in p.get("turns") or []]
+    if turn_rows:
+        parts += ["<h3>Conversations, by turn</h3>",
+                  "<p>Each turn is sent with the conversation so far: its prompt grows, and a prefix cache serves "
+                  "what the turns before it computed. TTFT is the sampler's, which sends first turns only.</p>",
+                  table(["phase", "turn", "requests", "errors", "prompt tokens (mean)", "P50 ms", "P99 ms",
+                         "TTFT P99 ms"], turn_rows)]
     heads, rows = _engine_rows(phases)
     if rows:
         parts += ["<h3>The engine's own view (its metrics), every phase</h3>", table(heads, rows)]
