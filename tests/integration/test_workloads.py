@@ -7,6 +7,7 @@ its own time (run_load bounds k6; the engines must answer /health within LocalEn
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from deploybench import workloads
 from deploybench.config import SLO, LoadSpec
 from deploybench.load import load_samples, run_load
 
-pytestmark = [pytest.mark.integration, pytest.mark.quiet]
+pytestmark = [pytest.mark.integration]  # the two that time sends are quiet (run alone)
 
 SEND_LAG_P99_MS = 25  # on a loaded 2-core CI machine; bench/workloads.py measures the lag at 2,000 req/s
 
@@ -29,6 +30,7 @@ def workload_dir(tmp_path, monkeypatch):
     return folder
 
 
+@pytest.mark.quiet
 def test_poisson_arrivals_are_sent_at_the_plans_times_and_fit_the_exponential(local_engines, workload_dir, tmp_path):
     (workload_dir / "poisson-short.toml").write_text(
         'name = "poisson-short"\n[arrival]\nprocess = "poisson"\n'
@@ -52,9 +54,12 @@ def test_poisson_arrivals_are_sent_at_the_plans_times_and_fit_the_exponential(lo
     gaps = np.diff(np.sort(sent)) / 1000
     assert stats.kstest(gaps, "expon", args=(0, 1 / rate)).pvalue > 0.01
     assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, abs=0.2)
-    # the lengths are the plan's: each request's own tokens, its answer's
+    # the lengths are the plan's: each request's own tokens, its answer's; and the result says so beside the asked
     assert sorted(df["prompt_tokens"]) == sorted(r[1] for r in plan["requests"])
     assert (df["output_tokens"] == 2).all()
+    asked, served = res.lengths["prompt"]["asked"], res.lengths["prompt"]["served"]
+    assert asked == served and asked["n"] == len(due) and 8 <= asked["p50"] <= 24
+    assert res.lengths["output"]["served"]["max"] == res.lengths["output"]["asked"]["max"] == 2
 
 
 def _k6_points(path):
@@ -78,6 +83,9 @@ def test_conversations_send_each_turn_after_the_last_with_the_whole_history(loca
     plan = json.loads((tmp_path / "out" / "sustained.plan.json").read_text())
     assert res.errors == 0
     assert res.offered_rps == 12  # requests/s, every turn counted (the plan's times are the conversations')
+    talk = next(n for n in res.notes if n.startswith("conversations of"))
+    turns, per_s = re.search(r"of ([\d.]+) turns on average arrived at ([\d.]+) per s", talk).groups()  # type: ignore
+    assert float(turns) == pytest.approx(3, abs=0.05) and float(turns) * float(per_s) == pytest.approx(12, rel=0.01)
 
     convs: dict[int, list[dict]] = {}
     for p in _k6_points(tmp_path / "out" / "sustained.k6.json.gz"):
@@ -164,6 +172,7 @@ def test_later_turns_of_a_conversation_hit_the_blocks_of_the_turns_before(local_
     assert hits / queries > 0.4
 
 
+@pytest.mark.quiet
 def test_a_trace_replays_on_its_own_clock_and_its_shared_blocks_hit_as_the_closed_form_says(
         local_engines, workload_dir, tmp_path):
     import random

@@ -184,6 +184,9 @@ class LoadResult(Figures):
     windows: list[WindowFigures] = Field(default_factory=list)
     # conversations: figures by turn index (0 the first), the later turns carrying the conversation so far
     turns: list[TurnFigures] = Field(default_factory=list)
+    # lengths in tokens, what the workload asked for beside what was sent and answered: {"prompt"|"output":
+    # {"asked"|"served": {n, mean, p50, p90, p99, max}}} ("served": the engine's usage where it sent one)
+    lengths: dict = Field(default_factory=dict)
     engine: dict = Field(default_factory=dict)  # per node: figures from the engine's /metrics (scrape.py)
     metrics_path: str | None = None  # the scraped /metrics series (NDJSON, see scrape.py)
     sources: dict[str, str] = Field(default_factory=dict)

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -331,6 +331,38 @@ def _token_note(counts: dict[str, int]) -> str:
                                         or "no successful answer")
 
 
+def _spread(values: Any) -> dict[str, float]:
+    s = pd.Series(values, dtype="float64").dropna()
+    if s.empty:
+        return {"n": 0}
+    return {"n": len(s), "mean": round(float(s.mean()), 1), **{f"p{q}": float(s.quantile(q / 100)) for q in
+                                                                 (50, 90, 99)}, "max": float(s.max())}
+
+
+def length_figures(plan: workloads.Plan, measured: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
+    """Prompt and answer lengths the plan asked for (its every request and turn) beside those of the measured
+    requests (the engine's usage, else the client's count); answers of failed requests are left out."""
+    prompts, outputs = plan.asked()
+    ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
+    return {"prompt": {"asked": _spread(prompts), "served": _spread(measured.get("prompt_tokens", []))},
+            "output": {"asked": _spread(outputs), "served": _spread(ok.get("output_tokens", []))}}
+
+
+def _workload_notes(work: Workload, plan: workloads.Plan, k6_rate: float) -> list[str]:
+    """What the report says of the traffic: the workload, and for conversations the sessions' rate beside the
+    requests' (the load rate is requests/s for every workload, so capacities compare across workloads)."""
+    s = work.spec
+    out = [f"workload {work.name}: {s.source.kind} words, {s.arrival.process} arrivals"
+           + (f" (gaps' CV {s.arrival.cv:g})" if s.arrival.cv else "")
+           + (f", {s.prefix.groups} shared prefixes of {s.prefix.tokens} tokens on {s.prefix.fraction:.0%} of the "
+              "requests" if s.prefix else "")]
+    turns = plan.meta.get("turns_per_session")
+    if plan.more is not None and turns:
+        out.append(f"conversations of {turns:.2f} turns on average arrived at {k6_rate / turns:.3g} per s, so "
+                   f"that their turns came at {k6_rate:.3g} requests/s (the load rate is requests/s)")
+    return out
+
+
 def turn_figures(measured: pd.DataFrame) -> list[TurnFigures]:
     """Figures by turn index of a conversation workload's measured requests; [] for single-turn traffic."""
     if "turn" not in measured or measured["turn"].isna().all() or measured["turn"].max() < 1:
@@ -510,6 +542,7 @@ def run_load(
         ttft_sample_rps=share,
         stages=stages,
         turns=turn_figures(measured),
+        lengths=length_figures(plan, measured),
         windows=window_figures(samples, warmup_end, duration_s, spec.window_s,
                                        offered, dropped, slo),
         engine=engine_figures(points, warmup_end.to_pydatetime(), metrics) if points else {},
@@ -524,6 +557,7 @@ def run_load(
             "dropped_iterations is cluster-wide: k6 tags drops with the scenario only, not the node",
             f"ttft/itl come from {total.ttft_samples} streamed requests of the client-side sampler "
             f"({share:.2g} req/s of the offered rate); k6 cannot see the first token",
+            *_workload_notes(work, plan, rate - share),
         ],
     )
     LOG.info("load %s%s: %d requests, %.2f req/s answered of %.2f offered, P99 %s ms, TTFT P99 %s ms, errors "

@@ -34,6 +34,26 @@ def _fig(title: str, w: float = 6.4, h: float = 3.2) -> tuple[Figure, Any]:
     return fig, ax
 
 
+def lengths(samples: pd.DataFrame) -> str:
+    """Histograms of the requests' prompt and answer lengths (tokens), side by side."""
+    if samples is None or samples.empty:
+        return ""
+    fig = Figure(figsize=(8.0, 2.8))
+    for k, (col, title) in enumerate((("prompt_tokens", "prompt tokens sent"),
+                                      ("output_tokens", "answer tokens received"))):
+        ax = fig.add_subplot(1, 2, k + 1)
+        values = samples[col].dropna()
+        if col == "output_tokens" and "error_kind" in samples:
+            values = samples.loc[samples["error_kind"].isna(), col].dropna()
+        ax.hist(values, bins=min(40, max(5, int(values.nunique()))), color="#4c72b0")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("requests")
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig)
+
+
 def windows(samples: pd.DataFrame, window_s: float = WINDOW_S) -> pd.DataFrame:
     """Per-window figures of raw samples: t (s from the first), req/s, ok req/s, error rate, P99 ms."""
     if samples is None or samples.empty:

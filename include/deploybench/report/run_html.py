@@ -81,7 +81,8 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
         [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), fmt_util(p.get("gpu_util_pct")),
           p.get("output_tps"), "absent" if p.get("energy_per_output_token_j") is None
           else f"{p['energy_per_output_token_j']:.4g}", p.get("latency_p50_ms"),
-          p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"), p.get("ttft_p99_ms"),
+          p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"),
+          "absent" if p.get("ttft_p99_ms") is None else f"{p['ttft_p99_ms']} (n={p.get('ttft_samples')})",
           fmt_pct(p.get("error_rate", 0)), p.get("dropped_iterations"),
           "met" if p.get("slo_ok") else "not met: " + "; ".join((p.get("slo") or {}).get("reasons") or [])]
          for p in phases])]
@@ -121,6 +122,18 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
                           "absent" if v.get("gpu_mem_used_mib") is None else v["gpu_mem_used_mib"],
                           v.get("output_tps"), v.get("latency_p50_ms"), v.get("latency_p99_ms"), v.get("errors")]
                          for v in nodes])]
+    length_rows = [[p.get("phase"), what, side, (p["lengths"][what].get(side) or {}).get("n"),
+                    *[(p["lengths"][what].get(side) or {}).get(k) for k in ("mean", "p50", "p90", "p99", "max")]]
+                   for p in phases if p.get("lengths") for what in ("prompt", "output") for side in ("asked", "served")]
+    if length_rows:
+        parts += ["<h3>Lengths asked and served (tokens)</h3>",
+                  "<p>Asked: what the workload's plan asked for (a conversation's later turn: the conversation so "
+                  "far). Served: the measured requests' prompt and answer lengths (the engine's usage where it sent "
+                  "one), failed requests' answers left out.</p>",
+                  table(["phase", "what", "", "requests", "mean", "P50", "P90", "P99", "max"], length_rows)]
+        served = samples[samples["phase"] == "sustained"] if not samples.empty else samples
+        if not served.empty:
+            parts.append(figure(plots.lengths(served), "prompt and answer lengths of the sustained phase's requests"))
     turn_rows = [[p.get("phase"), t["turn"] + 1, t["requests"], t["errors"], t.get("prompt_tokens_mean"),
                   t.get("latency_p50_ms"), t.get("latency_p99_ms"),
                   f"{t['ttft_p99_ms']} (n={t['ttft_samples']})" if t.get("ttft_p99_ms") is not None else "absent"]

@@ -57,6 +57,21 @@ class Plan:
     def turns(self, i: int) -> int:
         return 1 + (len(self.more[i]) if self.more else 0)
 
+    def asked(self) -> tuple[list[int], list[int]]:
+        """(prompt tokens, answer tokens) the plan asks for, every turn: a later turn's prompt is the conversation
+        so far, counted with the answers asked for before it."""
+        prompts, outputs = [], []
+        for i in range(len(self)):
+            before = self.prompt_tokens(i)
+            prompts.append(before)
+            outputs.append(self.output[i])
+            before += self.output[i]
+            for own, out, _think, _text in self.more[i] if self.more else []:
+                prompts.append(before + int(own))
+                outputs.append(int(out))
+                before += int(own) + int(out)
+        return prompts, outputs
+
     def requests(self) -> int:
         """Requests (turns) the plan sends in all."""
         return len(self) + (sum(len(m) for m in self.more) if self.more else 0)
