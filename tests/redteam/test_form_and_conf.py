@@ -12,7 +12,6 @@ PostgreSQL for the matrix's conclusion.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from deploybench import params, paths, pipeline
 from deploybench.config import ContainerRuntime, EngineSpec, FanoutSpec, RunConfig
 from deploybench.errors import ConfigError
 from deploybench.fanout.relay_control import Relays
-from deploybench.inventory import Inventory
 from deploybench.regression import Notify
 from deploybench.rollout.ssh import SSHDeployer
 from deploybench.run import Run
@@ -32,21 +30,6 @@ POLICY_ENV = "DEPLOYBENCH_POLICY"  # (names, not imports, of what issue 30 added
 # runs and fails at its own attack)
 
 
-@pytest.fixture
-def inventory(tmp_path, monkeypatch):
-    """A two-node inventory named ``rack`` in the operator's folder, nodes on this machine (local transport)."""
-    folder = tmp_path / "inventories"
-    folder.mkdir()
-    (tmp_path / "models" / "m").mkdir(parents=True)
-    (tmp_path / "models" / "m" / "w.bin").write_bytes(b"weights")
-    inv = {"name": "rack", "transport": "local", "python": sys.executable, "model_root": str(tmp_path / "models"),
-           "run_root": str(tmp_path / "run"),
-           "nodes": [{"name": f"n0{i}", "address": f"127.0.0.{i}", "link_mbit": 1000} for i in (1, 2)]}
-    (folder / "rack.json").write_text(json.dumps(inv))
-    monkeypatch.setenv("DEPLOYBENCH_INVENTORIES", str(folder))
-    monkeypatch.delenv(POLICY_ENV, raising=False)
-    monkeypatch.delenv("DEPLOYBENCH_TARGET_URLS", raising=False)
-    return Inventory.load("rack")
 
 
 def _refused(key: str, conf: dict, *words: str) -> str:

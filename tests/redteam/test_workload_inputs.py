@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
@@ -21,18 +20,8 @@ pytestmark = pytest.mark.time_limit(60)
 
 
 @pytest.fixture
-def rack(tmp_path, monkeypatch):
-    """An inventory ``rack`` of two local nodes, and an operator's workload folder; returns the folder."""
-    inv_dir = tmp_path / "inventories"
-    inv_dir.mkdir()
-    (tmp_path / "models" / "m").mkdir(parents=True)
-    (tmp_path / "models" / "m" / "w.bin").write_bytes(b"weights")
-    inv = {"name": "rack", "transport": "local", "python": sys.executable, "model_root": str(tmp_path / "models"),
-           "run_root": str(tmp_path / "run"),
-           "nodes": [{"name": f"n0{i}", "address": f"127.0.0.{i}", "link_mbit": 1000} for i in (1, 2)]}
-    (inv_dir / "rack.json").write_text(json.dumps(inv))
-    monkeypatch.setenv("DEPLOYBENCH_INVENTORIES", str(inv_dir))
-    monkeypatch.delenv("DEPLOYBENCH_POLICY", raising=False)
+def rack(inventory, tmp_path, monkeypatch):
+    """The inventory ``rack`` (conftest.py) and an operator's workload folder; returns the folder."""
     folder = tmp_path / "workloads"
     folder.mkdir()
     monkeypatch.setenv(workloads.WORKLOAD_ENV, str(folder))
