@@ -24,23 +24,11 @@ from deploybench.regression import Notify
 from deploybench.rollout.ssh import SSHDeployer
 from deploybench.run import Run
 from deploybench.transport import Cluster
+from tests.support.refusals import refused as _refused
 
 pytestmark = pytest.mark.time_limit(120)
 POLICY_ENV = "DEPLOYBENCH_POLICY"  # (names, not imports, of what issue 30 added: on the code before it, each test
 # runs and fails at its own attack)
-
-
-
-
-def _refused(key: str, conf: dict, *words: str) -> str:
-    """validate refuses ``conf`` and leaves no run.json; returns its message."""
-    with pytest.raises(ConfigError) as exc:
-        pipeline.validate(key, {"inventory": "rack", **conf})
-    msg = str(exc.value)
-    for w in words:
-        assert w in msg, msg
-    assert not (paths.run_dir(key) / "run.json").exists()
-    return msg
 
 
 # -- 1 and 2: the form reaches only what the operator's policy allows ----------------------------------

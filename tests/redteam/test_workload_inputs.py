@@ -14,7 +14,7 @@ import os
 import pytest
 
 from deploybench import paths, pipeline, workloads
-from deploybench.errors import ConfigError
+from tests.support.refusals import refused as _refused
 
 pytestmark = pytest.mark.time_limit(60)
 
@@ -26,16 +26,6 @@ def rack(inventory, tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv(workloads.WORKLOAD_ENV, str(folder))
     return folder
-
-
-def _refused(key: str, conf: dict, *words: str) -> str:
-    with pytest.raises(ConfigError) as exc:
-        pipeline.validate(key, {"inventory": "rack", **conf})
-    msg = str(exc.value)
-    for w in words:
-        assert w in msg, msg
-    assert not (paths.run_dir(key) / "run.json").exists()
-    return msg
 
 
 def _dataset(folder, name: str, data: bytes, fmt: str = "jsonl", extra: str = "") -> None:
