@@ -522,9 +522,11 @@ class LoadSpec(_Strict):
                                    description="Length of the overload ramp.")
     recovery_s: float = Field(30.0, gt=0, le=86400, title="Overload: recovery (s)",
                               description="Time at half the capacity after the ramp.")
-    ttft_sample_rps: float = Field(1.0, ge=0, le=1000, title="TTFT sampler (req/s)",
-                                   description="Streamed requests/s sent by the client-side TTFT/ITL sampler (part of "
-                                               "the offered rate); 0 = off.")
+    ttft_sample_rps: float | None = Field(None, ge=0, le=1000, title="TTFT sampler (req/s)",
+                                          description="Streamed requests/s sent by the client-side TTFT/ITL sampler "
+                                                      "(part of the offered rate); empty = enough for 100 samples "
+                                                      "per phase (at least 1/s, at most a quarter of the rate); "
+                                                      "0 = off.")
     scrape_interval_s: float = Field(1.0, ge=0, le=300, title="Metrics scrape interval (s)",
                                      description="Scrape every endpoint's /metrics this often during every phase; "
                                                  "0 = off.")

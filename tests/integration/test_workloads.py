@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -114,6 +115,70 @@ def test_conversations_send_each_turn_after_the_last_with_the_whole_history(loca
     assert set(by_turn) == {t["turn"] for ts in convs.values() for t in ts} and len(by_turn) >= 2
     assert sum(t.requests for t in res.turns) == res.requests
     assert by_turn[0].prompt_tokens_mean < by_turn[1].prompt_tokens_mean < by_turn[max(by_turn)].prompt_tokens_mean
+
+
+TALK = ('name = "talk"\n[arrival]\nprocess = "poisson"\n[session]\nturns = { dist = "uniform", min = 2, max = 4 }\n'
+        'think = { dist = "fixed", mean_s = 0.2 }\n'
+        '[input]\ndist = "uniform"\nmin = 8\nmax = 40\n[output]\ndist = "uniform"\nmin = 2\nmax = 6\n')
+
+
+def test_the_streaming_sampler_sends_whole_conversations_with_their_history(local_engines, workload_dir):
+    """TTFT by turn index: the sampler sends each conversation's turns in order on one endpoint, after the think
+    time, with every earlier turn and the answer it streamed (the engine counts the prompt it was sent)."""
+    from deploybench.load.ttft import TtftSampler
+
+    (workload_dir / "talk.toml").write_text(TALK)
+    eps = local_engines.start(1)
+    plan = workloads.make_plan(workloads.workload("talk"), rate=6, duration_s=4, warmup_s=0, seed=3)
+    spec = LoadSpec(workload="talk", request_timeout_s=10, api="chat")
+    sampler = TtftSampler(eps, spec, "chat", rate=6, duration_s=4, plan=plan)
+    t0 = time.monotonic()
+    sampler.start()
+    time.sleep(4)
+    rows = sampler.stop()
+    assert time.monotonic() - t0 < 20
+    convs: dict[int, list[dict]] = {}
+    for r in rows:
+        convs.setdefault(r["conv"], []).append(r)
+    # conversations started at the rate over the mean turns, from the plan's end backwards (k6 takes its start)
+    per = plan.requests() / len(plan)
+    assert len(convs) == pytest.approx(4 * 6 / per, abs=1.5)
+    assert set(convs) == {len(plan) - 1 - k for k in range(len(convs))}
+    later = 0
+    for i, turns in convs.items():
+        turns.sort(key=lambda r: r["ts"])
+        assert [r["turn"] for r in turns] == list(range(len(turns)))
+        assert all(r["error_kind"] is None and r["ttft_ms"] is not None for r in turns)
+        planned = [(plan.own[i], plan.output[i])] + [(int(a), int(b)) for a, b, _, _ in plan.more[i]]
+        assert len(turns) <= len(planned)
+        for a, b in zip(turns, turns[1:]):
+            assert b["ts"] >= a["ts"] + a["latency_ms"] + 200 - 5  # after the answer and the think time
+        for r, (own, out) in zip(turns, planned):
+            before = sum(o + a for o, a in planned[: r["turn"]])
+            assert (r["prompt_tokens"], r["output_tokens"]) == (before + own, out), (i, r)
+        later += len(turns) - 1
+    assert later >= len(convs)  # most conversations got past their first turn within the 4 s
+
+
+def test_the_sampler_takes_enough_of_the_rate_to_quote_its_p99_and_reports_ttft_by_turn(local_engines, workload_dir,
+                                                                                          tmp_path):
+    """Left to itself (``ttft_sample_rps`` unset) the sampler sends 100 requests over the measured window, at least
+    1/s and at most a quarter of the rate: 8 s at 12 req/s -> 3 req/s (not 12.5); its turns give TTFT by turn."""
+    (workload_dir / "talk.toml").write_text(TALK)
+    eps = local_engines.start(2)
+    spec = LoadSpec(workload="talk", rate=12, duration_s=8, warmup_s=0, request_timeout_s=10, api="chat")
+    assert spec.ttft_sample_rps is None
+    res = run_load(eps, spec, SLO(p99_latency_ms=2000), tmp_path / "out", phase="sustained")
+    assert res.errors == 0
+    assert (res.ttft_sample_rps, res.k6_rps, res.offered_rps) == (3.0, 9.0, 12.0)
+    df = load_samples(res.samples_path)
+    streamed = df[df["ttft_ms"].notna()]
+    assert res.ttft_samples == len(streamed) and 15 <= len(streamed) <= 30  # 3/s over 8 s, cut at the window's end
+    by_turn = {t.turn: t for t in res.turns}
+    assert by_turn[0].ttft_samples > 0 and by_turn[1].ttft_samples > 0 and by_turn[1].ttft_p99_ms is not None
+    assert sum(t.ttft_samples for t in res.turns) == len(streamed)  # every streamed request is counted by its turn
+    # later turns carry the conversation so far: their prompt grows (k6's and the sampler's requests together)
+    assert by_turn[0].prompt_tokens_mean < by_turn[1].prompt_tokens_mean
 
 
 def _engine_counters(ep) -> dict[str, float]:

@@ -127,7 +127,7 @@ class NodeFigures(Figures):
 
 class TurnFigures(BaseModel):
     """One turn index of a conversation workload's measured requests: how many, their latency, their prompt (which
-    grows with the conversation) and TTFT where the sampler measured it (it sends first turns only)."""
+    grows with the conversation) and TTFT where the sampler measured it (it sends whole conversations, as k6 does)."""
 
     turn: int
     requests: int

@@ -202,11 +202,27 @@ def offered_at(rate: float, stages: list[tuple[float, float]] | None, t: float) 
     return frm
 
 
-def sampler_share(spec: LoadSpec, rate: float, stages: list[tuple[float, float]] | None) -> float:
-    """The TTFT sampler's rate: ``spec.ttft_sample_rps``, at most half the lowest rate of the shape."""
+# The TTFT sampler's own rate when the run does not set one: enough requests in a k6 run's measured window to quote
+# the P99 it reports (of 100 samples the P99 lies between the two slowest; of 30, today's 30 s at 1/s, it is the
+# slowest sample alone), at least 1/s, and at most a quarter of the lowest rate of the shape, so k6 still sends
+# three in four requests (a 6 s probe step at 10/s gets 2.5/s: the report gives its n beside each TTFT figure).
+SAMPLER_SAMPLES = 100
+SAMPLER_MIN_RPS = 1.0
+SAMPLER_MAX_SHARE = 0.25
+
+
+def sampler_share(spec: LoadSpec, rate: float, stages: list[tuple[float, float]] | None,
+                  duration_s: float | None = None) -> float:
+    """The TTFT sampler's rate (req/s, part of ``rate``): ``spec.ttft_sample_rps`` when the run sets one (at most
+    half the lowest rate of the shape); else enough for ``SAMPLER_SAMPLES`` in ``duration_s`` (the measured window),
+    at least ``SAMPLER_MIN_RPS``, at most ``SAMPLER_MAX_SHARE`` of the lowest rate. Below 0.05/s: off."""
     low = min([rate, *(t for t, _ in stages or [])])
-    share = min(spec.ttft_sample_rps, low / 2)
-    return share if share >= 0.05 else 0.0
+    if spec.ttft_sample_rps is not None:
+        share = min(spec.ttft_sample_rps, low / 2)
+    else:
+        wanted = max(SAMPLER_MIN_RPS, SAMPLER_SAMPLES / duration_s) if duration_s else SAMPLER_MIN_RPS
+        share = min(wanted, low * SAMPLER_MAX_SHARE)
+    return round(share, 6) if share >= 0.05 else 0.0
 
 
 def _plan_offered(plan: workloads.Plan, warmup_s: float, duration_s: float, window_s: float,
@@ -383,11 +399,11 @@ def turn_figures(measured: pd.DataFrame) -> list[TurnFigures]:
 
 def _sampler_frame(rows: list[dict], phase: str) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["ts", "node", "status", "error_kind", "latency_ms", "ttft_ms",
-                                     "prompt_tokens", "output_tokens", "itl_ms"])
+                                     "prompt_tokens", "output_tokens", "itl_ms", "turn"])
     df["phase"] = phase
     df["warmup"] = False
     df["lag_ms"] = float("nan")
-    df["turn"] = 0.0  # the sampler sends first turns
+    df["turn"] = pd.to_numeric(df["turn"], errors="coerce").fillna(0.0).astype("float64")  # 0: a first turn
     return _typed(df[[*SAMPLE_COLUMNS, *EXTRA_COLUMNS]], ts_unit="ms")
 
 
@@ -431,7 +447,7 @@ def run_load(
     if rate <= 0 or duration_s <= 0 or any(t < 0 or s <= 0 for t, s in stages):
         raise ConfigError(f"rate={rate}, duration_s={duration_s} and stages={stages} must be > 0")
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
-    share = sampler_share(spec, rate, stages)
+    share = sampler_share(spec, rate, stages, duration_s)
     k6_stages = [(t - share, s) for t, s in stages]
     work = workload or workloads.workload(spec.workload)
     plan_seed = work.seed_for(phase, step, seed)

@@ -53,11 +53,13 @@ def make_prompt(rng: random.Random, spec: LoadSpec) -> tuple[str, int, int]:
     return " ".join(rng.choice(WORDS) for _ in range(tokens)), tokens, out
 
 
-def request_body(api: str, model: str, text: str, max_tokens: int, prefix: str = "") -> tuple[str, bytes]:
+def request_body(api: str, model: str, text: str, max_tokens: int, prefix: str = "",
+                 history: list[dict[str, str]] | None = None) -> tuple[str, bytes]:
     """(path, JSON body) of one streamed request; the prompt is ``prefix`` (a workload's shared prefix: the chat's
-    system message, as k6/lib/requests.js sends it) then ``text``."""
-    if prefix and api != "chat":
-        text = f"{prefix} {text}"
+    system message, as k6/lib/requests.js sends it), a conversation's ``history`` (its earlier turns and answers,
+    chat messages), then ``text``; without chat, the same parts joined by spaces (k6/lib/prompts.js turnPrompt)."""
+    if api != "chat" and (prefix or history):
+        text = " ".join(x for x in (prefix, *(m["content"] for m in history or []), text) if x)
     if api == "triton":  # as k6's (k6/lib/requests.js tritonBody): the vLLM backend's inputs and parameters
         body: dict[str, Any] = {"text_input": text, "stream": True, "exclude_input_in_output": True,
                                 "return_num_input_tokens": True, "return_num_output_tokens": True,
@@ -66,7 +68,7 @@ def request_body(api: str, model: str, text: str, max_tokens: int, prefix: str =
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     if api == "chat":
-        body["messages"] = ([{"role": "system", "content": prefix}] if prefix else []) + [
+        body["messages"] = ([{"role": "system", "content": prefix}] if prefix else []) + list(history or []) + [
             {"role": "user", "content": text}]
         return "/v1/chat/completions", json.dumps(body).encode()
     body["prompt"] = text
@@ -155,18 +157,25 @@ def _reusable(headers: dict[str, str]) -> bool:
     return framed and "close" not in headers.get("connection", "").lower()
 
 
+MAX_ANSWER_CHARS = 256 << 10  # of an answer kept as a conversation's history: a server's words are hostile input
+
+
 async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max_tokens: int,
-                      timeout_s: float, pool: list | None = None, prefix: str = "") -> dict:
+                      timeout_s: float, pool: list | None = None, prefix: str = "",
+                      history: list[dict[str, str]] | None = None, answer: list[str] | None = None) -> dict:
     """One streamed request; a row of the samples (times in ms, ``ts`` in epoch ms).
 
     ``pool`` holds idle keep-alive connections to ``ep`` (as k6 and real clients keep them): one is
-    taken if there is one, and given back after a complete answer; else a new one is opened."""
+    taken if there is one, and given back after a complete answer; else a new one is opened. ``history``: a
+    conversation's earlier messages, sent before ``text``; ``answer``, when given, receives the answer's text
+    (at most ``MAX_ANSWER_CHARS``), for the conversation's next turn."""
     ts, t0 = time.time() * 1000.0, time.perf_counter()
     row = {"ts": ts, "node": ep.node, "status": 0, "error_kind": None, "latency_ms": None, "ttft_ms": None,
            "prompt_tokens": prompt_tokens, "output_tokens": 0, "itl_ms": None}
     url = urlsplit(ep.url)
     prefix = url.path.rstrip("/")
-    path, body = request_body(api, ep.model, text, max_tokens, prefix)
+    path, body = request_body(api, ep.model, text, max_tokens, prefix, history)
+    kept = 0
     writer, keep = None, False
     try:
         async with asyncio.timeout(timeout_s):
@@ -200,6 +209,9 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
                     usage = u or usage
                     if text_out:
                         times.append(now)
+                        if answer is not None and kept < MAX_ANSWER_CHARS:
+                            answer.append(text_out[:MAX_ANSWER_CHARS - kept])
+                            kept += len(answer[-1])
             end = time.perf_counter()
             row["latency_ms"] = (end - t0) * 1000.0
             if not times:
@@ -247,6 +259,11 @@ async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host
 class TtftSampler:
     """Sends ``rate`` streamed requests/s round-robin over ``endpoints`` for ``duration_s``, in a thread.
 
+    A conversation workload's plan is sent as conversations, as k6 sends it: each one's turns in order on one
+    endpoint, every turn after its think time with the conversation so far (its earlier turns and the answers the
+    server streamed), so TTFT is measured by turn index (rows carry ``turn``); conversations start at ``rate``
+    divided by the plan's mean turns, so its requests come at ``rate``. No turn starts after ``stop()``.
+
     ``start()`` returns at once; ``stop()`` stops the schedule, lets requests in flight finish (each is
     bounded by ``spec.request_timeout_s``) and returns the rows."""
 
@@ -286,27 +303,58 @@ class TtftSampler:
         t0 = loop.time()
         tasks, i = set(), 0
         pools: dict[str, list] = {}
+        talks = self.plan is not None and bool(self.plan.more) and len(self.plan) > 0
+        every = (self.plan.requests() / len(self.plan)) / self.rate if talks and self.plan else 1 / self.rate
         while not self._stop.is_set():
-            due = t0 + i / self.rate
+            due = t0 + i * every
             if due - t0 >= self.duration_s:
                 break
             await asyncio.sleep(max(0.0, due - loop.time()) if due > loop.time() else 0)
             if self._stop.is_set():
                 break
             ep = self.endpoints[i % len(self.endpoints)]
-            if self.plan is not None and len(self.plan):
-                prefix, text, ptoks, out = self.plan.prompt(len(self.plan) - 1 - i, self.rng)
-            else:
-                prefix, (text, ptoks, out) = "", make_prompt(self.rng, self.spec)
             pool = pools.setdefault(ep.node, [])
-            task = loop.create_task(stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s, pool,
-                                                prefix))
-            task.add_done_callback(lambda t: self.rows.append(t.result()))
+            if talks and self.plan is not None:
+                task = loop.create_task(self._conversation(ep, (len(self.plan) - 1 - i) % len(self.plan), pool))
+            else:
+                if self.plan is not None and len(self.plan):
+                    prefix, text, ptoks, out = self.plan.prompt(len(self.plan) - 1 - i, self.rng)
+                else:
+                    prefix, (text, ptoks, out) = "", make_prompt(self.rng, self.spec)
+                task = loop.create_task(stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s,
+                                                    pool, prefix))
+                task.add_done_callback(lambda t: self.rows.append(t.result()))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             i += 1
         if tasks:
             await asyncio.wait(tasks, timeout=self.spec.request_timeout_s + 5)
+
+    async def _conversation(self, ep: Endpoint, i: int, pool: list) -> None:
+        """Conversation ``i`` of the plan, turn after turn on ``ep``; a failed turn ends it (as in k6/run.js)."""
+        assert self.plan is not None
+        prefix, text, ptoks, out = self.plan.prompt(i, self.rng)
+        history: list[dict[str, str]] = []
+        turn, think_ms = 0, 0.0
+        later = [(int(own), int(o), float(think), int(t)) for own, o, think, t in (self.plan.more or [])[i] or []]
+        while True:
+            if think_ms > 0:
+                await asyncio.sleep(think_ms / 1000.0)
+            if self._stop.is_set():
+                return
+            answer: list[str] = []
+            row = await stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s, pool, prefix,
+                                    history, answer)
+            row["turn"], row["conv"] = turn, i
+            self.rows.append(row)
+            if row["error_kind"] is not None or turn >= len(later):
+                return
+            history += [{"role": "user", "content": text}, {"role": "assistant", "content": "".join(answer)}]
+            own, out, think_ms, t = later[turn]
+            turn += 1
+            text = self.plan.texts[t] if t >= 0 else " ".join(
+                WORDS[int(self.rng.random() * len(WORDS))] for _ in range(own))
+            ptoks = row["prompt_tokens"] + row["output_tokens"] + own  # the conversation so far, as the engine counted
         for idle in pools.values():
             for _, writer in idle:
                 writer.close()

@@ -141,7 +141,8 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
     if turn_rows:
         parts += ["<h3>Conversations, by turn</h3>",
                   "<p>Each turn is sent with the conversation so far: its prompt grows, and a prefix cache serves "
-                  "what the turns before it computed. TTFT is the sampler's, which sends first turns only.</p>",
+                  "what the turns before it computed. TTFT is the streaming sampler's, which sends whole "
+                  "conversations as k6 does (n: its turns of that index).</p>",
                   table(["phase", "turn", "requests", "errors", "prompt tokens (mean)", "P50 ms", "P99 ms",
                          "TTFT P99 ms"], turn_rows)]
     heads, rows = _engine_rows(phases)

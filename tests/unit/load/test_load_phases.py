@@ -396,6 +396,17 @@ def test_sampler_share_is_bounded():
     assert sampler_share(LoadSpec(ttft_sample_rps=1), 0.05, None) == 0  # too small to be worth it
 
 
+def test_the_sampler_left_to_itself_takes_enough_for_its_p99():
+    """Unset: 100 samples over the measured window, at least 1/s, at most a quarter of the shape's lowest rate."""
+    auto = LoadSpec()
+    assert auto.ttft_sample_rps is None
+    assert sampler_share(auto, 20, None, 30) == pytest.approx(100 / 30)  # the issue's 30 s at 20 req/s: 100, not 30
+    assert sampler_share(auto, 20, None, 600) == 1.0  # a long phase: 1/s gives 600
+    assert sampler_share(auto, 10, None, 6) == 2.5  # a short probe step: a quarter of the rate
+    assert sampler_share(auto, 40, [(4.0, 10.0), (40.0, 10.0)], 20) == 1.0  # a ramp: a quarter of its lowest rate
+    assert sampler_share(auto, 0.1, None, 30) == 0  # a quarter of 0.1/s is too small to be worth it
+
+
 def test_env_carries_step_stages_and_peak_sized_vus():
     eps = [Endpoint("n1", "http://127.0.0.1:1", "m")]
     env = build_env(eps, LoadSpec(output_spread=0.3), SLO(p99_latency_ms=1000), phase="overload", rate=10,
