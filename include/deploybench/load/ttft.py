@@ -321,14 +321,18 @@ class TtftSampler:
                     prefix, text, ptoks, out = self.plan.prompt(len(self.plan) - 1 - i, self.rng)
                 else:
                     prefix, (text, ptoks, out) = "", make_prompt(self.rng, self.spec)
-                task = loop.create_task(stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s,
-                                                    pool, prefix))
-                task.add_done_callback(lambda t: self.rows.append(t.result()))
+                task = loop.create_task(self._one(ep, text, ptoks, out, pool, prefix))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             i += 1
         if tasks:
             await asyncio.wait(tasks, timeout=self.spec.request_timeout_s + 5)
+        for idle in pools.values():
+            for _, writer in idle:
+                writer.close()
+
+    async def _one(self, ep: Endpoint, text: str, ptoks: int, out: int, pool: list, prefix: str) -> None:
+        self.rows.append(await stream_once(ep, self.api, text, ptoks, out, self.spec.request_timeout_s, pool, prefix))
 
     async def _conversation(self, ep: Endpoint, i: int, pool: list) -> None:
         """Conversation ``i`` of the plan, turn after turn on ``ep``; a failed turn ends it (as in k6/run.js)."""
@@ -355,6 +359,3 @@ class TtftSampler:
             text = self.plan.texts[t] if t >= 0 else " ".join(
                 WORDS[int(self.rng.random() * len(WORDS))] for _ in range(own))
             ptoks = row["prompt_tokens"] + row["output_tokens"] + own  # the conversation so far, as the engine counted
-        for idle in pools.values():
-            for _, writer in idle:
-                writer.close()
