@@ -93,6 +93,16 @@ class Capacity(BaseModel):
     reason: str | None = None
     seconds: float | None = None
     source: Literal["config"] | None = None
+    # a conversation workload rated in sessions (load.phases.in_requests): capacity_rps stays requests/s
+    rate_unit: Literal["requests", "sessions"] = "requests"
+    requests_per_session: float | None = None
+
+    @property
+    def capacity_sessions_per_s(self) -> float | None:
+        """The capacity in conversations per second, for a workload rated in sessions (else None)."""
+        if self.capacity_rps is None or not self.requests_per_session or self.rate_unit != "sessions":
+            return None
+        return self.capacity_rps / self.requests_per_session
 
 
 class LoadStageResult(BaseModel):

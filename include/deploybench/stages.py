@@ -57,6 +57,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _rate_unit(name: str) -> str:
+    """The unit of a run's rates: sessions/s for a conversation workload rated in sessions, else req/s."""
+    from deploybench import workloads
+
+    return "sessions/s" if workloads.workload(name).rate_scale() != 1.0 else "req/s"
+
+
 def dump(result: Any) -> Any:
     """A typed result as its record holds it (JSON-ready)."""
     if isinstance(result, BaseModel):
@@ -470,7 +477,8 @@ class Validate(Stage):
 
         cfg = ctx.run.cfg
         return (f"{len(result.nodes)} nodes of inventory {ctx.run.inventory.name!r}, engine "
-                f"{profile_name(cfg.engine)}, load {cfg.load.rate:g} req/s for {cfg.load.duration_s:g} s")
+                f"{profile_name(cfg.engine)}, load {cfg.load.rate:g} {_rate_unit(cfg.load.workload)} for "
+                f"{cfg.load.duration_s:g} s")
 
     def budget_s(self, ctx: Context) -> float:
         from deploybench.timeouts import FIXED_S

@@ -59,7 +59,9 @@ def test_every_shipped_workload_runs_through_a_whole_run(inventory, dsn):
         deployment = {**({"adopt": keys[i - 1]} if i else {}), **({"keep_for": keys[i + 1]} if i + 1 < len(keys)
                                                                   else {})}
         confs.append({**FAST, "inventory": inventory, "workload": name, "deployment": deployment,
-                      "api": "chat" if name == "multi-turn" else "completions"})
+                      "api": "chat" if name == "multi-turn" else "completions",
+                      # multi-turn counts its rate in sessions: 2 conversations/s of 4 turns on average, 8 req/s
+                      **({"load_rate": 2} if name == "multi-turn" else {})})
     _plan_cells(keys, confs)
     pipeline.validate(keys[0], confs[0])  # the others validate when their turn comes, as a matrix's cells do
     hit_rate = {}
@@ -88,7 +90,19 @@ def test_every_shipped_workload_runs_through_a_whole_run(inventory, dsn):
         assert cluster.requests > 0 and cluster.errors == 0, (name, cluster)
         hit_rate[name] = cluster.prefix_hit_rate
         with open(got["path"]) as fh:
-            assert f"workload {name}" in fh.read()
+            page = fh.read()
+        assert f"workload {name}" in page
+        ld = run.load_result()
+        assert ld is not None
+        if name == "multi-turn":  # the form's rate was conversations/s: the requests are its turns
+            assert ld.capacity.rate_unit == "sessions"
+            assert ld.capacity.requests_per_session == pytest.approx(4, abs=0.05)
+            assert ld.capacity.capacity_sessions_per_s == 2
+            assert ld.offered_rps == pytest.approx(2 * ld.capacity.requests_per_session, rel=0.3)  # a Poisson window
+            assert "Rates in sessions" in page and "Capacity 2.00 sessions/s" in page
+            assert "sessions/s" in run.stages()["validate"].summary
+        else:
+            assert ld.capacity.rate_unit == "requests" and ld.capacity.capacity_sessions_per_s is None
     # the sim caches prefixes: nothing repeats in synthetic traffic (each request its own words, and each run's
     # differ from the runs before it on the same engines), shared system prompts and conversations' earlier turns
     # do; every figure is the engines' own counters over the phase

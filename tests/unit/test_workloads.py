@@ -227,3 +227,25 @@ def test_the_series_holds_the_traffic_its_file_and_its_data_and_the_default_keep
         assert summary["data_sha256"] == hashlib.sha256((json.dumps({"prompt": text}) + "\n").encode()).hexdigest()
         hashes.append(identity_of(mine, ["n1"], traffic=summary).workload.hash)
     assert hashes[0] != hashes[1]
+
+
+def test_a_conversation_workload_counts_its_rates_in_sessions_unless_its_file_says_requests(tmp_path, monkeypatch):
+    """The run's rates (load, probe bounds, the SLO's minimum) are conversations/s for sessions: run_phase turns them
+    into requests/s (x the mean turns) once; a file with ``rate = "requests"`` and single-turn workloads keep them."""
+    from deploybench.config import SLO, LoadSpec
+    from deploybench.load.phases import in_requests
+
+    talk = '[session]\nturns = { dist = "fixed", value = 3 }\n'
+    folder = _file(tmp_path, "talk", f'name = "talk"\n{talk}')
+    _file(tmp_path, "talk-req", f'name = "talk-req"\n{talk}rate = "requests"\n')
+    monkeypatch.setenv(W.WORKLOAD_ENV, str(folder))
+    assert W.workload("talk").rate_scale() == 3.0 and W.workload("talk-req").rate_scale() == 1.0
+    assert W.workload("synthetic").rate_scale() == 1.0
+    assert W.workload("multi-turn").rate_scale() == pytest.approx(4.0, abs=0.05)  # uniform 2-6 turns
+
+    spec = LoadSpec(workload="talk", rate=5, probe_start_rps=2, probe_max_rps=40)
+    got, slo, scale = in_requests(spec, SLO(min_rps=4))
+    assert scale == 3.0 and (got.rate, got.probe_start_rps, got.probe_max_rps) == (15, 6, 120)
+    assert slo is not None and slo.min_rps == 12
+    same, slo2, one = in_requests(spec.model_copy(update={"workload": "talk-req"}), SLO(min_rps=4))
+    assert one == 1.0 and same.rate == 5 and slo2 is not None and slo2.min_rps == 4

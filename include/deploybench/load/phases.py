@@ -15,6 +15,12 @@ OverloadAnalysis. The sustained and overload phases take the probe's capacity wh
 ``load.rate``; ``sustained_fraction`` scales a probed capacity only: without the probe, the sustained
 phase offers exactly the load rate a person typed (``phase_spec``).
 
+A conversation workload whose file counts its rate in sessions (``[session] rate = "sessions"``, the default for
+sessions) has the run's rates (load rate, probe_start_rps, probe_max_rps, the SLO's min_rps) in conversations per
+second: ``in_requests`` turns them into requests/s (x its mean turns) once, here, and everything below works in
+requests/s as for any workload; the capacity says its unit and factor (``rate_unit``, ``requests_per_session``) so
+the report gives both.
+
 Every k6 run (each probe step, sustained, overload) is measured with the nodes' GPUs beside it
 (``gpu.GpuSampler``: the engine's DCGM gauges, a DCGM exporter, or nvidia-smi over ``transports``):
 ``LoadResult.gpu`` per node, ``gpu_util_pct`` per node and for the cluster. The SLO's optional
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from deploybench import workloads
 from deploybench.config import SLO, LoadPhase, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
@@ -104,6 +111,23 @@ def _write(out_dir: Path, phase: str, outcome: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(outcome, indent=1, default=str))
     tmp.replace(path)
+
+
+def in_requests(spec: LoadSpec, slo: SLO | None = None) -> tuple[LoadSpec, SLO | None, float]:
+    """(spec, slo, requests per unit) with every rate in requests/s: a sessions-rated workload's rates x its mean
+    turns (``Workload.rate_scale``); others as they are."""
+    scale = workloads.workload(spec.workload).rate_scale()
+    if scale == 1.0:
+        return spec, slo, 1.0
+    spec = spec.model_copy(update={"rate": spec.rate * scale, "probe_start_rps": spec.probe_start_rps * scale,
+                                   "probe_max_rps": spec.probe_max_rps * scale})
+    if slo is not None and slo.min_rps:
+        slo = slo.model_copy(update={"min_rps": slo.min_rps * scale})
+    return spec, slo, scale
+
+
+def _unit(capacity: dict, scale: float) -> dict:
+    return {**capacity, "rate_unit": "sessions", "requests_per_session": round(scale, 6)} if scale != 1.0 else capacity
 
 
 def capacity_of(out_dir: Path, spec: LoadSpec) -> tuple[float, str]:
@@ -258,6 +282,9 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
     ``search`` "doubling" runs the earlier capacity search (for the side-by-side bench). ``max_model_len`` is the
     engine's context: a workload's conversation stops before a turn that would not fit it."""
     ctx_len = max_model_len or MAX_TOKENS
+    spec, judged, scale = in_requests(spec, slo)
+    assert judged is not None
+    slo = judged
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_eps, scrape_eps = targets(endpoints, spec)
@@ -284,7 +311,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             found = probe.search(measure, spec, slo, run_ramp=(
                 None if search == "doubling" else lambda n, frm, to: measure(n, frm, [(to, spec.probe_step_s)])),
                 drain=drain)
-            outcome["analysis"] = found.model_dump(mode="json")
+            outcome["analysis"] = _unit(found.model_dump(mode="json"), scale)
             best = max((s for s in found.steps if s.passed), key=lambda s: s.rate, default=found.steps[-1])
             outcome["result"] = steps[best.step].model_dump(mode="json")
             outcome["series"] = [p for r in steps.values() for p in _series(r)]
@@ -303,8 +330,8 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             res = with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports)
             res = _judge_gpu(res, slo) if phase == "sustained" else res
             outcome["result"] = res.model_dump(mode="json")
-            outcome["analysis"] = {**done["analysis"].model_dump(mode="json"), "capacity_rps": cap,
-                                   "capacity_source": source}
+            outcome["analysis"] = _unit({**done["analysis"].model_dump(mode="json"), "capacity_rps": cap,
+                                         "capacity_source": source}, scale)
             outcome["series"] = _series(res)
         outcome["status"] = "success"
     except Exception as exc:
@@ -318,11 +345,12 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
 def assemble(out_dir: Path, spec: LoadSpec) -> dict:
     """The load stage's result from the phase files present (see the module doc)."""
     got = read_outcomes(out_dir)
+    spec, _, scale = in_requests(spec)
     head = next((got[p]["result"] for p in ("sustained", "overload", "probe") if p in got and got[p].get("result")),
                 None)
     pr = got.get("probe")
     capacity = ((pr.get("analysis") or {"capacity_rps": None, "reason": pr.get("error")}) if pr
-                else {"capacity_rps": spec.rate, "source": "config"})
+                else _unit({"capacity_rps": spec.rate, "source": "config"}, scale))
     return {**(head or {}), "phases": got, "capacity": capacity,
             "series": [s for p in got.values() for s in p.get("series") or []]}
 
@@ -336,8 +364,10 @@ def summary(data: dict) -> str:
         if ph.get("status") != "success":
             parts.append(f"{name}: FAILED ({(ph.get('error') or '')[:120]})")
         elif name == "probe":
-            parts.append(f"probe: capacity {an.get('capacity_rps') or 0:.2f} req/s in {len(an.get('steps') or [])} "
-                         f"steps ({an.get('reason')})")
+            per = an.get("requests_per_session")
+            parts.append(f"probe: capacity {an.get('capacity_rps') or 0:.2f} req/s"
+                         + (f" ({(an.get('capacity_rps') or 0) / per:.2f} sessions/s)" if per else "")
+                         + f" in {len(an.get('steps') or [])} steps ({an.get('reason')})")
         elif name == "sustained":
             util = res.get("gpu_util_pct")
             parts.append(f"sustained: {res.get('achieved_rps', 0):.2f} of {res.get('offered_rps', 0):.2f} req/s, "

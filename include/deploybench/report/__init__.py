@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from deploybench.analyse.history import History
+    from deploybench.records import Capacity
     from deploybench.run import Run
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def summary_text(run: Run) -> str:
                   "end-to-end latency measured by k6 on the client):",
                   f"    requests/s     {res.achieved_rps:.2f} (offered {res.offered_rps:g}, "
                   f"{res.requests} requests in {res.duration_s:g} s)",
+                  *(_sessions_lines(ld.capacity, res.offered_rps, res.achieved_rps) if ld is not None else []),
                   f"    output tok/s   {res.output_tps:.1f}",
                   f"    latency P50    {_ms(res.latency_p50_ms)}",
                   f"    latency P99    {_ms(res.latency_p99_ms)}",
@@ -57,6 +59,18 @@ def summary_text(run: Run) -> str:
     if rep is not None and rep.path:
         lines += ["", f"  report: {rep.path}"]
     return "\n".join(lines)
+
+
+def _sessions_lines(cap: Capacity, offered: float, achieved: float) -> list[str]:
+    """A workload rated in sessions: its rates in conversations/s beside the requests/s (its turns)."""
+    per = cap.requests_per_session
+    if cap.rate_unit != "sessions" or not per:
+        return []
+    out = [f"    sessions/s     {achieved / per:.2f} (offered {offered / per:.3g}; conversations of "
+           f"{per:.2f} turns on average)"]
+    if cap.capacity_sessions_per_s is not None:
+        out.append(f"    capacity       {cap.capacity_sessions_per_s:.2f} sessions/s ({cap.capacity_rps:.2f} req/s)")
+    return out
 
 
 def sim_capacity(run: Run) -> tuple[float, int] | None:

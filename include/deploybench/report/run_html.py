@@ -96,6 +96,16 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
         curve = [(p["achieved_rps"], p["latency_p99_ms"]) for p in phases if p.get("latency_p99_ms") is not None]
     parts.append(figure(plots.throughput_latency({"this configuration": curve}, "Throughput vs P99 latency", slo_ms),
                         "throughput-latency curve (capacity-search steps, else the phases)"))
+    per = ld.capacity.requests_per_session
+    if ld.capacity.rate_unit == "sessions" and per:
+        sess = ld.capacity.capacity_sessions_per_s
+        parts.append(f"<p>Rates in sessions: this workload's conversations have {per:.2f} turns on average, and the "
+                     f"run's rates count conversations started per second (requests/s are turns). Capacity "
+                     + (f"{sess:.2f} sessions/s ({ld.capacity.capacity_rps:.2f} req/s)." if sess is not None
+                        else "not found.")
+                     + " Offered and achieved by phase, in sessions/s: "
+                     + "; ".join(f"{p.get('phase')} {p.get('offered_rps', 0) / per:.3g} offered, "
+                                 f"{p.get('achieved_rps', 0) / per:.3g} achieved" for p in phases) + ".</p>")
     parts.append("<h3>Capacity search</h3>")
     parts.append(figure(plots.capacity_steps(steps, cap), "capacity-search steps (green: SLO held)"))
     probe_steps = [s.model_dump(mode="json") for s in ld.phases["probe"].probe_steps()] if "probe" in ld.phases else []

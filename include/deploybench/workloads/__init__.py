@@ -181,6 +181,9 @@ class Session(_Strict):
 
     turns: Lengths | None = None  # synthetic: turns per session; a dataset's conversations bring their own
     think: Think = Field(default_factory=Think)
+    # what a run's rates mean (load_rate, probe_start_rps, probe_max_rps, slo_min_rps): conversations started per
+    # second (the user's unit: the report gives requests/s beside it), or requests (turns) per second
+    rate: Literal["sessions", "requests"] = "sessions"
 
     @model_validator(mode="after")
     def _coherent(self) -> Session:
@@ -250,6 +253,26 @@ class Workload:
         if self.spec.source.kind != "synthetic":
             out["data_sha256"] = _sha256_of(self.data_path(), self.spec.source.max_bytes)
         return out
+
+    def turns_per_session(self) -> float:
+        """The mean turns of one of its conversations (1.0 without sessions): a dataset's sampled conversations, or
+        the mean of the turns' distribution."""
+        s = self.spec
+        if s.session is None:
+            return 1.0
+        if s.source.kind == "dataset":
+            convs = self.conversations()
+            return sum(len(c.turns) for c in convs) / len(convs)
+        from deploybench.workloads.plan import _mean_of
+
+        assert s.session.turns is not None
+        return _mean_of(s.session.turns)
+
+    def rate_scale(self) -> float:
+        """Requests/s per unit of the run's rates: the mean turns of a conversation when the file counts its rate in
+        sessions, else 1."""
+        sess = self.spec.session
+        return self.turns_per_session() if sess is not None and sess.rate == "sessions" else 1.0
 
     def data_path(self) -> Path:
         """The dataset's or trace's file: relative to the workload file's folder and inside it (a symbolic link

@@ -314,13 +314,7 @@ def make_plan(w: Workload, *, rate: float, duration_s: float, warmup_s: float, s
     if s.source.kind == "trace":
         return _trace_plan(w, segs, warmup_s + duration_s, seed)
     convs = w.conversations() if s.source.kind == "dataset" else None
-    if s.session is None:
-        per_session = 1.0
-    elif convs is not None:
-        per_session = sum(len(c.turns) for c in convs) / len(convs)
-    else:
-        assert s.session.turns is not None
-        per_session = _mean_of(s.session.turns)
+    per_session = w.turns_per_session()
     times, expected = _arrivals(w, rng, segs, per_session)
     n = max(1, len(times) if times is not None else math.ceil(expected) + 1)
     plan = Plan(w.name, seed, prefix_texts(w), s.prefix.tokens if s.prefix else 0, [], [], [],
