@@ -31,6 +31,10 @@ const planHead = cfg.plan ? new SharedArray('planHead', () => {
 const prompts = cfg.plan ? null : new SharedArray('prompts', () =>
   makePrompts(cfg.prompts, cfg.promptTokens, cfg.seed, cfg.outputTokens, cfg.outputSpread));
 const shape = scenario(cfg);
+// several generators start together: setup() waits for the barrier, so setup must be given the time until it
+const barrierS = cfg.startAtMs ? Math.max(0, (cfg.startAtMs - Date.now()) / 1000) : 0;
+// a generator whose setup ends this long after the barrier would send its share late: it fails instead
+const BARRIER_MISSED_MS = 1000;
 
 export const options = {
   scenarios: {
@@ -53,7 +57,7 @@ export const options = {
     'db_tokens_from{tokens_from:text}': [],
   },
   summaryTrendStats: ['avg', 'min', 'med', 'p(90)', 'p(99)', 'p(99.9)', 'max', 'count'],
-  setupTimeout: ms(30 + 10 * cfg.endpoints.length),
+  setupTimeout: ms(30 + 10 * cfg.endpoints.length + barrierS),
   teardownTimeout: '10s',
 };
 
@@ -73,6 +77,13 @@ export function setup() {
     }
     if (!ready) {
       exec.test.abort(`endpoint not ready: node ${ep.node} at ${ep.url} (${seen.join('; ')})`);
+    }
+  }
+  if (cfg.startAtMs) {
+    const wait = cfg.startAtMs - Date.now();
+    if (wait > 0) sleep(wait / 1000);
+    else if (-wait > BARRIER_MISSED_MS) {
+      exec.test.abort(`barrier missed: setup ended ${-wait} ms after the start time ${cfg.startAtMs} (DB_START_AT_MS)`);
     }
   }
 }

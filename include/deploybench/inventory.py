@@ -110,11 +110,34 @@ class SSHSettings(BaseModel):
         return check_path(v, absolute=False)
 
 
-class Node(BaseModel):
+class Machine(BaseModel):
+    """What every machine of an inventory has: a name and the address its transport reaches it at."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     address: str
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return check_host(v)
+
+
+class LoadGen(Machine):
+    """A load-generator machine: it serves nothing, it runs k6 for its execution segment of each load phase
+    (deploybench.load.loadgen). Reached through the run's transport exactly as nodes are."""
+
+    k6: str = Field("k6", description="the k6 command on the machine (on its PATH, or a path)")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("k6")
+    @classmethod
+    def _k6(cls, v: str) -> str:
+        return check_path(v, absolute=False)
+
+
+class Node(Machine):
     backend_address: str | None = None
     link_mbit: float = Field(gt=0, description="nominal link speed in Mbit/s")
     mtu: int | None = Field(None, ge=68, le=65536, description="the tested interface's MTU; preflight checks it")
@@ -125,7 +148,7 @@ class Node(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     k8s_node: str | None = Field(None, description="the Kubernetes node name (kubernetes.io/hostname); default = name")
 
-    @field_validator("address", "backend_address", "k8s_node")
+    @field_validator("backend_address", "k8s_node")
     @classmethod
     def _host(cls, v: str | None) -> str | None:
         return check_host(v)
@@ -165,6 +188,8 @@ class Inventory(BaseModel):
     controller_address: str | None = None
     lab: dict[str, Any] | None = Field(None, description="set by the lab: its name and mode")
     nodes: list[Node]
+    # load-generator machines: with none, the controller alone offers each load phase
+    loadgens: list[LoadGen] = Field(default_factory=list)
 
     @field_validator("controller_address")
     @classmethod
@@ -194,6 +219,15 @@ class Inventory(BaseModel):
         return nodes
 
     @model_validator(mode="after")
+    def _unique_machines(self) -> Inventory:
+        seen = {n.name for n in self.nodes}
+        for g in self.loadgens:
+            if g.name in seen:
+                raise ValueError(f"load generator name {g.name!r} appears twice or is also a node's name")
+            seen.add(g.name)
+        return self
+
+    @model_validator(mode="after")
     def _ssh_needs_hostkeys(self) -> Inventory:
         if self.transport is TransportKind.SSH and not (self.ssh.known_hosts or self.ssh.conn_id):
             raise ValueError(
@@ -208,6 +242,18 @@ class Inventory(BaseModel):
             if n.name == name:
                 return n
         raise ConfigError(f"node {name!r} is not in inventory {self.name!r} (nodes: {', '.join(self.names)})")
+
+    def machine(self, name: str) -> Node | LoadGen:
+        """A node or a load generator, by name (what a transport connects to)."""
+        for m in [*self.nodes, *self.loadgens]:
+            if m.name == name:
+                return m
+        raise ConfigError(f"{name!r} is neither a node nor a load generator of inventory {self.name!r} (nodes: "
+                          f"{', '.join(self.names)}; load generators: {', '.join(self.loadgen_names) or 'none'})")
+
+    @property
+    def loadgen_names(self) -> list[str]:
+        return [g.name for g in self.loadgens]
 
     @property
     def names(self) -> list[str]:

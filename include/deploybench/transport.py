@@ -28,7 +28,7 @@ from deploybench.errors import NodeUnreachable, TransportError
 if TYPE_CHECKING:
     import paramiko
 
-    from deploybench.inventory import Inventory, Node
+    from deploybench.inventory import Inventory, Machine
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def _as_command(cmd: Sequence[str] | str) -> str:
 class Transport(ABC):
     """Runs commands on one node."""
 
-    def __init__(self, node: Node):
+    def __init__(self, node: Machine):
         self.node = node
 
     @abstractmethod
@@ -129,7 +129,7 @@ MAX_OUTPUT = 32 << 20
 class SSHTransport(Transport):
     """Paramiko, with RejectPolicy: a node whose key is unknown or changed is refused."""
 
-    def __init__(self, node: Node, params: SSHParams):
+    def __init__(self, node: Machine, params: SSHParams):
         super().__init__(node)
         self.params = params
         self._client: paramiko.SSHClient | None = None
@@ -297,7 +297,7 @@ class SSHTransport(Transport):
                 self._client = None
 
 
-def ssh_params(inventory: Inventory, node: Node, overrides: dict[str, Any] | None = None) -> SSHParams:
+def ssh_params(inventory: Inventory, node: Machine, overrides: dict[str, Any] | None = None) -> SSHParams:
     """SSH parameters for ``node``; ``overrides`` (from an Airflow connection) win over the inventory."""
     s = inventory.ssh
     o = overrides or {}
@@ -312,7 +312,7 @@ def ssh_params(inventory: Inventory, node: Node, overrides: dict[str, Any] | Non
     )
 
 
-def connect(inventory: Inventory, node: Node, ssh_overrides: dict[str, Any] | None = None) -> Transport:
+def connect(inventory: Inventory, node: Machine, ssh_overrides: dict[str, Any] | None = None) -> Transport:
     """The transport for ``node`` as the inventory describes it (connections open lazily)."""
     from deploybench.inventory import TransportKind
 
@@ -339,7 +339,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._checked: set[str] = set()
 
-    def run_dir(self, node: str | Node) -> str:
+    def run_dir(self, node: str | Machine) -> str:
         """``<run_root>/<node>``: where the processes a run starts on ``node`` keep their pid files, logs and
         programs. The run root is checked once per node before it is used: made 0700 if missing, else it
         must belong to the deploy user and be writable by nobody else, in folders nobody else can swap
@@ -362,12 +362,12 @@ class Cluster:
             self._checked.add(name)
         return f"{root}/{name}"
 
-    def __getitem__(self, node: str | Node) -> Transport:
+    def __getitem__(self, node: str | Machine) -> Transport:
         name = node if isinstance(node, str) else node.name
         with self._lock:
             t = self._transports.get(name)
             if t is None:
-                t = connect(self.inventory, self.inventory.node(name), self._overrides)
+                t = connect(self.inventory, self.inventory.machine(name), self._overrides)
                 self._transports[name] = t
             return t
 

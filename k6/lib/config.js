@@ -90,6 +90,11 @@ export function loadConfig(env) {
     dropLagMs: num(env, 'DB_DROP_LAG_MS', 1000),
     // timed: how many requests the plan holds (the scenario's iterations)
     planned: num(env, 'DB_PLANNED', 0),
+    // several generators (deploybench.load.loadgen): the barrier every one starts its scenario at (epoch ms; setup()
+    // sleeps until then), and how many split the phase by execution segments (a timed plan's VUs are rounded up to
+    // a multiple of it: k6 splits shared-iterations' iterations as it splits their VUs)
+    startAtMs: num(env, 'DB_START_AT_MS', 0),
+    generators: num(env, 'DB_GENERATORS', 1),
   };
   if (cfg.rate <= 0) throw new Error(`DB_RATE=${cfg.rate} must be > 0 requests/s`);
   if (cfg.durationS <= 0) throw new Error(`DB_DURATION_S=${cfg.durationS} must be > 0`);
@@ -106,6 +111,8 @@ export function loadConfig(env) {
   if (cfg.outputSpread < 0 || cfg.outputSpread >= 1) throw new Error(`DB_OUTPUT_SPREAD=${cfg.outputSpread} must be in [0, 1)`);
   if (typeof cfg.tags !== 'object' || Array.isArray(cfg.tags)) throw new Error('DB_TAGS must be a JSON object');
   if (cfg.timed && !cfg.plan) throw new Error('DB_PLAN_TIMED needs DB_PLAN (the plan with the send times)');
+  if (!(cfg.startAtMs >= 0)) throw new Error(`DB_START_AT_MS=${cfg.startAtMs} must be an epoch time in ms (0: none)`);
+  if (!Number.isInteger(cfg.generators) || cfg.generators < 1) throw new Error(`DB_GENERATORS=${cfg.generators} must be an integer >= 1`);
   if (cfg.timed && !(cfg.planned >= 1)) throw new Error(`DB_PLANNED=${cfg.planned} must be >= 1 with DB_PLAN_TIMED`);
   return cfg;
 }
@@ -127,8 +134,10 @@ export function scenario(cfg) {
   if (cfg.timed) {
     // send times from the plan: every VU takes the next request and sleeps until it is due (run.js), so a request
     // waits for a VU only when all of them hold one in flight; the executor's own pacing plays no part
+    const g = cfg.generators;
     return {
-      executor: 'shared-iterations', vus: Math.min(cfg.maxVUs, cfg.planned), iterations: cfg.planned,
+      executor: 'shared-iterations', vus: Math.min(cfg.planned, Math.ceil(Math.min(cfg.maxVUs, cfg.planned) / g) * g),
+      iterations: cfg.planned,
       maxDuration: ms(cfg.warmupS + cfg.durationS + cfg.timeoutS + 5),
     };
   }

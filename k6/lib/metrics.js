@@ -6,7 +6,8 @@
 //     node, phase, window (warmup|measure), ok (true|false), status, error_kind, plus run tags
 //   metadata (per-VU, high cardinality, creates no time series; written by the JSON output as
 //   data.metadata, verified with k6 1.1.0):
-//     t0 (request start, epoch ms), lag_ms (start - when it was due), prompt_tokens, output_tokens, and with a
+//     t0 (request start, epoch ms), lag_ms (start - when it was due), prompt_tokens, output_tokens, iter (k6's
+//     exec.scenario.iterationInTest, unique across execution segments), and with a
 //     workload's plan conv (its request: a conversation) and turn
 // deploybench.load parses these points into the samples DataFrame.
 import exec from 'k6/execution';
@@ -32,6 +33,9 @@ export function recordSample(sample) {
   md.lag_ms = String(sample.lagMs);
   md.prompt_tokens = String(sample.promptTokens);
   md.output_tokens = String(sample.outputTokens);
+  // k6's index of this iteration in the whole test: with execution segments (several generators) each one's
+  // indexes are its own share of 0..N-1, so the merged samples show every iteration sent once
+  md.iter = String(exec.scenario.iterationInTest);
   if (sample.conv !== undefined) {
     md.conv = String(sample.conv); // the plan's request (a conversation) and the turn within it
     md.turn = String(sample.turn);
@@ -53,6 +57,7 @@ export function recordSample(sample) {
   delete md.lag_ms;
   delete md.prompt_tokens;
   delete md.output_tokens;
+  delete md.iter;
   delete md.conv;
   delete md.turn;
 }

@@ -17,6 +17,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = named(sub.add_parser("up", help="build the lab (or report it if it is already running)"))
     p.add_argument("--nodes", type=int, default=16, help="number of nodes (default: 16)")
+    p.add_argument("--loadgens", type=int, default=0,
+                   help="load-generator machines (g01, g02, ...: own namespace and sshd, serving nothing) that split "
+                        "each load phase by k6 execution segments (default: 0, the controller alone)")
     p.add_argument("--link-mbit", type=float, default=DEFAULT_LINK_MBIT,
                    help=f"nominal link speed of every node, Mbit/s (default: {DEFAULT_LINK_MBIT:g})")
     p.add_argument("--mode", choices=["netns", "loopback", "auto"], default="auto",
@@ -37,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _up(args: argparse.Namespace) -> int:
     from deploybench.lab import cluster
 
-    cluster.up(args.name, nodes=args.nodes, link_mbit=args.link_mbit, mode=args.mode, model_mb=args.model_mb,
+    cluster.up(args.name, nodes=args.nodes, loadgens=args.loadgens, link_mbit=args.link_mbit, mode=args.mode, model_mb=args.model_mb,
                model_name=args.model_name)
     return _status(args)
 

@@ -107,18 +107,21 @@ def up(
     mode: Mode | str = Mode.AUTO,
     model_mb: float = DEFAULT_MODEL_MB,
     model_name: str | None = None,
+    loadgens: int = 0,
 ) -> Inventory:
-    """Build lab ``name`` (or find it running) and return its inventory, also saved as inventory.json."""
+    """Build lab ``name`` (or find it running) and return its inventory, also saved as inventory.json.
+    ``loadgens`` more machines (g01...) get a namespace and an sshd each like nodes, and serve nothing: the inventory
+    lists them as its load generators."""
     check_name(name)
-    check_nodes(nodes)
+    check_nodes(nodes, loadgens)
     if link_mbit <= 0:
         raise LabError(f"--link-mbit {link_mbit} must be positive")
     m = resolve_mode(mode)
     files = LabFiles(name)
     old = files.read_state()
     if old is not None and files.inventory.exists() and _running(old, files):
-        wanted = (m, nodes, float(link_mbit))
-        if (old.mode, old.node_count, old.link_mbit) != wanted:
+        wanted = (m, nodes, float(link_mbit), loadgens)
+        if (old.mode, old.node_count, old.link_mbit, old.loadgen_count) != wanted:
             log.warning(
                 "lab %s is already running with %s nodes at %g Mbit/s in %s mode (asked: %s nodes at %g Mbit/s, %s); "
                 "keeping it - run `deploybench lab down --name %s` first to rebuild",
@@ -134,9 +137,9 @@ def up(
     model_name = model_name or ModelSpec().name
     try:
         if m is Mode.NETNS:
-            state = _up_netns(name, nodes, link_mbit, model_name, model_mb, files)
+            state = _up_netns(name, nodes, link_mbit, model_name, model_mb, files, loadgens)
         else:
-            state = _up_loopback(name, nodes, link_mbit, model_name, model_mb, files)
+            state = _up_loopback(name, nodes, link_mbit, model_name, model_mb, files, loadgens)
         _seed(files, state)
         inventory = build_inventory(state, files)
         inventory.save(files.inventory)
@@ -147,27 +150,28 @@ def up(
         except DeploybenchError as exc:
             log.error("lab %s: cleanup after the failed up also failed: %s", name, exc)
         raise
-    log.info("lab %s up: %d %s nodes in %s, %.1f s; inventory %s",
-             name, nodes, m.value, state.subnet, time.monotonic() - t0, files.inventory)
+    log.info("lab %s up: %d %s nodes%s in %s, %.1f s; inventory %s", name, nodes, m.value,
+             f" and {loadgens} load generators" if loadgens else "", state.subnet, time.monotonic() - t0,
+             files.inventory)
     return inventory
 
 
 def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb: float,
-              files: LabFiles) -> LabState:
+              files: LabFiles, loadgens: int = 0) -> LabState:
     names = NetnsNames.of(name)
     files.root.mkdir(parents=True, exist_ok=True)
     with _machine_lock():
         taken = netns.used_subnets() + other_lab_subnets(name)
         net = pick_subnet(subnet_candidates(name), taken, "lab")
         state = LabState(name=name, mode=Mode.NETNS, subnet=str(net), node_count=count, link_mbit=link_mbit,
-                         model_name=model_name, model_mb=model_mb)
+                         model_name=model_name, model_mb=model_mb, loadgen_count=loadgens)
         files.write_state(state)
         netns.create_bridge(names, host_address(net), net.prefixlen)
 
     files.keys.mkdir(parents=True, exist_ok=True)
     netns.ssh_keygen(files.user_key, f"deploybench-lab-{name}")
     files.authorized_keys.write_text(files.user_key.with_suffix(".pub").read_text())
-    indexed = list(enumerate(state.nodes, start=1))
+    indexed = list(enumerate(state.machines, start=1))
 
     def build(item: tuple[int, str]) -> None:
         i, node = item
@@ -179,16 +183,16 @@ def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb
     netns.parallel(build, indexed)
     files.known_hosts.write_text("".join(
         commands.known_hosts_line(state.address(n), files.host_key(n).with_suffix(".pub").read_text()) + "\n"
-        for n in state.nodes
+        for n in state.machines
     ))
     for d in (files.shared_models, files.shared_run):
         d.mkdir(parents=True, exist_ok=True)
     write_stand_ins(files.bin)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    procs = {node: _start_node_sshd(names, files, state, node) for node in state.nodes}
+    procs = {node: _start_node_sshd(names, files, state, node) for node in state.machines}
     waited = netns.parallel(
         lambda node: netns.wait_ssh(state.address(node), procs[node], files.node_dir(node) / "sshd.log", SSHD_WAIT_S),
-        state.nodes,
+        state.machines,
     )
     log.debug("lab %s: slowest sshd answered after %.2f s", name, max(waited))
     return state
@@ -248,10 +252,10 @@ def _start_node_sshd(names: NetnsNames, files: LabFiles, state: LabState, node: 
 
 
 def _up_loopback(name: str, count: int, link_mbit: float, model_name: str, model_mb: float,
-                 files: LabFiles) -> LabState:
+                 files: LabFiles, loadgens: int = 0) -> LabState:
     net = pick_subnet(loopback_candidates(name), other_lab_subnets(name), "loopback")
     state = LabState(name=name, mode=Mode.LOOPBACK, subnet=str(net), node_count=count, link_mbit=link_mbit,
-                     model_name=model_name, model_mb=model_mb)
+                     model_name=model_name, model_mb=model_mb, loadgen_count=loadgens)
     files.write_state(state)
     for node in state.nodes:
         files.models(node).mkdir(parents=True, exist_ok=True)
@@ -300,11 +304,11 @@ def _running(state: LabState, files: LabFiles) -> bool:
     if not is_root():
         return False
     nss, _ = netns.lab_objects(NetnsNames.of(state.name))
-    if len(nss) != state.node_count:
+    if len(nss) != len(state.machines):
         return False
     try:
         netns.parallel(lambda n: netns.wait_ssh(state.address(n), None, files.node_dir(n) / "sshd.log", 2.0),
-                       state.nodes)
+                       state.machines)
     except LabError:
         return False
     return True

@@ -34,15 +34,23 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_nodes(count: int) -> int:
+def check_nodes(count: int, loadgens: int = 0) -> int:
     if not 1 <= count <= MAX_NODES:
         raise LabError(f"--nodes {count} is out of range: a lab has 1 to {MAX_NODES} nodes")
+    if not 0 <= loadgens <= MAX_NODES - count:
+        raise LabError(f"--loadgens {loadgens} is out of range: nodes and load generators together are at most "
+                       f"{MAX_NODES} machines (here {count} nodes, so 0 to {MAX_NODES - count} load generators)")
     return count
 
 
 def node_name(index: int) -> str:
     """n01, n02, ... (1-based); three digits past 99."""
     return f"n{index:02d}"
+
+
+def loadgen_name(index: int) -> str:
+    """g01, g02, ... (1-based): the lab's load-generator machines."""
+    return f"g{index:02d}"
 
 
 def lab_hash(name: str) -> str:
@@ -79,7 +87,7 @@ class NetnsNames:
         return name
 
     def owns_namespace(self, ns: str) -> bool:
-        return re.fullmatch(re.escape(self.ns_prefix) + r"n\d{2,3}", ns) is not None
+        return re.fullmatch(re.escape(self.ns_prefix) + r"[ng]\d{2,3}", ns) is not None
 
     def owns_link(self, ifname: str) -> bool:
         return ifname == self.bridge or re.fullmatch(rf"dbv{self.tag}\d{{2,3}}", ifname) is not None

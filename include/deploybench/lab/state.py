@@ -16,8 +16,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from deploybench import paths
-from deploybench.inventory import Inventory, Node, SSHSettings, TransportKind
-from deploybench.lab.naming import host_address, node_address, node_name
+from deploybench.inventory import Inventory, LoadGen, Node, SSHSettings, TransportKind
+from deploybench.lab.naming import host_address, loadgen_name, node_address, node_name
 
 # Netns nodes see their own model root and run folder at these shared paths (bind mounts).
 SHARED_ROOT = Path("/srv/deploybench")
@@ -42,6 +42,7 @@ class LabState(BaseModel):
     link_mbit: float
     model_name: str
     model_mb: float
+    loadgen_count: int = 0  # load-generator machines, after the nodes (their addresses follow the nodes')
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -51,12 +52,22 @@ class LabState(BaseModel):
     def nodes(self) -> list[str]:
         return [node_name(i) for i in range(1, self.node_count + 1)]
 
+    @property
+    def loadgens(self) -> list[str]:
+        return [loadgen_name(i) for i in range(1, self.loadgen_count + 1)]
+
+    @property
+    def machines(self) -> list[str]:
+        """Nodes, then load generators: each gets a namespace, an sshd and the address of its index."""
+        return [*self.nodes, *self.loadgens]
+
     def index(self, node: str) -> int:
         from deploybench.errors import LabError
 
-        if node not in self.nodes:
-            raise LabError(f"lab {self.name} has no node {node!r} (nodes: {self.nodes[0]}..{self.nodes[-1]})")
-        return self.nodes.index(node) + 1
+        if node not in self.machines:
+            raise LabError(f"lab {self.name} has no node {node!r} (nodes: {self.nodes[0]}..{self.nodes[-1]}"
+                           + (f", load generators {self.loadgens[0]}..{self.loadgens[-1]})" if self.loadgens else ")"))
+        return self.machines.index(node) + 1
 
     def address(self, node: str) -> str:
         return node_address(self.network, self.index(node))
@@ -176,6 +187,7 @@ def build_inventory(state: LabState, files: LabFiles) -> Inventory:
     if state.mode is Mode.NETNS:
         nodes = [Node(name=n, address=state.address(n), link_mbit=state.link_mbit) for n in state.nodes]
         return Inventory(
+            loadgens=[LoadGen(name=g, address=state.address(g)) for g in state.loadgens],
             **common,
             transport=TransportKind.SSH,
             ssh=SSHSettings(user="root", port=22, key_file=str(files.user_key), known_hosts=str(files.known_hosts)),
@@ -192,6 +204,7 @@ def build_inventory(state: LabState, files: LabFiles) -> Inventory:
     # node's pid and log files under <run_root>/<node>, as on a real cluster.
     return Inventory(
         **common,
+        loadgens=[LoadGen(name=g, address=state.address(g)) for g in state.loadgens],
         transport=TransportKind.LOCAL,
         model_root=str(files.root / "nodes" / "{node}" / "models"),
         run_root=str(files.root / "run"),

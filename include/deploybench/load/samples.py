@@ -57,12 +57,16 @@ def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
                         "itl_ms": None,
                         # a conversation's turn (0 first); None outside a conversation workload's plan
                         "turn": int(md["turn"]) if "turn" in md else None,
+                        # k6's iteration index in the whole test (segment-aware: unique across generators)
+                        "iteration": int(md["iter"]) if "iter" in md else None,
                     })
                 elif '"metric":"dropped_iterations"' in line or '"metric":"db_dropped"' in line:
                     dropped.append(pd.Timestamp(json.loads(line)["data"]["time"]))
     except (OSError, EOFError, ValueError, KeyError) as exc:
         raise LoadError(f"{path}: cannot read k6's JSON output ({exc!r}); see the k6 log beside it") from exc
-    return _typed(pd.DataFrame(rows, columns=[*SAMPLE_COLUMNS, *EXTRA_COLUMNS]), ts_unit="ms"), dropped
+    df = pd.DataFrame(rows, columns=[*SAMPLE_COLUMNS, *EXTRA_COLUMNS, "iteration"])
+    df["iteration"] = pd.to_numeric(df["iteration"], errors="coerce").astype("float64")
+    return _typed(df, ts_unit="ms"), dropped
 
 
 def _typed(df: pd.DataFrame, ts_unit: Literal["s", "ms", "us", "ns"] | None = None) -> pd.DataFrame:
