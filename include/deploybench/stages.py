@@ -337,7 +337,7 @@ class Load(Stage):
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import engines
-        from deploybench.load import Endpoint, phases
+        from deploybench.load import Endpoint, loadgen, phases
 
         run, phase = ctx.run, str(ctx.phase)
         out_dir = run.dir / "load"
@@ -349,10 +349,12 @@ class Load(Stage):
         eps = [Endpoint.of(e, prof.metrics.url(e["url"]), addr.get(e["node"], "")) for e in run.endpoints()]
         # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no connection
         # is made unless a node needs it)
+        # the inventory's load generators split each k6 run by execution segments; none: the controller sends it all
+        gens = loadgen.Generators(cluster, run.inventory.loadgen_names) if run.inventory.loadgens else None
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
                          transports={n: cluster[n] for n in {e.node for e in eps}},
                          api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
-                         max_model_len=run.cfg.engine.max_model_len)
+                         max_model_len=run.cfg.engine.max_model_len, generators=gens)
         return self._assembled(ctx)
 
     def _assembled(self, ctx: Context) -> LoadStageResult:

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from deploybench import workloads
@@ -48,6 +48,9 @@ from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.load.scrape import read_series, save_series
 from deploybench.policy import POLICY_ENV, TARGETS_ENV, current
 from deploybench.workloads import MAX_TOKENS
+
+if TYPE_CHECKING:
+    from deploybench.load.loadgen import Generators
 
 LOG = logging.getLogger(__name__)
 ORDER = tuple(p.value for p in LoadPhase)  # probe -> sustained -> overload, as config.LoadPhase declares
@@ -274,13 +277,15 @@ def _series(res: LoadResult) -> list[str]:
 
 def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
               tags: dict | None = None, api: ApiFlavour | None = None, transports: Mapping[str, Any] | None = None,
-              search: str = "ramp", metrics: Metrics | None = None, max_model_len: int | None = None) -> dict:
+              search: str = "ramp", metrics: Metrics | None = None, max_model_len: int | None = None,
+              generators: Generators | None = None) -> dict:
     """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
 
     ``transports`` (node -> deploybench.transport.Transport) let nodes without DCGM report their GPUs
     through nvidia-smi; ``metrics`` is the engine profile's (its page and the names of its figures).
     ``search`` "doubling" runs the earlier capacity search (for the side-by-side bench). ``max_model_len`` is the
-    engine's context: a workload's conversation stops before a turn that would not fit it."""
+    engine's context: a workload's conversation stops before a turn that would not fit it. ``generators`` (the
+    inventory's load generators) split every k6 run of the phase by execution segments (deploybench.load.loadgen)."""
     ctx_len = max_model_len or MAX_TOKENS
     spec, judged, scale = in_requests(spec, slo)
     assert judged is not None
@@ -299,7 +304,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
                 res = with_gpu(lambda: run_load(load_eps, s, slo, out_dir, phase="probe", tags=tags, rate=rate,
                                                 duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api,
                                                 step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages,
-                                                metrics=metrics, max_model_len=ctx_len),
+                                                metrics=metrics, max_model_len=ctx_len, generators=generators),
                                scrape_eps, spec, out_dir, "probe", n, transports, plan)
                 steps[n] = res
                 return res
@@ -324,7 +329,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             def run() -> LoadResult:
                 done["res"], done["analysis"] = mod.run(load_eps, shaped, slo, out_dir, cap, tags=tags, api=api,
                                                         scrape_endpoints=scrape_eps, metrics=metrics,
-                                                        max_model_len=ctx_len)
+                                                        max_model_len=ctx_len, generators=generators)
                 return done["res"]
 
             res = with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports)

@@ -153,6 +153,24 @@ class SloVerdict(BaseModel):
     reasons: list[str]
 
 
+class GeneratorFigures(BaseModel):
+    """One load generator's share of a phase split by execution segments (deploybench.load.loadgen), over the
+    measured window: what it sent, at what rate, how late against the schedule, what it dropped, and its clock's
+    offset to the controller's as measured before the phase (None: not measured)."""
+
+    name: str
+    segment: str
+    requests: int
+    rps: float
+    lag_p50_ms: float | None
+    lag_p99_ms: float | None
+    dropped_iterations: int
+    clock_offset_ms: float | None = None
+    clock_rtt_ms: float | None = None
+    k6_exit_code: int = 0
+    k6_cpu_s: float | None = None
+
+
 class LoadResult(Figures):
     """One k6 run's result (a phase, or one probe step)."""
 
@@ -198,4 +216,6 @@ class LoadResult(Figures):
     energy_j: float | None = None
     energy_per_request_j: float | None = None
     energy_per_output_token_j: float | None = None
+    # several load generators (issue 31): each one's share; empty when the controller alone sent the load
+    generators: list[GeneratorFigures] = Field(default_factory=list)
     gpu_series_path: str | None = None  # GPU samples taken beside the engine's /metrics (exporter, nvidia-smi)

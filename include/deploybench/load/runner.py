@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
@@ -37,7 +37,14 @@ from deploybench import workloads
 from deploybench.config import K6_VU_HEADROOM, SLO, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
-from deploybench.load.results import Endpoint, EndpointNotReady, LoadError, LoadResult, TurnFigures
+from deploybench.load.results import (
+    Endpoint,
+    EndpointNotReady,
+    GeneratorFigures,
+    LoadError,
+    LoadResult,
+    TurnFigures,
+)
 from deploybench.load.samples import (
     EXTRA_COLUMNS,
     SAMPLE_COLUMNS,
@@ -52,6 +59,9 @@ from deploybench.load.stats import figures, node_figures, slo_verdict, threshold
 from deploybench.load.ttft import TtftSampler
 from deploybench.paths import k6_dir
 from deploybench.workloads import Workload
+
+if TYPE_CHECKING:
+    from deploybench.load.loadgen import GeneratorOutput, Generators
 
 LOG = logging.getLogger(__name__)
 
@@ -407,6 +417,42 @@ def _sampler_frame(rows: list[dict], phase: str) -> pd.DataFrame:
     return _typed(df[[*SAMPLE_COLUMNS, *EXTRA_COLUMNS]], ts_unit="ms")
 
 
+def _merge_generators(outputs: list[GeneratorOutput], summary_out: Path
+                      ) -> tuple[pd.DataFrame, list[pd.Timestamp], dict[str, list[pd.Timestamp]]]:
+    """The generators' samples as one phase (a ``generator`` column), all their dropped iterations (and each one's),
+    and one summary export written to ``summary_out`` (counts summed, thresholds crossed on any)."""
+    from deploybench.load import loadgen
+
+    frames, dropped, by_gen, summaries = [], [], {}, {}
+    for o in outputs:
+        df, drops = read_k6_json(o.json_out)
+        df["generator"] = o.name
+        frames.append(df)
+        dropped += drops
+        by_gen[o.name] = drops
+        summaries[o.name] = loadgen.read_summary(o.summary_out)
+    summary_out.write_text(json.dumps(loadgen.merge_summaries(summaries), indent=1))
+    merged = pd.concat(frames, ignore_index=True).sort_values("ts", kind="stable").reset_index(drop=True)
+    return merged, dropped, by_gen
+
+
+def generator_figures(outputs: list[GeneratorOutput], dropped: dict[str, list[pd.Timestamp]], samples: pd.DataFrame,
+                      start: pd.Timestamp, duration_s: float) -> list[GeneratorFigures]:
+    """What each load generator sent in the measured window: requests, their rate, send lag, dropped iterations."""
+    out = []
+    for o in outputs:
+        mine = samples[(samples["generator"] == o.name) & ~samples["warmup"]] if "generator" in samples \
+            else samples.iloc[0:0]
+        lag = mine["lag_ms"].dropna()
+        out.append(GeneratorFigures(
+            name=o.name, segment=o.segment, requests=len(mine), rps=round(len(mine) / duration_s, 3),
+            lag_p50_ms=round(float(lag.quantile(0.5)), 3) if len(lag) else None,
+            lag_p99_ms=round(float(lag.quantile(0.99)), 3) if len(lag) else None,
+            dropped_iterations=sum(1 for t in dropped.get(o.name, []) if t >= start),
+            clock_offset_ms=o.offset_ms, clock_rtt_ms=o.rtt_ms, k6_exit_code=o.rc, k6_cpu_s=o.cpu_s))
+    return out
+
+
 def run_load(
     endpoints: list[Endpoint],
     spec: LoadSpec,
@@ -426,6 +472,7 @@ def run_load(
     metrics: Metrics | None = None,
     workload: Workload | None = None,
     max_model_len: int = workloads.MAX_TOKENS,
+    generators: Generators | None = None,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
@@ -437,7 +484,9 @@ def run_load(
     ``phase`` and ``step`` replaces that run's files. ``workload`` is the traffic (default: ``spec.workload``'s
     file): its plan for this run is drawn from a seed of its own per phase and step (``Workload.seed_for``; ``seed``
     is the phase's own, used when the workload keeps one seed) and saved as ``<stem>.plan.json``; a conversation
-    stops before the turn that would not fit ``max_model_len``.
+    stops before the turn that would not fit ``max_model_len``. ``generators`` (the inventory's load-generator
+    machines) split k6's share of the phase by execution segments (``loadgen.run_split``); None or empty: k6 runs
+    here, on the controller.
     """
     rate = float(rate if rate is not None else spec.rate)
     stages = [(float(t), float(s)) for t, s in stages or []]
@@ -485,10 +534,20 @@ def run_load(
                if share else None)
     if scraper:
         scraper.start()
+    outputs: list[GeneratorOutput] = []
     try:
         if sampler:
             sampler.start()
-        rc, cpu_s = _start_k6(cmd, env, log_out, timeout_s)
+        if generators and generators.names:
+            from deploybench.load import loadgen
+
+            k6_env = {**env_db, **{k: v for k, v in env.items() if k in ("GOGC", "GOMEMLIMIT", "GOMAXPROCS")}}
+            outputs = loadgen.run_split(generators, k6_env, stem=stem, out_dir=out_dir, plan=plan_path,
+                                        timeout_s=timeout_s, n_endpoints=len(endpoints))
+            rc = EXIT_THRESHOLDS if any(o.rc == EXIT_THRESHOLDS for o in outputs) else EXIT_OK
+            cpu_s = sum(o.cpu_s or 0.0 for o in outputs)
+        else:
+            rc, cpu_s = _start_k6(cmd, env, log_out, timeout_s)
     finally:
         sampled = sampler.stop() if sampler else []
         points = scraper.stop() if scraper else []
@@ -500,7 +559,11 @@ def run_load(
         what = "script error" if rc == EXIT_SCRIPT_ERROR else "failure"
         raise LoadError(f"k6 exited with code {rc} ({what}); last lines of {log_out}:\n{_tail(log_out)}")
 
-    k6_samples, dropped = read_k6_json(json_out)
+    if outputs:
+        k6_samples, dropped, by_gen = _merge_generators(outputs, summary_out)
+    else:
+        k6_samples, dropped = read_k6_json(json_out)
+        by_gen = {}
     if k6_samples.empty:
         raise LoadError(f"k6 finished (exit {rc}) but wrote no {SAMPLE_METRIC} samples to {json_out}")
     k6_start = k6_samples["ts"].min()
@@ -562,6 +625,7 @@ def run_load(
         windows=window_figures(samples, warmup_end, duration_s, spec.window_s,
                                        offered, dropped, slo),
         engine=engine_figures(points, warmup_end.to_pydatetime(), metrics) if points else {},
+        generators=generator_figures(outputs, by_gen, samples, warmup_end, duration_s),
         metrics_path=str(metrics_path) if metrics_path else None,
         sources={**SOURCES, "output_tokens": _token_note(token_sources(summary, sampled))},
         notes=[
@@ -574,6 +638,9 @@ def run_load(
             f"ttft/itl come from {total.ttft_samples} streamed requests of the client-side sampler "
             f"({share:.2g} req/s of the offered rate); k6 cannot see the first token",
             *_workload_notes(work, plan, rate - share),
+            *([f"k6's share was split across {len(outputs)} load generators by execution segments ("
+               + ", ".join(f"{o.name} {o.segment}" for o in outputs) + "); each one's requests, rate, send lag and "
+               "dropped iterations are in generators"] if outputs else []),
         ],
     )
     LOG.info("load %s%s: %d requests, %.2f req/s answered of %.2f offered, P99 %s ms, TTFT P99 %s ms, errors "

@@ -11,6 +11,7 @@ when that differs: Poisson arrivals, a trace) and P99 end-to-end latency moving 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -19,6 +20,9 @@ from deploybench.engines import Metrics
 from deploybench.load.results import Endpoint, LoadResult, WindowFigures
 from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.workloads import MAX_TOKENS
+
+if TYPE_CHECKING:
+    from deploybench.load.loadgen import Generators
 
 
 class Drift(BaseModel):
@@ -68,8 +72,9 @@ def drift(windows: list[WindowFigures], threshold: float) -> Drift:
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
-        max_model_len: int = MAX_TOKENS) -> tuple[LoadResult, Drift]:
+        max_model_len: int = MAX_TOKENS, generators: Generators | None = None) -> tuple[LoadResult, Drift]:
     res = run_load(endpoints, spec, slo, out_dir, phase="sustained", tags=tags,
                    rate=spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,
-                   scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len)
+                   scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len,
+                   generators=generators)
     return res, drift(res.windows, spec.drift_threshold)
