@@ -345,9 +345,11 @@ def _watch(gens: Generators, remotes: list[_Remote], deadline: float) -> None:
                 continue
             try:
                 res = gens.cluster[r.name].run(status_script(r), timeout=STATUS_TIMEOUT_S)
-            except DeploybenchError as exc:
+            except Exception as exc:  # a transport error, or paramiko's own (a channel that cannot open)
+                r.stopped = True  # out of reach: nothing to stop there through it
                 raise GeneratorFailed(f"load generator {r.name} ({r.segment} of the phase): its session dropped "
-                                      f"mid-phase ({exc}); the other generators were stopped") from exc
+                                      f"mid-phase ({type(exc).__name__}: {exc}); the other generators were stopped"
+                                      ) from exc
             state, rc = parse_status(res.stdout)
             if state == "done" and rc is not None:
                 r.done = rc

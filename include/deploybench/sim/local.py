@@ -35,11 +35,12 @@ def free_port() -> int:
 
 
 class LocalEngines:
-    """Start simulated engines on 127.0.0.1; ``close`` (or leaving the ``with``) stops all of them."""
+    """Start simulated engines on 127.0.0.1 (or ``host``: e.g. a netns lab's bridge address, which its load
+    generators reach); ``close`` (or leaving the ``with``) stops all of them."""
 
     def __init__(self, model_dir: Path, log_dir: Path, *, model: str = MODEL,
-                 start_timeout_s: float = START_TIMEOUT_S):
-        self.model_dir, self.log_dir, self.model = Path(model_dir), Path(log_dir), model
+                 start_timeout_s: float = START_TIMEOUT_S, host: str = "127.0.0.1"):
+        self.model_dir, self.log_dir, self.model, self.host = Path(model_dir), Path(log_dir), model, host
         self.start_timeout_s = start_timeout_s
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -52,13 +53,13 @@ class LocalEngines:
         for i in range(n):
             port = free_port()
             log = self.log_dir / f"engine-{port}.log"
-            argv = [sys.executable, "-m", "deploybench.sim.engine", "--host", "127.0.0.1", "--port", str(port),
+            argv = [sys.executable, "-m", "deploybench.sim.engine", "--host", self.host, "--port", str(port),
                     "--model-dir", str(self.model_dir), "--served-model-name", self.model, "--seed", str(i + 1),
                     "--log-level", "warning", *(sim_service_args(engine) if engine else []), *extra]
             with open(log, "wb") as fh:
                 proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             self.procs.append(proc)
-            url = f"http://127.0.0.1:{port}"
+            url = f"http://{self.host}:{port}"
             self._wait_healthy(url, proc, log)
             eps.append(Endpoint(node=f"n{i + 1}", url=url, model=self.model))
         return eps
