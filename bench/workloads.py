@@ -60,8 +60,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def haproxy(folder: Path) -> Iterator[str]:
-    """HAProxy on 127.0.0.1 answering every POST /v1/completions with CANNED and anything else with 200."""
+def haproxy(folder: Path, host: str = "127.0.0.1") -> Iterator[str]:
+    """HAProxy on ``host`` (127.0.0.1; bench/loadgen_scale.py: a netns lab's bridge address) answering every POST
+    /v1/completions with CANNED and anything else with 200."""
     exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
     port = free_port()
     cfg = folder / "haproxy.cfg"
@@ -73,7 +74,7 @@ defaults
     timeout connect 5s
     timeout server 30s
 frontend canned
-    bind 127.0.0.1:{port}
+    bind {host}:{port}
     http-request return status 200 content-type application/json string '{CANNED}' if {{ path_beg /v1/completions }}
     http-request return status 200 content-type application/json string '{{"status":"ok"}}'
 """)
@@ -81,12 +82,12 @@ frontend canned
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
                 break
             if proc.poll() is not None:
                 raise RuntimeError(f"haproxy exited: {proc.stderr.read().decode(errors='replace')[-800:]}")
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):

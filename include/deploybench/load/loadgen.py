@@ -82,6 +82,7 @@ class Generators:
     cluster: Cluster
     names: list[str]
     clock_bound_ms: float = CLOCK_OFFSET_MAX_MS
+    barrier_lead_s: float = BARRIER_LEAD_S  # more for generators slow to start k6 (a small CPU quota)
 
     def __post_init__(self) -> None:
         if len(set(self.names)) != len(self.names):
@@ -141,7 +142,7 @@ def parse_clock(text: str, sent_ns: int, got_ns: int) -> tuple[float, float]:
     out = text.strip()
     if not re.fullmatch(r"[0-9]{10,20}", out):
         raise ValueError(f"`date +%s%N` printed {out[:60]!r}, not epoch nanoseconds (a date without %N support?)")
-    return (int(out) - (sent_ns + got_ns) / 2) / 1e6, (got_ns - sent_ns) / 1e6
+    return (2 * int(out) - sent_ns - got_ns) / 2e6, (got_ns - sent_ns) / 1e6  # in integers first: ns since 1970
 
 
 def parse_status(text: str) -> tuple[str, int | None]:
@@ -306,7 +307,8 @@ def run_split(gens: Generators, env: Mapping[str, str], *, stem: str, out_dir: P
         _parallel(lambda name: stage(next(r for r in remotes if r.name == name)), gens.names)
     except DeploybenchError as exc:
         raise GeneratorFailed(f"copying the k6 script and plan to the load generators failed: {exc}") from exc
-    start_at_ms = int((time.time() + BARRIER_LEAD_S + BARRIER_PER_ENDPOINT_S * n_endpoints) * 1000)
+    lead_s = gens.barrier_lead_s + BARRIER_PER_ENDPOINT_S * n_endpoints
+    start_at_ms = int((time.time() + lead_s) * 1000)
     run_key = gens.cluster.run_key
     lock = threading.Lock()
     started: list[str] = []
@@ -329,7 +331,7 @@ def run_split(gens: Generators, env: Mapping[str, str], *, stem: str, out_dir: P
         except DeploybenchError as exc:
             raise GeneratorFailed(f"starting k6 on the load generators failed ({', '.join(started) or 'none'} "
                                   f"started): {exc}") from exc
-        _watch(gens, remotes, time.monotonic() + timeout_s + BARRIER_LEAD_S + BARRIER_PER_ENDPOINT_S * n_endpoints)
+        _watch(gens, remotes, time.monotonic() + timeout_s + lead_s)
         finished = True
     finally:
         if not finished:

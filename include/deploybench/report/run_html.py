@@ -162,6 +162,19 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
     if gpu_rows:
         parts += ["<h3>GPU utilisation per node, every phase</h3>",
                   table(["phase", "node", "req/s", "GPU util %", "GPU mem MiB", "GPU power W", "source"], gpu_rows)]
+    gen_rows = [[p.get("phase"), g["name"], g.get("segment"), g.get("requests"), g.get("rps"),
+                 "absent" if g.get("lag_p50_ms") is None else g["lag_p50_ms"],
+                 "absent" if g.get("lag_p99_ms") is None else g["lag_p99_ms"], g.get("dropped_iterations"),
+                 "absent" if g.get("clock_offset_ms") is None else g["clock_offset_ms"]]
+                for p in phases for g in p.get("generators") or []]
+    if gen_rows:
+        parts += ["<h3>Load generators, every phase</h3>",
+                  "<p>Each phase was split across the inventory's load generators by k6 execution segments: one "
+                  "schedule, each request sent once, all started at one barrier. What each one sent in the measured "
+                  "window, its send lag against the schedule and its clock's offset to the controller's (measured "
+                  "before the phase).</p>",
+                  table(["phase", "generator", "segment", "requests", "req/s", "send lag P50 ms", "send lag P99 ms",
+                         "dropped", "clock offset ms"], gen_rows)]
     notes = [n for p in phases for n in p.get("notes") or []]
     if notes:
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in dict.fromkeys(notes)) + "</ul>")
