@@ -13,7 +13,9 @@ kubernetes backend its Deployments and Services. The run that takes the cluster 
   runs something else are left alone, with a warning. A process group leader (everything a run
   starts is one, under ``setsid``) is stopped with its group: TERM, then KILL after a grace.
 - an engine in a container (``docker|podman run --name ...``) is removed by that name too;
-- k6 runs on the controller; its pid file (``*.k6.pid``, same format) is in the dead run's folder.
+- k6 runs on the controller; its pid file (``*.k6.pid``, same format) is in the dead run's folder. On the
+  inventory's load generators (deploybench.load.loadgen) it runs as a node's process does, with a pid file
+  under ``<run_root>/<generator>/load/``;
 - Kubernetes objects carry the label ``deploybench/run`` (``rollout.manifests.run_label``).
 
 One small Python script does the node side (nodes have Python: preflight requires it), so the
@@ -149,10 +151,11 @@ def _parse(text: str) -> list[dict[str, Any]]:
 
 def clean_nodes(cluster: Cluster, run_key: str, nodes: list[str] | None = None, grace_s: float = 2.0
                 ) -> dict[str, list[dict[str, Any]] | str]:
-    """Stop the processes of ``run_key`` on every node (default: all of the inventory); per node, what was
-    found (``action``: killed, gone, left alone, still running), or the error that kept it from looking."""
+    """Stop the processes of ``run_key`` on every node (default: all of the inventory's, and its load generators,
+    where a dead run's k6 may still send its share of a phase); per node, what was found (``action``: killed, gone,
+    left alone, still running), or the error that kept it from looking."""
     inv = cluster.inventory
-    names = nodes or inv.names
+    names = nodes or [*inv.names, *inv.loadgen_names]
 
     def one(name: str) -> tuple[str, list[dict[str, Any]] | str]:
         try:

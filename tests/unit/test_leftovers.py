@@ -150,3 +150,22 @@ def test_the_controller_side_stops_a_dead_runs_k6_by_its_run_folder(spawned, mon
     assert [f["action"] for f in found] == ["killed"]
     proc.wait(timeout=5)
     assert "k6 pid" in leftovers.describe({"controller": found, "nodes": {}})
+
+
+def test_the_cleaner_also_stops_a_dead_runs_k6_on_the_load_generators(tmp_path, spawned):
+    """A dead run's k6 keeps sending its share of the phase on a load generator: the cleaner looks there too, by
+    default, at the pid file deploybench.load.loadgen leaves under <run_root>/<generator>/load/."""
+    inv = Inventory.model_validate({"name": "lz-unit", "transport": "local", "run_root": str(tmp_path / "run"),
+                                    "python": sys.executable,
+                                    "nodes": [{"name": "n01", "address": "127.0.0.1", "link_mbit": 1000}],
+                                    "loadgens": [{"name": "g01", "address": "127.0.0.2"}]})
+    folder = tmp_path / "run" / "g01" / "load" / "sustained"
+    t = LocalTransport(inv.loadgens[0])
+    out = t.run(spawn_script(SLEEP, str(folder / "k6.log"), str(folder / "k6.pid"), run_key="dead-run"),
+                timeout=10).check()
+    pid = int(out.stdout.split()[-1])
+    spawned.append(pid)
+    with Cluster(inv) as c:
+        found = leftovers.clean_nodes(c, "dead-run", grace_s=1)
+    assert [f["action"] for f in found["g01"]] == ["killed"] and found["n01"] == []
+    assert _wait_gone(pid) and not (folder / "k6.pid").exists()

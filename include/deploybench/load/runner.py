@@ -638,6 +638,9 @@ def run_load(
             f"ttft/itl come from {total.ttft_samples} streamed requests of the client-side sampler "
             f"({share:.2g} req/s of the offered rate); k6 cannot see the first token",
             *_workload_notes(work, plan, rate - share),
+            *([f"k6_cpu_s sums the CPU of k6 on the load generators that reported it; absent on "
+               f"{', '.join(o.name for o in outputs if o.cpu_s is None)}"] if any(o.cpu_s is None for o in outputs)
+              else []),
             *([f"k6's share was split across {len(outputs)} load generators by execution segments ("
                + ", ".join(f"{o.name} {o.segment}" for o in outputs) + "); each one's requests, rate, send lag and "
                "dropped iterations are in generators"] if outputs else []),
