@@ -207,3 +207,24 @@ def test_a_generator_whose_machine_dies_fails_the_phase_by_its_dropped_session(l
     assert re.search(r"session dropped|k6 is gone without an exit code|k6 exited with code", str(failed.value))
     for g in inv.loadgen_names:
         assert _k6_pids(names.namespace(g)) == [], f"{g} still runs k6"
+
+
+def test_lab_up_makes_load_generator_machines_and_down_removes_them():
+    from deploybench.inventory import Inventory
+    from deploybench.lab import netns
+    from deploybench.lab.state import LabFiles
+
+    lab = "tlgud"
+    names = NetnsNames.of(lab)
+    try:
+        inv = cluster.up(lab, nodes=1, loadgens=2, mode="netns", model_mb=1, link_mbit=100)
+        assert Inventory.load(LabFiles(lab).inventory).loadgen_names == ["g01", "g02"] == inv.loadgen_names
+        nss, _ = netns.lab_objects(names)
+        assert sorted(nss) == [names.namespace(m) for m in ("g01", "g02", "n01")]
+        st = cluster.status(lab)
+        assert [n.name for n in st.nodes] == ["n01", "g01", "g02"] and st.healthy
+        with Cluster(inv) as c:  # each answers through the inventory's transport, from its own address
+            assert c["g02"].run(["ip", "-4", "-o", "addr", "show", "eth0"]).stdout.count(inv.machine("g02").address)
+    finally:
+        cluster.down(lab)
+    assert netns.lab_objects(names) == ([], [])

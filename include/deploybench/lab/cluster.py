@@ -322,7 +322,7 @@ def load_inventory(name: str) -> Inventory:
 
 
 def status(name: str, timeout: float = 5.0) -> LabStatus:
-    """Every node and whether it answers a command through the inventory's transport."""
+    """Every node (and load generator) and whether it answers a command through the inventory's transport."""
     inv = load_inventory(name)
     files = LabFiles(name)
     state = files.read_state()
@@ -330,8 +330,8 @@ def status(name: str, timeout: float = 5.0) -> LabStatus:
         raise LabError(f"lab {name}: {files.state} is missing or invalid; run `deploybench lab down --name {name}`")
 
     def probe(node_name: str) -> NodeStatus:
-        node = inv.node(node_name)
-        root = inv.model_root_of(node)
+        node = inv.machine(node_name)
+        root = inv.model_root_of(node_name) if node_name in inv.names else "/"  # a load generator has no model
         try:
             with connect(inv, node, {"timeout": timeout}) as t:
                 r = t.run(["test", "-d", root], timeout=timeout)
@@ -341,7 +341,7 @@ def status(name: str, timeout: float = 5.0) -> LabStatus:
             ok, detail = False, str(exc)
         return NodeStatus(node.name, node.address, ok, detail)
 
-    nodes = netns.parallel(probe, inv.names)
+    nodes = netns.parallel(probe, [*inv.names, *inv.loadgen_names])  # load generators answer like nodes
     return LabStatus(name, state.mode, state.subnet, state.link_mbit, nodes, files.inventory)
 
 

@@ -64,7 +64,7 @@ CLOCK_TRIES = 3  # round trips per generator; the shortest one's midpoint is the
 # misses it by over a second).
 BARRIER_LEAD_S = 3.0
 BARRIER_PER_ENDPOINT_S = 0.2
-POLL_S = 0.5
+POLL_S = 1.0  # each poll runs a few processes on the generator, inside its CPU (a quota, in a bench)
 STATUS_TIMEOUT_S = 10.0  # one poll of one generator; past it its session counts as dropped
 FETCH_CHUNK = 16 << 20  # raw bytes a fetch command sends (base64: 22 MB, under transport.MAX_OUTPUT)
 MAX_FETCH = 4 << 30  # what one output file of a generator may hold
