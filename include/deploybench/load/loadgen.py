@@ -203,8 +203,8 @@ def bundle(plan: Path) -> bytes:
 def clock_offset_ms(t: Transport, tries: int = CLOCK_TRIES) -> tuple[float, float]:
     """(offset ms, round trip ms) of the machine behind ``t`` to this one: of ``tries`` reads, the one with the
     shortest round trip (the first one may open the connection)."""
-    best: tuple[float, float] | None = None
-    for _ in range(tries):
+    best = (0.0, float("inf"))
+    for _ in range(max(1, tries)):
         sent = time.time_ns()
         res = t.run(["date", "+%s%N"], timeout=10)
         got = time.time_ns()
@@ -214,9 +214,8 @@ def clock_offset_ms(t: Transport, tries: int = CLOCK_TRIES) -> tuple[float, floa
             off = parse_clock(res.stdout, sent, got)
         except ValueError as exc:
             raise GeneratorFailed(f"load generator {t.node.name}: {exc}") from exc
-        if best is None or off[1] < best[1]:
+        if off[1] < best[1]:
             best = off
-    assert best is not None  # noqa: S101 - tries >= 1
     return best
 
 
@@ -394,10 +393,9 @@ def _collect(gens: Generators, remotes: list[_Remote], out_dir: Path, stem: str)
         _fetch(t, r.summary_out, summary_out)
         _fetch(t, r.log_path, log_out, required=False)
         cpu = t.run(["head", "-c", "200", r.cpu_path], timeout=10)
-        assert r.done is not None  # noqa: S101 - _watch returned
-        return GeneratorOutput(name=r.name, segment=r.segment, rc=r.done, cpu_s=parse_cpu(cpu.stdout) if cpu.ok
-                               else None, offset_ms=round(r.offset_ms, 3), rtt_ms=round(r.rtt_ms, 3),
-                               json_out=json_out, summary_out=summary_out, log_out=log_out)
+        return GeneratorOutput(name=r.name, segment=r.segment, rc=r.done if r.done is not None else -1,
+                               cpu_s=parse_cpu(cpu.stdout) if cpu.ok else None, offset_ms=round(r.offset_ms, 3),
+                               rtt_ms=round(r.rtt_ms, 3), json_out=json_out, summary_out=summary_out, log_out=log_out)
 
     try:
         return _parallel(lambda name: one(next(r for r in remotes if r.name == name)), [r.name for r in remotes])

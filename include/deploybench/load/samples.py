@@ -2,6 +2,8 @@
 
 A samples DataFrame has the results store's columns (``SAMPLE_COLUMNS``) and, in memory only, a few
 more: ``warmup`` (started in the warm-up), ``lag_ms`` (k6's schedule lag; NaN for the sampler's rows),
+``iteration`` (k6's rows: its iteration index in the whole test, unique across load generators; NaN elsewhere),
+``generator`` (the load generator that sent it, when several split the phase: deploybench.load.loadgen),
 ``itl_ms`` (the sampler's inter-token gaps, a list per row) and ``end`` (when the answer was complete).
 The files hold exactly ``SAMPLE_COLUMNS`` so that ``deploybench.store`` takes them as they are.
 Rows with ``ttft_ms`` set come from the client-side SSE sampler (``ttft.py``), the others from k6.

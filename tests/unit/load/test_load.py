@@ -181,7 +181,8 @@ def test_slo_edge_cases():
 # -- the real k6 output fixture ---------------------------------------------------------------------
 def test_fixture_parses_into_samples():
     df, dropped = read_k6_json(FIXTURES / "k6-out.json.gz")
-    assert list(df.columns) == [*load.SAMPLE_COLUMNS, *samples_mod.EXTRA_COLUMNS]
+    assert list(df.columns) == [*load.SAMPLE_COLUMNS, *samples_mod.EXTRA_COLUMNS, "iteration"]
+    assert df["iteration"].isna().all()  # k6 output of before the iteration index was recorded (issue 31)
     assert len(df) == 19 and int(df["warmup"].sum()) == 6
     assert str(df["ts"].dt.tz) == "UTC" and df["ts"].is_monotonic_increasing
     assert set(df["phase"]) == {"sustained"} and df["ttft_ms"].isna().all()
