@@ -53,6 +53,8 @@ QUOTA_US = 1000
 # while three generators ran) a generator got less than its quota and its send lag said so. A weight 8x the default
 # lets each one have its quota whenever it wants it, so the quota, the same for all, is what limits them.
 SHARES_V1, WEIGHT_V2 = 8192, 800
+# and a burst of one quota: what a generator left unused in a period (idle between sends) it may spend in the next, so
+# one request's CPU rarely straddles a throttled period; over any second it still gets its quota and no more
 V2 = Path("/sys/fs/cgroup/unified")
 V1 = Path("/sys/fs/cgroup/cpu")
 
@@ -84,13 +86,18 @@ def capped(names: list[str], cpu: float) -> Iterator[str]:
             if kind == "v2":
                 (cg / "cpu.max").write_text(f"{QUOTA_US} {period}")
                 (cg / "cpu.weight").write_text(str(WEIGHT_V2))
+                with contextlib.suppress(OSError):
+                    (cg / "cpu.max.burst").write_text(str(QUOTA_US))
             else:
                 (cg / "cpu.cfs_period_us").write_text(str(period))
                 (cg / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
                 (cg / "cpu.shares").write_text(str(SHARES_V1))
+                with contextlib.suppress(OSError):  # kernels before 5.14 have no burst
+                    (cg / "cpu.cfs_burst_us").write_text(str(QUOTA_US))
             pid = (LabFiles(LAB).node_dir(g) / "sshd.pid").read_text().strip()
             (cg / "cgroup.procs").write_text(pid)
-        yield f"cgroup {kind} {root}: {cpu:g} CPU each ({QUOTA_US} us per {round(QUOTA_US / cpu)} us)"
+        yield (f"cgroup {kind} {root}: {cpu:g} CPU each ({QUOTA_US} us per {round(QUOTA_US / cpu)} us, burst "
+               f"{QUOTA_US} us)")
     finally:
         for cg in made:
             # what is still inside (sshd, a session) goes back to the root group, then the group is removed
