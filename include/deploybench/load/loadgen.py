@@ -252,7 +252,9 @@ def _fetch(t: Transport, remote: str, local: Path, required: bool = True) -> boo
     tmp = local.with_name(local.name + ".part")
     with open(tmp, "wb") as out:
         for k in range(0, max(1, -(-size // FETCH_CHUNK))):
-            chunk = t.run(f"dd if={shlex.quote(remote)} bs={FETCH_CHUNK} skip={k} count=1 status=none | base64 -w0",
+            # iflag=fullblock: one read() of a big block may return less (seen: 442,368 of 447,945 bytes)
+            chunk = t.run(f"dd if={shlex.quote(remote)} bs={FETCH_CHUNK} skip={k} count=1 iflag=fullblock status=none "
+                          "| base64 -w0",
                           timeout=120).check()
             try:
                 out.write(base64.b64decode(chunk.stdout.strip(), validate=True))

@@ -146,3 +146,25 @@ def test_bundle_is_made_from_the_shipped_k6_folder():
     from deploybench.paths import k6_dir
 
     assert (Path(k6_dir()) / "run.js").is_file()
+
+
+def test_a_generators_file_comes_back_whole_in_chunks(tmp_path, monkeypatch):
+    """Real dd and base64 through the local transport: a file of several chunks (and an odd last one) arrives
+    byte for byte; a missing one names the generator; a size over the bound is refused before any copy."""
+    import os
+
+    from deploybench.transport import LocalTransport
+
+    t = LocalTransport(_inv(loadgens=[{"name": "g01", "address": "127.0.0.2"}]).machine("g01"))
+    src = tmp_path / "k6.json.gz"
+    src.write_bytes(os.urandom(3 * 4096 + 123))
+    monkeypatch.setattr(loadgen, "FETCH_CHUNK", 4096)
+    assert loadgen._fetch(t, str(src), tmp_path / "back")
+    assert (tmp_path / "back").read_bytes() == src.read_bytes()
+    assert not loadgen._fetch(t, str(tmp_path / "none"), tmp_path / "x", required=False)
+    with pytest.raises(loadgen.GeneratorFailed, match="load generator g01: .*none is missing"):
+        loadgen._fetch(t, str(tmp_path / "none"), tmp_path / "x")
+    monkeypatch.setattr(loadgen, "MAX_FETCH", 1000)
+    with pytest.raises(loadgen.GeneratorFailed, match="holds 12411 bytes, more than"):
+        loadgen._fetch(t, str(src), tmp_path / "big")
+    assert not (tmp_path / "big").exists()
