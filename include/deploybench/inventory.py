@@ -245,7 +245,8 @@ class Inventory(BaseModel):
 
     def machine(self, name: str) -> Node | LoadGen:
         """A node or a load generator, by name (what a transport connects to)."""
-        for m in [*self.nodes, *self.loadgens]:
+        machines: list[Node | LoadGen] = [*self.nodes, *self.loadgens]
+        for m in machines:
             if m.name == name:
                 return m
         raise ConfigError(f"{name!r} is neither a node nor a load generator of inventory {self.name!r} (nodes: "

@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _up(args: argparse.Namespace) -> int:
     from deploybench.lab import cluster
 
-    cluster.up(args.name, nodes=args.nodes, loadgens=args.loadgens, link_mbit=args.link_mbit, mode=args.mode, model_mb=args.model_mb,
-               model_name=args.model_name)
+    cluster.up(args.name, nodes=args.nodes, loadgens=args.loadgens, link_mbit=args.link_mbit, mode=args.mode,
+               model_mb=args.model_mb, model_name=args.model_name)
     return _status(args)
 
 
