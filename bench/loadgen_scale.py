@@ -16,9 +16,15 @@ iterations and the phase's send lag P99 under 5 ms, found by growing the rate un
 then bisecting. A step's lines give each generator's requests, send lag P99 and dropped iterations side by side.
 
 A capped CPU is a slower CPU: a request that costs k6 1 ms of CPU takes 1 / cpu ms at the cap, and the next one due
-meanwhile waits. So the quota sets where the 5 ms send-lag bound bites, not only the CPU's limit: at 0.25 CPU each
-(1 ms per 4 ms) one generator's send lag P99 was 4-5 ms from 100 to 250 req/s with nothing dropped, a bound that
-noise decides; at 0.3 (1 ms per 3.3 ms) the throttled waits are shorter.
+meanwhile waits out the rest of the period (the kernel's smallest quota is 1 ms, so that wait is up to 1 / cpu - 1
+ms). So the quota sets where the 5 ms send-lag bound bites, not only the CPU's limit. Measured here (December 2026,
+2 shared CPUs): at 0.25 CPU each (1 ms per 4 ms, GOMAXPROCS unset) one generator's send lag P99 was 4-5 ms from 100
+to 250 req/s with nothing dropped; at 0.2 (1 ms per 5 ms) one generator "held" 112 req/s and three 655 (5.8x): there
+noise decides the bound, not the CPU. At the default 0.3 (1 ms per 3.3 ms, GOMAXPROCS=1, a burst of one quota) one
+generator's send lag P99 is 1-4 ms up to 340 req/s and crosses 5 ms near its CPU's limit. Three such generators take
+0.9 of the 2 CPUs, so other people's work beside the bench shows: with a load average of 5-7 one generator held 71
+to 281 req/s; from a load average under 1.5, runs gave 1 -> 485, 3 -> 1,255 (2.59x), 380 -> 1,474 (3.88x) and
+485 -> 1,474 (3.04x).
 
 Last line: ``loadgen: 1 -> <r1> req/s, 3 -> <r3> req/s (<r3/r1>x)``. Aim (issue 31): three at least 2.7x one.
 """
