@@ -24,7 +24,12 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import common, dashboard, prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement, SortOrder, TooltipDisplayMode
+from grafana_foundation_sdk.models.common import (
+    LegendDisplayMode,
+    LegendPlacement,
+    SortOrder,
+    TooltipDisplayMode,
+)
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
 OUT = Path(__file__).with_name("dashboards") / "deploybench-run.json"

@@ -15,12 +15,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
+from urllib.parse import urlencode
 
 import numpy as np
 import pytest
-import requests
 from sqlalchemy import text
 
+from deploybench import http
 from deploybench.sim.local import free_port
 from deploybench.store import db, write_run
 from tests.support import store_fixtures as fx
@@ -137,12 +138,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
+        while not http.is_up(f"{url}/-/ready"):
             assert proc.poll() is None, (root / "prometheus.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "prometheus was not ready in 30 s"
             time.sleep(0.2)
@@ -157,7 +153,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _query(url: str, expr: str) -> dict:
-    return requests.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10).json()
+    """Prometheus's answer to an instant query: {"status": "success", ...}, or "error" (HTTP 400) with its type."""
+    return json.loads(http.request(f"{url}/api/v1/query?{urlencode({'query': expr})}")[1])
 
 
 def test_every_panel_query_parses_in_a_real_prometheus(prometheus):
@@ -170,7 +167,7 @@ def test_every_panel_query_parses_in_a_real_prometheus(prometheus):
         assert got["status"] == "success", (expr, got)
         assert got["data"]["resultType"] == "vector"  # an empty TSDB: parsed and evaluated, no series yet
     # the shipped rules loaded into the same server: every alert is known to it
-    rules = requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    rules = http.get_json(f"{prometheus}/api/v1/rules")["data"]["groups"]
     assert {r["name"] for g in rules for r in g["rules"]} == ALERTS
 
 
