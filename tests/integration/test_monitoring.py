@@ -6,6 +6,7 @@ PostgreSQL against a stored run. No Grafana can run here: the dashboard is built
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import time
 from datetime import timedelta
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlencode
@@ -123,18 +125,16 @@ def _as_prometheus(expr: str) -> str:
     return expr.replace("$node", ".*").replace("$__rate_interval", "1m")
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory):
-    """A real Prometheus on 127.0.0.1 with an empty TSDB and the shipped rules; stopped after the module."""
-    if PROMETHEUS is None:
-        pytest.skip("prometheus is not installed (Debian's `prometheus` package; .ci/bootstrap installs it)")
-    root = tmp_path_factory.mktemp("prometheus")
-    shutil.copy(MONITORING / "alerts.yml", root)
-    (root / "prometheus.yml").write_text("global: {scrape_interval: 15s}\nrule_files: [alerts.yml]\n")
+@contextlib.contextmanager
+def _running_prometheus(root: Path, config: str) -> Iterator[str]:
+    """A real Prometheus on 127.0.0.1 (a free port) with ``config`` and an empty TSDB under ``root``; its URL once
+    ready (at most 30 s), stopped on leaving."""
+    (root / "prometheus.yml").write_text(config)
     port = free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=open(root / "prometheus.log", "w"))  # noqa: SIM115
+    with open(root / "prometheus.log", "w") as log:  # the child keeps its own copy
+        proc = subprocess.Popen([str(PROMETHEUS), f"--config.file={root / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -150,6 +150,17 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Prometheus with an empty TSDB and the shipped rules; stopped after the module."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus is not installed (Debian's `prometheus` package; .ci/bootstrap installs it)")
+    root = tmp_path_factory.mktemp("prometheus")
+    shutil.copy(MONITORING / "alerts.yml", root)
+    with _running_prometheus(root, "global: {scrape_interval: 15s}\nrule_files: [alerts.yml]\n") as url:
+        yield url
 
 
 def _query(url: str, expr: str) -> dict:
@@ -199,3 +210,41 @@ def test_the_annotations_read_runs_and_phases_from_the_results_database(dsn):
                              f"{round(p.latency_p99_ms)} ms")
     assert phase["tags"] == "phase,sustained"
     assert outside == []  # another time range: no annotation
+
+
+@needs_prometheus
+def test_the_shipped_config_scrapes_engines_per_node_and_every_panel_shows_each_node(local_engines, tmp_path):
+    """The shipped prometheus.yml (its scrape interval shortened to 1 s) over file_sd targets naming two simulated
+    engines n1 and n2 (they export vLLM's series and the DCGM exporter's gauges, deploybench.sim.metrics): after a
+    few requests, every panel of the dashboard has a line for each node, and the values are the engines'."""
+    eps = local_engines.start(2)
+    shutil.copy(MONITORING / "alerts.yml", tmp_path)
+    (tmp_path / "targets").mkdir()
+    targets = [{"targets": [e.url.removeprefix("http://")], "labels": {"node": e.node}} for e in eps]
+    for job in ("engines", "dcgm"):  # the simulated engine is its own DCGM exporter: the same page
+        (tmp_path / "targets" / f"{job}.json").write_text(json.dumps(targets))
+    config = (MONITORING / "prometheus.yml").read_text()
+    assert "scrape_interval: 5s" in config
+    queries = {p["title"]: [_as_prometheus(t["expr"]) for t in p["targets"]] for p in _shipped()["panels"]}
+    nodes = {e.node for e in eps}
+    assert nodes == {"n1", "n2"}
+    with _running_prometheus(tmp_path, config.replace("scrape_interval: 5s", "scrape_interval: 1s")) as url:
+        seen: dict[str, set[str]] = {}
+        deadline = time.monotonic() + 60
+        while True:
+            for e in eps:  # a little traffic between scrapes: the rates and histograms have something to show
+                http.post_json(f"{e.url}/v1/completions", {"model": e.model, "prompt": "a b c", "max_tokens": 4})
+            seen = {title: {r["metric"].get("node") for q in qs for r in _query(url, q)["data"]["result"]}
+                    for title, qs in queries.items()}
+            if all(s == nodes for s in seen.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert all(s == nodes for s in seen.values()), seen
+        up = _query(url, 'up{job="deploybench-engines"}')["data"]["result"]
+        assert {(r["metric"]["node"], r["value"][1]) for r in up} == {("n1", "1"), ("n2", "1")}
+        power = _query(url, queries["GPU power (the node's GPUs together)"][0])["data"]["result"]
+        assert all(30.0 <= float(r["value"][1]) <= 140.0 for r in power)  # the sim's idle..busy watts
+        kv = _query(url, queries["KV cache usage"][0])["data"]["result"]
+        assert all(0.0 <= float(r["value"][1]) <= 1.0 for r in kv)
+        tokens = _query(url, queries["Throughput: output tokens/s"][0])["data"]["result"]
+        assert all(float(r["value"][1]) > 0 for r in tokens)  # the requests' tokens, per node
