@@ -13,8 +13,8 @@ import re
 import shutil
 import subprocess
 import time
-from datetime import timedelta
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlencode
