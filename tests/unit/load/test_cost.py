@@ -166,3 +166,16 @@ def test_the_run_report_shows_each_phase_cost(tmp_path):
     col = heads.index("cost per 1M output tokens")
     assert rows["sustained"][col] == "3.556 EUR"
     assert rows["probe"][col] == "absent"  # not priced: absent, not 0
+
+
+def test_the_store_gets_the_cost_on_the_cluster_row_only():
+    from deploybench.store.ingest import phase_records
+
+    res = cost.attach(_result(output_tps=400.0, duration_s=120.0), {"n1": Price(per_node_hour=6.0, currency="USD")},
+                      ["n1"])
+    cluster, *nodes = phase_records(res)
+    assert cluster.node == "*" and cluster.cost_currency == "USD"
+    assert cluster.cost_per_million_output_tokens == pytest.approx(25 / 6, abs=1e-6)
+    assert all(n.cost_per_million_output_tokens is None for n in nodes)
+    bare, *_ = phase_records(_result(output_tps=400.0, duration_s=120.0))  # an older record: no cost fields
+    assert bare.cost_per_million_output_tokens is None and bare.cost_currency is None
