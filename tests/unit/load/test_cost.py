@@ -169,12 +169,15 @@ def test_the_run_report_shows_each_phase_cost(tmp_path):
 
 
 def test_the_store_gets_the_cost_on_the_cluster_row_only():
+    from deploybench.load.results import NodeFigures
     from deploybench.store.ingest import phase_records
 
-    res = cost.attach(_result(output_tps=400.0, duration_s=120.0), {"n1": Price(per_node_hour=6.0, currency="USD")},
+    base = _result(output_tps=400.0, duration_s=120.0)
+    node = NodeFigures(node="n1", **base.model_dump(include=set(NodeFigures.model_fields) - {"node"}))
+    res = cost.attach(base.model_copy(update={"nodes": [node]}), {"n1": Price(per_node_hour=6.0, currency="USD")},
                       ["n1"])
     cluster, *nodes = phase_records(res)
-    assert cluster.node == "*" and cluster.cost_currency == "USD"
+    assert cluster.node == "*" and cluster.cost_currency == "USD" and [n.node for n in nodes] == ["n1"]
     assert cluster.cost_per_million_output_tokens == pytest.approx(25 / 6, abs=1e-6)
     assert all(n.cost_per_million_output_tokens is None for n in nodes)
     bare, *_ = phase_records(_result(output_tps=400.0, duration_s=120.0))  # an older record: no cost fields
