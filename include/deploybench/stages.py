@@ -352,7 +352,8 @@ class Load(Stage):
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
                          transports={n: cluster[n] for n in {e.node for e in eps}},
                          api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
-                         max_model_len=run.cfg.engine.max_model_len)
+                         max_model_len=run.cfg.engine.max_model_len,
+                         prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes})
         return self._assembled(ctx)
 
     def _assembled(self, ctx: Context) -> LoadStageResult:

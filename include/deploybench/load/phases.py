@@ -42,7 +42,7 @@ from deploybench import workloads
 from deploybench.config import SLO, LoadPhase, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
-from deploybench.load import gpu, overload, probe, sustained
+from deploybench.load import cost, gpu, overload, probe, sustained
 from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
 from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.load.scrape import read_series, save_series
@@ -274,13 +274,15 @@ def _series(res: LoadResult) -> list[str]:
 
 def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
               tags: dict | None = None, api: ApiFlavour | None = None, transports: Mapping[str, Any] | None = None,
-              search: str = "ramp", metrics: Metrics | None = None, max_model_len: int | None = None) -> dict:
+              search: str = "ramp", metrics: Metrics | None = None, max_model_len: int | None = None,
+              prices: Mapping[str, Any] | None = None) -> dict:
     """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
 
     ``transports`` (node -> deploybench.transport.Transport) let nodes without DCGM report their GPUs
     through nvidia-smi; ``metrics`` is the engine profile's (its page and the names of its figures).
     ``search`` "doubling" runs the earlier capacity search (for the side-by-side bench). ``max_model_len`` is the
-    engine's context: a workload's conversation stops before a turn that would not fit it."""
+    engine's context: a workload's conversation stops before a turn that would not fit it. ``prices`` (node -> the
+    inventory's Price or None) give each result its cost per million output tokens (deploybench.load.cost)."""
     ctx_len = max_model_len or MAX_TOKENS
     spec, judged, scale = in_requests(spec, slo)
     assert judged is not None
@@ -288,6 +290,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_eps, scrape_eps = targets(endpoints, spec)
+    serving = [e.node for e in scrape_eps]  # the engines that served, also behind a load balancer
     outcome: dict[str, Any] = {"phase": phase, "status": "failed", "result": None, "error": None, "analysis": None}
     try:
         if phase == "probe":
@@ -301,6 +304,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
                                                 step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages,
                                                 metrics=metrics, max_model_len=ctx_len),
                                scrape_eps, spec, out_dir, "probe", n, transports, plan)
+                res = cost.attach(res, prices, serving)
                 steps[n] = res
                 return res
 
@@ -327,7 +331,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
                                                         max_model_len=ctx_len)
                 return done["res"]
 
-            res = with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports)
+            res = cost.attach(with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports), prices, serving)
             res = _judge_gpu(res, slo) if phase == "sustained" else res
             outcome["result"] = res.model_dump(mode="json")
             outcome["analysis"] = _unit({**done["analysis"].model_dump(mode="json"), "capacity_rps": cap,

@@ -199,3 +199,8 @@ class LoadResult(Figures):
     energy_per_request_j: float | None = None
     energy_per_output_token_j: float | None = None
     gpu_series_path: str | None = None  # GPU samples taken beside the engine's /metrics (exporter, nvidia-smi)
+    # the serving nodes' price over the measured window per million output tokens (deploybench.load.cost); None
+    # when a serving node has no price in the inventory or no token was answered (the reason: sources["cost"])
+    cost_per_million_output_tokens: float | None = None
+    cost_currency: str | None = None
+    cost_per_hour: float | None = None  # the serving nodes' prices together
