@@ -89,6 +89,7 @@ class Context:
     phase: str | None = None
     params: dict[str, Any] | None = None
     meta: dict[str, Any] | None = None
+    prometheus: Any = None  # a deploybench.load.prom.PromSource (or what parse_source takes): the team's Prometheus
 
     @functools.cached_property
     def run(self) -> Run:
@@ -125,7 +126,7 @@ class Stage(ABC):
     # How a DAG runs it (deploybench.airflow.stages builds every task from these; nothing there names a stage):
     task: ClassVar[str] = ""  # its task's id inside a group named after the stage; "": the stage's name, no group
     phases: ClassVar[tuple[str, ...]] = ()  # one task per phase instead (in a group named after the stage)
-    needs: ClassVar[frozenset[str]] = frozenset()  # what its task hands it: "ssh", "kube", "dsn", "params"
+    needs: ClassVar[frozenset[str]] = frozenset()  # what its task hands it: "ssh", "kube", "dsn", "params", "prometheus"
     retries: ClassVar[bool] = False  # its task retries (safe: it reads the run folder and writes the store)
     # Its failures are verdicts on the run's input (it touches nothing): never retried. Its task retries once
     # only when the task failed outside deploybench's code (its process killed, the execution API unreachable).
@@ -313,7 +314,9 @@ class Load(Stage):
     name = "load"
     result = LoadStageResult
     phases = LOAD_PHASES
-    needs = frozenset({"ssh"})  # nodes without DCGM metrics report their GPUs through nvidia-smi
+    # nodes without DCGM metrics report their GPUs through nvidia-smi; the team's Prometheus (optional) is asked for
+    # every node's figures over each window
+    needs = frozenset({"ssh", "prometheus"})
 
     def phases_not_asked(self, ctx: Context) -> list[str]:
         asked = {p.value for p in ctx.run.cfg.load.phases}
@@ -330,7 +333,7 @@ class Load(Stage):
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import engines
-        from deploybench.load import Endpoint, phases
+        from deploybench.load import Endpoint, phases, prom
 
         run, phase = ctx.run, str(ctx.phase)
         out_dir = run.dir / "load"
@@ -345,7 +348,7 @@ class Load(Stage):
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
                          transports={n: cluster[n] for n in {e.node for e in eps}},
                          api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
-                         max_model_len=run.cfg.engine.max_model_len)
+                         max_model_len=run.cfg.engine.max_model_len, prometheus=prom.parse_source(ctx.prometheus))
         return self._assembled(ctx)
 
     def _assembled(self, ctx: Context) -> LoadStageResult:
