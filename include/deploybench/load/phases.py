@@ -307,6 +307,8 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             best = max((s for s in found.steps if s.passed), key=lambda s: s.rate, default=found.steps[-1])
             outcome["result"] = steps[best.step].model_dump(mode="json")
             outcome["series"] = [p for r in steps.values() for p in _series(r)]
+            outcome["node_windows"] = {n: [w.model_dump(mode="json") for w in r.node_windows]
+                                       for n, r in steps.items() if r.node_windows}
         else:
             cap, source = capacity_of(out_dir, spec)
             shaped = phase_spec(spec, source)
@@ -325,6 +327,8 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             outcome["analysis"] = {**done["analysis"].model_dump(mode="json"), "capacity_rps": cap,
                                    "capacity_source": source}
             outcome["series"] = _series(res)
+            if res.node_windows:
+                outcome["node_windows"] = {0: [w.model_dump(mode="json") for w in res.node_windows]}
         outcome["status"] = "success"
     except Exception as exc:
         outcome["error"] = f"{type(exc).__name__}: {exc}"
