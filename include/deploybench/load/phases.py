@@ -277,6 +277,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
     Prometheus, asked for every node's figures over each k6 run's window (``with_prometheus``); with
     ``remote_write`` it also receives k6's own metrics."""
     ctx_len = max_model_len or MAX_TOKENS
+    rw = prometheus.remote_write_url() if prometheus is not None and prometheus.remote_write else None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_eps, scrape_eps = targets(endpoints, spec)
@@ -291,7 +292,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
                 res = with_gpu(lambda: run_load(load_eps, s, slo, out_dir, phase="probe", tags=tags, rate=rate,
                                                 duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api,
                                                 step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages,
-                                                metrics=metrics, max_model_len=ctx_len),
+                                                metrics=metrics, max_model_len=ctx_len, remote_write=rw),
                                scrape_eps, spec, out_dir, "probe", n, transports, plan, prometheus, metrics)
                 steps[n] = res
                 return res
@@ -318,7 +319,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             def run() -> LoadResult:
                 done["res"], done["analysis"] = mod.run(load_eps, shaped, slo, out_dir, cap, tags=tags, api=api,
                                                         scrape_endpoints=scrape_eps, metrics=metrics,
-                                                        max_model_len=ctx_len)
+                                                        max_model_len=ctx_len, remote_write=rw)
                 return done["res"]
 
             res = with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports, prometheus=prometheus, metrics=metrics)
