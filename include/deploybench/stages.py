@@ -126,7 +126,8 @@ class Stage(ABC):
     # How a DAG runs it (deploybench.airflow.stages builds every task from these; nothing there names a stage):
     task: ClassVar[str] = ""  # its task's id inside a group named after the stage; "": the stage's name, no group
     phases: ClassVar[tuple[str, ...]] = ()  # one task per phase instead (in a group named after the stage)
-    needs: ClassVar[frozenset[str]] = frozenset()  # what its task hands it: "ssh", "kube", "dsn", "params", "prometheus"
+    # what its task hands it: "ssh", "kube", "dsn", "params", "prometheus"
+    needs: ClassVar[frozenset[str]] = frozenset()
     retries: ClassVar[bool] = False  # its task retries (safe: it reads the run folder and writes the store)
     # Its failures are verdicts on the run's input (it touches nothing): never retried. Its task retries once
     # only when the task failed outside deploybench's code (its process killed, the execution API unreachable).

@@ -36,7 +36,8 @@ NODES = 2
 
 
 def _prom_installed() -> bool:
-    return bool(shutil.which("prometheus") and (shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")))
+    exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    return bool(shutil.which("prometheus") and exporter)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +53,10 @@ def lab():
     inv = cluster.up(LAB, nodes=NODES, link_mbit=200, mode="netns", model_mb=1)
     yield inv
     cluster.down(LAB)
+    from deploybench.lab import netns
     from deploybench.lab.state import LabFiles
 
     # nothing of the lab's telemetry is left running
-    from deploybench.lab import netns
-
     assert not netns.pids_mentioning(f"{LabFiles(LAB).root}/")
 
 

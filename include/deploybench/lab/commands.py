@@ -228,7 +228,7 @@ def prometheus_config(nodes: Mapping[str, str], interval_s: float = SCRAPE_INTER
     labelled with its inventory node (``node``). JSON is YAML, and needs no YAML writer."""
     import json
 
-    def job(name: str, port: int) -> dict:
+    def job(name: str, port: int) -> dict[str, object]:
         return {"job_name": name, "static_configs": [
             {"targets": [f"{address}:{port}"], "labels": {"node": node}} for node, address in nodes.items()]}
 
@@ -241,5 +241,6 @@ def prometheus_config(nodes: Mapping[str, str], interval_s: float = SCRAPE_INTER
 def prometheus_argv(binary: str, config: str, data_dir: str, address: str, port: int = PROMETHEUS_PORT) -> list[str]:
     """The lab's Prometheus: on the controller's lab address only, its data under the lab's folder, kept a day at
     most, with the remote-write receiver on (k6's ``experimental-prometheus-rw`` output writes there)."""
-    return [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}", f"--web.listen-address={address}:{port}",
+    return [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+            f"--web.listen-address={address}:{port}",
             "--storage.tsdb.retention.time=1d", "--web.enable-remote-write-receiver", "--log.level=warn"]

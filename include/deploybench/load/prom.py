@@ -59,7 +59,8 @@ _SELECTOR = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*$")
 # dcgm_fields.h (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, a bit mask: max over the window > 0 means it throttled).
 NODE_QUERIES: dict[str, tuple[str, str, str]] = {
     "cpu_busy_pct": ("node", "%", '100 * (1 - avg(rate(node_cpu_seconds_total{{mode="idle",{sel}}}[{r}])))'),
-    "mem_used_bytes": ("node", "B", "sum(node_memory_MemTotal_bytes{{{sel}}} - node_memory_MemAvailable_bytes{{{sel}}})"),
+    "mem_used_bytes": ("node", "B",
+                       "sum(node_memory_MemTotal_bytes{{{sel}}} - node_memory_MemAvailable_bytes{{{sel}}})"),
     "net_rx_bytes_per_s": ("node", "B/s", 'sum(rate(node_network_receive_bytes_total{{device!="lo",{sel}}}[{r}]))'),
     "net_tx_bytes_per_s": ("node", "B/s", 'sum(rate(node_network_transmit_bytes_total{{device!="lo",{sel}}}[{r}]))'),
     "gpu_util_pct": ("gpu", "%", "avg(DCGM_FI_DEV_GPU_UTIL{{{sel}}})"),
@@ -156,7 +157,7 @@ def check_selector(text: str) -> str:
     return text
 
 
-def _escaped(value: str, what: str) -> str:
+def _regex_literal(value: str, what: str) -> str:
     """``value`` as a literal inside a PromQL regex inside a double-quoted string."""
     if not _NAME_VALUE.match(value):
         raise ConfigError(f"node {what} {value[:80]!r} cannot be put in a Prometheus selector (letters, digits and "
@@ -167,7 +168,8 @@ def _escaped(value: str, what: str) -> str:
 def selector(template: str, node: str, address: str) -> str:
     """The node's matchers from a selector template (``check_selector``)."""
     check_selector(template)
-    return template.replace("{node}", _escaped(node, "name")).replace("{address}", _escaped(address, "address"))
+    return (template.replace("{node}", _regex_literal(node, "name"))
+            .replace("{address}", _regex_literal(address, "address")))
 
 
 def rate_range(step_s: float) -> str:
@@ -228,7 +230,8 @@ def read_matrix(status: int, body: str, start: float | None = None, end: float |
     if not isinstance(doc, dict):
         raise PromAnswerError(f"HTTP {status}: the answer is a JSON {type(doc).__name__}, not an object")
     if doc.get("status") != "success" or status != 200:
-        err = doc.get("error") if isinstance(doc.get("error"), str) else ""
+        raw_err = doc.get("error")
+        err = raw_err if isinstance(raw_err, str) else ""
         raise PromAnswerError(f"HTTP {status}, status {str(doc.get('status'))[:40]!r}: {err[:300]}")
     data = doc.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
@@ -327,7 +330,8 @@ def scraped_windows(res: LoadResult) -> list[NodeWindow]:
         for key, (mean_f, max_f) in SCRAPED_GPU.items():
             mean = getattr(g, mean_f)
             out.append(NodeWindow(node=node, metric=key, source="scrape", unit=UNITS[key], mean=mean,
-                                  max=getattr(g, max_f) if max_f else None, samples=g.samples if mean is not None else 0,
+                                  max=getattr(g, max_f) if max_f else None,
+                                  samples=g.samples if mean is not None else 0,
                                   reason=None if mean is not None else (g.reason or "not reported by the node")))
     for node, fig in sorted(res.engine.items()):
         for role, (key, unit, _) in ENGINE_ROLES.items():
