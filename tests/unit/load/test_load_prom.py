@@ -162,3 +162,29 @@ def test_the_section_shows_each_figure_with_its_source_and_absent_ones_say_so():
     assert "<td>prometheus</td>" in html and "<td>scrape</td>" in html and "41.5" in html and "40" in html
     assert "absent" in html and "did not answer: &lt;refused&gt;" in html  # escaped
     assert section([]) == []
+
+
+def test_the_airflow_connection_is_read_by_name_and_its_absence_means_no_source(monkeypatch):
+    from deploybench.airflow.connections import prometheus_source
+
+    monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_PROMETHEUS", json.dumps(
+        {"conn_type": "http", "host": "10.1.2.1", "port": 9090, "schema": "https",
+         "extra": {"node_selector": 'node="{node}"', "remote_write": True}}))
+    got = prometheus_source()
+    assert got is not None and got.url == "https://10.1.2.1:9090" and got.node_selector == 'node="{node}"'
+    assert got.remote_write
+    monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_PROMETHEUS", json.dumps(
+        {"conn_type": "http", "host": "10.1.2.1", "extra": {"node_selector": "x"}}))
+    with pytest.raises(ConfigError, match="not a list of label matchers"):
+        prometheus_source()
+    monkeypatch.delenv("AIRFLOW_CONN_DEPLOYBENCH_PROMETHEUS")
+    assert prometheus_source() is None
+
+
+def test_a_bad_source_given_to_deploybench_run_is_refused_before_the_run_starts(monkeypatch, tmp_path):
+    from deploybench.cli.run import run_inline
+
+    monkeypatch.setenv("DEPLOYBENCH_HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match="'http://p:9090/x\\?a=1'"):
+        run_inline("cli__t", {}, prometheus="http://p:9090/x?a=1")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # no stage record, not even validate's
