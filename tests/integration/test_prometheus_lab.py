@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.time_limit
 
 LAB = lab_names.unique("lprom")
 NODES = 2
-B, D_MS, O = 4, 10.0, 8  # every request 80 ms in the batch
+B, D_MS, OUT = 4, 10.0, 8  # every request 80 ms in the batch
 RATE = 20.0  # 10 req/s per node: 100 x 10 x 0.08 / 4 = 20 % of the slots busy (the engine's closed form)
 
 
@@ -75,7 +75,7 @@ def results_db(monkeypatch):
 def _conf(rate: float = RATE) -> dict:
     return {"inventory": str(paths.lab_dir(LAB) / "inventory.json"), "nodes": NODES, "canary_nodes": 1,
             "iperf_seconds": 1, "link_threshold": 0.1, "max_num_seqs": B, "sim_decode_base_ms": D_MS,
-            "sim_decode_per_seq_ms": 0, "sim_prefill_per_token_ms": 0, "prompt_tokens": 16, "output_tokens": O,
+            "sim_decode_per_seq_ms": 0, "sim_prefill_per_token_ms": 0, "prompt_tokens": 16, "output_tokens": OUT,
             "load_phases": ["sustained"], "load_rate": rate, "warmup_s": 1, "load_duration_s": 6, "window_s": 3,
             "ttft_sample_rps": 1, "scrape_interval_s": 1, "slo_p99_latency_ms": 3000}
 
@@ -130,7 +130,7 @@ def test_a_run_reads_each_nodes_figures_from_the_labs_prometheus(lab, results_db
         util_p, util_s = got["gpu_util_pct"].mean, scraped["gpu_util_pct"].mean
         assert util_s is not None
         assert util_p == pytest.approx(util_s, rel=0.2), (node.name, util_p, util_s)
-        assert util_p == pytest.approx(100 * RATE / NODES * O * D_MS / 1000 / B, rel=0.3), (node.name, util_p)
+        assert util_p == pytest.approx(100 * RATE / NODES * OUT * D_MS / 1000 / B, rel=0.3), (node.name, util_p)
         # the network: the node exporter's own counter of the node's eth0, raw from Prometheus, first to last
         raw = _raw(url, f'node_network_receive_bytes_total{{device="eth0",instance="{node.address}:9100"}}',
                    start, end)
