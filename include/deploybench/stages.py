@@ -443,14 +443,16 @@ class Validate(Stage):
     result = ValidateResult
     leased = False
     judges_input = True
-    needs = frozenset({"params"})
+    needs = frozenset({"params", "prometheus"})  # a malformed Prometheus connection is refused here, not at load
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import params as form
         from deploybench import policy, rollout, workloads
         from deploybench.inventory import Inventory
+        from deploybench.load import prom
         from deploybench.matrix import planned
 
+        prom.parse_source(ctx.prometheus)
         cfg, preset = form.configure(ctx.params or {})
         if preset is not None:  # what the form's preset did, in the task log and in run.json
             log.info("run %s: %s", ctx.run_key, preset.describe())

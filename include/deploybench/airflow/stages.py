@@ -130,7 +130,7 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
             given["kube"] = kube(key)
         if "dsn" in stage.needs:
             given["dsn"] = _dsn()
-        if "prometheus" in stage.needs:
+        if "prometheus" in stage.needs:  # the team's Prometheus (optional): a malformed connection fails validate
             from deploybench.airflow.connections import prometheus_source
 
             given["prometheus"] = prometheus_source()
