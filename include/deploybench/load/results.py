@@ -119,6 +119,21 @@ class GpuFigures(BaseModel):
     energy_j: float | None = None
 
 
+class NodeWindow(BaseModel):
+    """One node's figure over one load window (a phase's measured window, or one probe step's) from one source:
+    ``prometheus`` (the team's Prometheus, ``query_range``: deploybench.load.prom) or ``scrape`` (deploybench's own
+    scrape of the engine's /metrics). ``mean``/``max`` None: absent, ``reason`` says why (never 0)."""
+
+    node: str
+    metric: str  # cpu_busy_pct, mem_used_bytes, net_rx_bytes_per_s, gpu_util_pct, engine_running ... (prom.UNITS)
+    source: str
+    unit: str = ""
+    mean: float | None = None
+    max: float | None = None
+    samples: int = 0
+    reason: str | None = None
+
+
 class NodeFigures(Figures):
     node: str
     gpu_util_pct: float | None = None  # GpuFigures.util_mean_pct of the node (None: not measured)
@@ -204,3 +219,6 @@ class LoadResult(Figures):
     cost_per_million_output_tokens: float | None = None
     cost_currency: str | None = None
     cost_per_hour: float | None = None  # the serving nodes' prices together
+    # added with Prometheus as a source (issue 29): per node, per figure and source, over the measured window; empty
+    # unless a Prometheus source was given (then the scraped figures it can be compared with are listed too)
+    node_windows: list[NodeWindow] = Field(default_factory=list)

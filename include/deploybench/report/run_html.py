@@ -14,7 +14,7 @@ import pandas as pd
 from deploybench.engines import profile_name
 from deploybench.fanout.result import FanoutResult
 from deploybench.preflight.model import PreflightResult
-from deploybench.report import plots
+from deploybench.report import node_windows, plots
 from deploybench.report.html import (
     document,
     esc,
@@ -225,6 +225,7 @@ def render(run: Run, history: History | None = None) -> str:
     ld = run.load_result()
     if ld is not None:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
+        parts += node_windows.section(node_windows.of_load(ld.phases))
     if history is not None:
         parts += history_section(history, scope=_history_scope(run))
     pf = run.preflight_result()

@@ -82,6 +82,19 @@ class CapacityStepRow(_Row):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
+class NodeWindowRow(_Row):
+    phase: str
+    step: int = 0
+    node: str
+    metric: str
+    source: str
+    unit: str = ""
+    mean: float | None = None
+    max: float | None = None
+    samples: int = Field(0, ge=0)
+    reason: str | None = None
+
+
 class RunFacts(BaseModel):
     """Everything about a run beyond its stages, phases and samples."""
 
@@ -93,4 +106,5 @@ class RunFacts(BaseModel):
     fanout_nodes: list[FanoutNodeRow] = Field(default_factory=list)
     rollout_steps: list[RolloutStepRow] = Field(default_factory=list)
     capacity_steps: list[CapacityStepRow] = Field(default_factory=list)
+    node_windows: list[NodeWindowRow] = Field(default_factory=list)  # issue 29: per node, per window, per source
     server_metrics: pd.DataFrame | str | Path | None = None  # columns METRIC_COLUMNS (labels, phase optional)

@@ -93,6 +93,19 @@ def capacity_steps(load: LoadStageResult) -> list[Any]:
             for s in steps]
 
 
+def node_windows(load: LoadStageResult) -> list[Any]:
+    """Every phase's (and probe step's) per node figures, with their source."""
+    from deploybench.store.facts import NodeWindowRow
+
+    rows = {}
+    for name, ph in load.phases.items():
+        for step, figs in ph.node_windows.items():
+            for w in figs:
+                rows[(name, step, w.node, w.metric, w.source)] = NodeWindowRow(phase=name, step=step,
+                                                                               **w.model_dump())
+    return list(rows.values())
+
+
 def _server_metrics(load: LoadStageResult) -> Any:
     import pandas as pd
 
@@ -168,6 +181,7 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
         rollout_steps=[RolloutStepRow(**{k: v for k, v in asdict(s).items() if k in RolloutStepRow.model_fields})
                        for s in unique(ro.steps if ro else [], "step")],
         capacity_steps=capacity_steps(load) if load else [],
+        node_windows=node_windows(load) if load else [],
         server_metrics=_server_metrics(load) if load else None,
     )
 

@@ -312,6 +312,27 @@ class CapacityStep(Base):
     detail: Mapped[dict[str, Any]] = _jsonb()
 
 
+class NodeWindow(Base):
+    """One node's figure over one load window (a phase, or a probe step) from one source (migration 0008):
+    ``mean``/``max`` NULL when absent, ``reason`` says why."""
+
+    __tablename__ = "node_windows"
+    __table_args__ = (UniqueConstraint("run_key", "phase", "step", "node", "metric", "source"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    step: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    node: Mapped[str] = mapped_column(Text, nullable=False)
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    source: Mapped[str] = mapped_column(Text, nullable=False)
+    unit: Mapped[str] = mapped_column(Text, nullable=False, server_default=text("''"))
+    mean: Mapped[float | None] = mapped_column(Double)
+    max: Mapped[float | None] = mapped_column(Double)
+    samples: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
 class ServerMetric(Base):
     """One scraped point of an engine's /metrics series (written with COPY, like the samples)."""
 

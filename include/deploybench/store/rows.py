@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from deploybench.store.facts import NodeWindowRow
+
 RunStatus = Literal["success", "failed", "running"]
 StageStatus = Literal["success", "failed", "skipped", "running"]
 
@@ -153,3 +155,4 @@ class StoredRun(_Record):
     series_fingerprint: str | None = None
     excluded: bool = False
     exclude_reason: str | None = None
+    node_windows: list[NodeWindowRow] = Field(default_factory=list)  # per node, per window, per source (0008)
