@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from deploybench import paths
 from deploybench.errors import ConfigError
+from deploybench.sim.faults import SimFault
 
 INVENTORIES_ENV = "DEPLOYBENCH_INVENTORIES"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -124,6 +125,9 @@ class Node(BaseModel):
     model_root: str | None = Field(None, description="overrides the inventory's model_root for this node")
     labels: dict[str, str] = Field(default_factory=dict)
     k8s_node: str | None = Field(None, description="the Kubernetes node name (kubernetes.io/hostname); default = name")
+    sim_fault: SimFault | None = Field(None, description="a fault of the simulated engine on this node only "
+                                                         "(deploybench.sim.faults: lab runs and the diagnosis "
+                                                         "benchmark); the operator's, never the trigger form's")
 
     @field_validator("address", "backend_address", "k8s_node")
     @classmethod

@@ -117,6 +117,11 @@ class GpuFigures(BaseModel):
     power_mean_w: float | None = None
     power_source: str | None = None
     energy_j: float | None = None
+    # added with the findings (issue 29): the SM clock (mean over the samples of the mean over the GPUs, and its
+    # lowest), and DCGM's clock-throttle reasons seen in the window (the bitwise OR of every sample; None: not reported)
+    sm_clock_mhz_mean: float | None = None
+    sm_clock_mhz_min: float | None = None
+    throttle_reasons: int | None = None
 
 
 class NodeFigures(Figures):

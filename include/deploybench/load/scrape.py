@@ -259,7 +259,8 @@ def engine_figures(points: list[dict], start: datetime | None = None, metrics: M
 
     - histograms (ttft, itl, e2e, queue): ``<role>_count``, ``_mean_ms`` (exact: _sum/_count) and
       ``_p50/_p90/_p99_ms`` interpolated within buckets, as Prometheus' ``histogram_quantile`` does;
-    - gauges (running, waiting, kv_usage): ``<role>_max`` over the scrapes after ``start``, and ``_mean``;
+    - gauges (running, waiting, kv_usage, resident_memory): ``<role>_max`` over the scrapes after ``start``, and
+      ``_mean``; ``resident_memory_growth``: its last value less its value at the window's start (bytes);
     - counters: ``<role>`` the increase; and what they give together: ``prefix_hit_rate`` (hits / queries),
       ``batch_mean`` (Triton's inferences / executions: the average batch size), ``queue_mean_ms`` and
       ``compute_mean_ms`` (Triton's cumulative microseconds over the requests that succeeded in the window).
@@ -297,6 +298,9 @@ def engine_figures(points: list[dict], start: datetime | None = None, metrics: M
             vals = [v for snap in snaps for (m, _), v in snap.items() if m == names[key]]
             fig[f"{key}_max"] = max(vals) if vals else None
             fig[f"{key}_mean"] = round(sum(vals) / len(vals), 6) if vals else None
+        if "resident_memory" in names:  # a leak shows as growth over the window (deploybench.analyse.findings)
+            ra, rb = a.get((names["resident_memory"], None)), b.get((names["resident_memory"], None))
+            fig["resident_memory_growth"] = None if ra is None or rb is None else rb - ra
         counted = {key: _delta(a, b, names[key]) for key in COUNTER_ROLES if key in names}
         fig.update(counted)
         if "prefix_hits" in names and "prefix_queries" in names:
