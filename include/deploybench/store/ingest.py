@@ -128,8 +128,10 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
     from deploybench.preflight.model import PreflightResult
     from deploybench.records import ReusedPreflight, SkippedExternal
     from deploybench.rollout.base import RolloutResult
+    from deploybench.analyse.findings import run_findings
     from deploybench.store.facts import (
         FanoutNodeRow,
+        FindingRow,
         PreflightLinkRow,
         PreflightNodeRow,
         RolloutStepRow,
@@ -166,6 +168,7 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
         rollout_steps=[RolloutStepRow(**{k: v for k, v in asdict(s).items() if k in RolloutStepRow.model_fields})
                        for s in unique(ro.steps if ro else [], "step")],
         capacity_steps=capacity_steps(load) if load else [],
+        findings=[FindingRow(**f.model_dump()) for f in run_findings(run)],
         server_metrics=_server_metrics(load) if load else None,
     )
 

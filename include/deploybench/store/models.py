@@ -309,6 +309,28 @@ class CapacityStep(Base):
     detail: Mapped[dict[str, Any]] = _jsonb()
 
 
+class Finding(Base):
+    """One finding of a run (migration 0008, deploybench.analyse.findings): a rule that fired, with its evidence."""
+
+    __tablename__ = "findings"
+    __table_args__ = (Index(None, "run_key"), Index(None, "rule", "node"))
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    rule: Mapped[str] = mapped_column(Text, nullable=False)
+    node: Mapped[str | None] = mapped_column(Text)  # None: the whole cluster
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    step: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    window_start: Mapped[datetime | None] = _ts(nullable=True)
+    window_end: Mapped[datetime | None] = _ts(nullable=True)
+    observed: Mapped[float | None] = mapped_column(Double)
+    expected: Mapped[float | None] = mapped_column(Double)
+    evidence: Mapped[str] = mapped_column(Text, nullable=False)
+    advice: Mapped[str] = mapped_column(Text, nullable=False)
+    detail: Mapped[dict[str, Any]] = _jsonb()
+
+
 class ServerMetric(Base):
     """One scraped point of an engine's /metrics series (written with COPY, like the samples)."""
 

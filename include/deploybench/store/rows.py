@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from deploybench.store.facts import FindingRow
+
 RunStatus = Literal["success", "failed", "running"]
 StageStatus = Literal["success", "failed", "skipped", "running"]
 
@@ -147,3 +149,4 @@ class StoredRun(_Record):
     series_fingerprint: str | None = None
     excluded: bool = False
     exclude_reason: str | None = None
+    findings: list[FindingRow] = []  # migration 0008 (deploybench.analyse.findings)
