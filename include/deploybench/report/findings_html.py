@@ -1,0 +1,40 @@
+"""The findings section of the run report and of the results pages' run page (deploybench.analyse.findings).
+
+One table, a row per finding: the rule, the node (the cluster when None), the metric, the window, the numbers
+(observed against expected or a threshold), the evidence and what to do; "No findings" on a clean run. It takes
+anything with a finding's fields (the analysis's ``Finding``, the store's ``FindingRow``), so the report, read
+from the run folder, and the run page, read from the store, show the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from deploybench.report.html import esc, fmt_num, fmt_time, table
+
+CLEAN = "No findings: no rule of the runbook's troubleshooting table fired on this run."
+
+
+def _window(f: Any) -> str:
+    span = ""
+    if f.window_start is not None and f.window_end is not None:
+        span = f" {fmt_time(f.window_start)} + {(f.window_end - f.window_start).total_seconds():.0f} s"
+    return f"{f.phase}{f' step {f.step}' if f.step else ''}{span}"
+
+
+def findings_section(findings: Iterable[Any], analysed: bool = True) -> str:
+    """The section's HTML; ``analysed`` False: the run has no results the rules read (nothing to judge yet)."""
+    rows = list(findings)
+    head = "<h2>Findings</h2>"
+    if not rows:
+        return head + f"<p class='findings-none'>{esc(CLEAN if analysed else 'No findings: no load phase to judge.')}</p>"
+    return head + table(
+        ["rule", "node", "metric", "window", "observed", "expected / threshold", "evidence", "what to do"],
+        [[f.rule, f.node or "cluster", f.metric, _window(f), _n(f.observed), _n(f.expected), f.evidence, f.advice]
+         for f in rows])
+
+
+def _n(value: float | None) -> str:
+    """Four significant digits (a bitmask and a byte count alike), "absent" when not measured."""
+    return "absent" if value is None else f"{value:.4g}" if abs(value) < 1e4 else fmt_num(value, 0)
