@@ -276,7 +276,8 @@ def errors_one_node(ph: _Phase) -> Iterable[Finding]:
         others_req = sum(o.requests for o in nodes if o is not n)
         others_rate = sum(o.errors for o in nodes if o is not n) / others_req if others_req else 0.0
         rate = n.errors / n.requests
-        if n.errors / total >= ERRORS_MIN_SHARE and rate >= ERRORS_MIN_RATE and rate >= ERRORS_OTHERS_RATIO * others_rate:
+        if (n.errors / total >= ERRORS_MIN_SHARE and rate >= ERRORS_MIN_RATE
+                and rate >= ERRORS_OTHERS_RATIO * others_rate):
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(n.errors_by_kind.items())) or "no kinds recorded"
             yield ph.finding("errors_one_node", n.node, "error rate", round(rate, 4), round(others_rate, 4),
                              f"{n.errors} of the {total} errors ({n.errors / total:.0%}) came from this node: its "

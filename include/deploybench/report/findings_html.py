@@ -28,7 +28,8 @@ def findings_section(findings: Iterable[Any], analysed: bool = True) -> str:
     rows = list(findings)
     head = "<h2>Findings</h2>"
     if not rows:
-        return head + f"<p class='findings-none'>{esc(CLEAN if analysed else 'No findings: no load phase to judge.')}</p>"
+        said = CLEAN if analysed else "No findings: no load phase to judge."
+        return head + f"<p class='findings-none'>{esc(said)}</p>"
     return head + table(
         ["rule", "node", "metric", "window", "observed", "expected / threshold", "evidence", "what to do"],
         [[f.rule, f.node or "cluster", f.metric, _window(f), _n(f.observed), _n(f.expected), f.evidence, f.advice]

@@ -8,7 +8,8 @@ latency is observed per token under both ``vllm:inter_token_latency_seconds`` an
 (vllm/v1/metrics/loggers.py); with prefix caching off they stay 0, as vLLM's do. ``vllm:kv_cache_usage_perc`` is
 the fraction (0-1) of the KV cache's blocks the running sequences hold: the blocks of their prompts and of what
 they generated so far, a prompt block that several share (found in the prefix cache) counted once, as vLLM's
-block pool counts them; the scheduler preempts before they would hold more (a sequence that alone does not fit aside), so it stops at 1.
+block pool counts them; the scheduler preempts before they would hold more (a sequence that alone does not fit
+aside), so it stops at 1.
 
 The sim has no GPU, so it exports the gauges NVIDIA's DCGM exporter would, derived from its batch
 occupancy in closed form (what the load stage's GPU figures are tested against):

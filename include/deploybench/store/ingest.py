@@ -123,12 +123,12 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
     own here; its identity fields (the model, the engine) still count."""
     from dataclasses import asdict
 
+    from deploybench.analyse.findings import run_findings
     from deploybench.fanout.result import FanoutResult
     from deploybench.preflight.checks import fabric_identity
     from deploybench.preflight.model import PreflightResult
     from deploybench.records import ReusedPreflight, SkippedExternal
     from deploybench.rollout.base import RolloutResult
-    from deploybench.analyse.findings import run_findings
     from deploybench.store.facts import (
         FanoutNodeRow,
         FindingRow,
