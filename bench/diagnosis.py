@@ -1,6 +1,6 @@
 """The diagnosis benchmark: each simulated fault on one node of a small netns lab, and clean runs, side by side.
 
-Every run is a whole short run (deploybench.analyse.diagnosis.lab_run: preflight, fan-out, rollout, the sustained
+Every run is a whole short run (tests/support/fault_runs.py, lab_run: preflight, fan-out, rollout, the sustained
 phase, teardown, store) with one fault of deploybench.sim.faults on one node (a different node each time, in
 turn), or none. Prints, per run, every rule that fired and on which node, whether the fault's own rule named the
 faulty node, and the false findings (anything in a clean run; another node or the cluster in a faulty one). Needs
@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 from deploybench import paths  # noqa: E402
-from deploybench.analyse import diagnosis  # noqa: E402
 from deploybench.analyse.findings import RULE_IDS  # noqa: E402
 from deploybench.lab import cluster  # noqa: E402
 from deploybench.sim.faults import FAULTS  # noqa: E402
+from tests.support import fault_runs  # noqa: E402
 from tests.support import store_fixtures as fx  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def main() -> int:
     lab = "dx" + secrets.token_hex(4)
     dsn, _ = fx.make_database()
     t0 = time.monotonic()
-    outcomes: list[diagnosis.Outcome] = []
+    outcomes: list[fault_runs.Outcome] = []
     try:
         inv = cluster.up(lab, nodes=args.nodes, link_mbit=500, mode="netns", model_mb=2)
         nodes = [n.name for n in inv.nodes]
@@ -49,11 +49,12 @@ def main() -> int:
         plan: list[tuple[str | None, str | None]] = [(None, None)] * args.clean
         plan += [(f, nodes[(i + r) % len(nodes)]) for r in range(args.repeat) for i, f in enumerate(FAULTS)]
         for i, (fault, node) in enumerate(plan):
-            out = diagnosis.lab_run(f"deploybench_run/{lab}_{i:02d}", inventory, dsn, fault, node)
+            out = fault_runs.lab_run(f"deploybench_run/{lab}_{i:02d}", inventory, dsn, fault, node,
+                                     params={"canary_nodes": len(nodes)})
             outcomes.append(out)
             fired = ", ".join(f"{f.rule}@{f.node or 'cluster'}" for f in out.findings) or "none"
             verdict = ("clean" if fault is None else
-                       f"{diagnosis.EXPECTED[fault]} on {node}: {'NAMED' if out.named else 'MISSED'}")
+                       f"{fault_runs.EXPECTED[fault]} on {node}: {'NAMED' if out.named else 'MISSED'}")
             stages = " ".join(f"{k} {v:g}" for k, v in out.stages.items() if k in ("preflight", "fanout", "rollout",
                                                                                    "load", "teardown", "store"))
             print(f"run {i:2d} {fault or 'clean':<11} node {node or '-':<6} {verdict:<40} fired: {fired}; "

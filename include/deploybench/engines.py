@@ -236,10 +236,29 @@ def _placeholder_values(ctx: LaunchContext) -> dict[str, str]:
             "max_model_len": str(e.max_model_len), "triton_repository": triton_repository(ctx)}
 
 
+# The simulated engine's faults (deploybench.sim.faults says what each stands for): their flags and magnitudes
+THROTTLE_FRACTION = 0.5  # a GPU in thermal slowdown runs well under its clocks: half is what HW slowdown does
+LEAK_BYTES_PER_REQUEST = 2 << 20  # 2 MiB a request: a short lab phase of tens of requests grows by tens of MiB
+SMALL_KV_TOKENS = 80  # 5 blocks of 16: two short sequences fill it as they grow
+ERROR_RATE = 0.3  # of a short lab phase's ~40 requests per node, ~12 fail: enough to say where errors come from
+
+
+def fault_args(fault: str | None) -> list[str]:
+    """The sim engine's flags for ``fault`` (None: none); they come last, so they win over the run's knobs."""
+    if fault is None:
+        return []
+    args = {
+        "throttle": ["--throttle", f"{THROTTLE_FRACTION:g}"],
+        "leak": ["--leak-bytes-per-request", str(LEAK_BYTES_PER_REQUEST)],
+        "small_kv": ["--kv-cache-tokens", str(SMALL_KV_TOKENS)],
+        "no_batching": ["--no-batching"],
+        "errors": ["--error-rate", f"{ERROR_RATE:g}"],
+    }
+    return list(args[fault])
+
+
 def _list_values(e: EngineSpec, node: Node | None = None) -> dict[str, list[str]]:
     """The list placeholders; ``{sim_args}`` ends with the fault the inventory puts on ``node`` (sim.faults)."""
-    from deploybench.sim.faults import fault_args
-
     k = e.sim
     sim = [*sim_service_args(e), "--seed", str(k.seed), "--slowdown", f"{k.slowdown:g}",
            "--error-rate", f"{k.error_rate:g}", "--crash-after", str(k.crash_after),

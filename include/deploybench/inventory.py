@@ -24,13 +24,12 @@ import os
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, get_args, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deploybench import paths
 from deploybench.errors import ConfigError
-from deploybench.sim.faults import SimFault
 
 INVENTORIES_ENV = "DEPLOYBENCH_INVENTORIES"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -109,6 +108,11 @@ class SSHSettings(BaseModel):
     @classmethod
     def _file(cls, v: str | None) -> str | None:
         return check_path(v, absolute=False)
+
+
+# The simulated engine's faults an operator may put on a node (deploybench.sim.faults)
+SimFault = Literal["throttle", "leak", "small_kv", "no_batching", "errors"]
+FAULTS: tuple[str, ...] = get_args(SimFault)
 
 
 class Node(BaseModel):

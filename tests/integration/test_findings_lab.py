@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 
 from deploybench import paths
-from deploybench.analyse import diagnosis
 from deploybench.lab import cluster as lab_cluster
 from deploybench.sim import faults
-from tests.support import lab_names
+from tests.support import fault_runs, lab_names
 
-pytestmark = [pytest.mark.integration, pytest.mark.time_limit(240), pytest.mark.netns]
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(90), pytest.mark.netns]
 
 
 LAB = lab_names.unique("fd")
@@ -29,7 +28,7 @@ def lab():
 
 def test_a_clean_run_has_no_finding(lab, dsn):
     _, inventory, _ = lab
-    out = diagnosis.lab_run("deploybench_run/fd_clean", inventory, dsn)
+    out = fault_runs.lab_run("deploybench_run/fd_clean", inventory, dsn)
     assert out.findings == [], [f.line() for f in out.findings]
 
 
@@ -37,9 +36,9 @@ def test_a_clean_run_has_no_finding(lab, dsn):
 def test_each_fault_is_named_on_its_node_by_its_rule(lab, dsn, fault):
     _, inventory, nodes = lab
     node = nodes[1]
-    out = diagnosis.lab_run(f"deploybench_run/fd_{fault}", inventory, dsn, fault, node)
+    out = fault_runs.lab_run(f"deploybench_run/fd_{fault}", inventory, dsn, fault, node)
     lines = [f.line() for f in out.findings]
     assert out.named, (fault, node, lines)
     assert out.false == [], lines  # every finding names the faulty node
-    hit = next(f for f in out.findings if f.rule == diagnosis.EXPECTED[fault])
+    hit = next(f for f in out.findings if f.rule == fault_runs.EXPECTED[fault])
     assert hit.phase == "sustained" and hit.window_start is not None and hit.evidence and hit.advice

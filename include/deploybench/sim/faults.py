@@ -2,7 +2,8 @@
 
 An operator puts a fault on a node in the inventory (``Node.sim_fault``, e.g. ``"throttle"``), never the trigger
 form: what may run where is the operator's (the trust model of the design). The sim engine profile's
-``{sim_args}`` then ends with that fault's flags on that node only (``deploybench.engines``); a profile of a real
+``{sim_args}`` then ends with that fault's flags on that node only (``deploybench.engines.fault_args``, where the
+magnitudes below live, in the base layer the inventory and the engines' commands share); a profile of a real
 engine refuses an inventory that names one. Each fault stands for a line of the runbook's troubleshooting table,
 and a finding (deploybench.analyse.findings) must name it; its closed form is in ``service_model``:
 
@@ -17,12 +18,18 @@ and a finding (deploybench.analyse.findings) must name it; its closed form is in
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from deploybench.engines import (  # the flags live with the engines' commands (base layer), re-exported here
+    ERROR_RATE,
+    LEAK_BYTES_PER_REQUEST,
+    SMALL_KV_TOKENS,
+    THROTTLE_FRACTION,
+    fault_args,
+)
+from deploybench.inventory import FAULTS, SimFault
 
-SimFault = Literal["throttle", "leak", "small_kv", "no_batching", "errors"]
-FAULTS: tuple[str, ...] = get_args(SimFault)
+__all__ = ["ERROR_RATE", "FAULTS", "LEAK_BYTES_PER_REQUEST", "SMALL_KV_TOKENS", "THROTTLE_FRACTION", "SimFault",
+           "THROTTLE_REASON", "fault_args"]
 
-THROTTLE_FRACTION = 0.5  # a GPU in thermal slowdown runs well under its clocks: half is what HW slowdown does
 # DCGM's clock-throttle reason bits (NVIDIA/DCGM dcgmlib/dcgm_fields.h: DCGM_CLOCKS_THROTTLE_REASON_*, the
 # deprecated names of DCGM_CLOCKS_EVENT_REASON_*; the same as NVML's nvmlClocksThrottleReasons)
 THROTTLE_REASON_GPU_IDLE = 0x1
@@ -34,20 +41,3 @@ THROTTLE_REASON_SW_THERMAL = 0x20
 THROTTLE_REASON_HW_THERMAL = 0x40
 THROTTLE_REASON_HW_POWER_BRAKE = 0x80
 THROTTLE_REASON = THROTTLE_REASON_SW_THERMAL  # what the throttle fault reports: a thermal slowdown
-LEAK_BYTES_PER_REQUEST = 2 << 20  # 2 MiB a request: a short lab phase of tens of requests grows by tens of MiB
-SMALL_KV_TOKENS = 80  # 5 blocks of 16: two short sequences fill it as they grow
-ERROR_RATE = 0.2
-
-
-def fault_args(fault: str | None) -> list[str]:
-    """The sim engine's flags for ``fault`` (None: none); they come last, so they win over the run's knobs."""
-    if fault is None:
-        return []
-    args = {
-        "throttle": ["--throttle", f"{THROTTLE_FRACTION:g}"],
-        "leak": ["--leak-bytes-per-request", str(LEAK_BYTES_PER_REQUEST)],
-        "small_kv": ["--kv-cache-tokens", str(SMALL_KV_TOKENS)],
-        "no_batching": ["--no-batching"],
-        "errors": ["--error-rate", f"{ERROR_RATE:g}"],
-    }
-    return list(args[fault])

@@ -3,8 +3,9 @@
 Each run goes through the pipeline as a DAG run does (validate, lease, preflight, fan-out, rollout, the sustained
 phase, teardown, store), on a copy of the lab's inventory that puts ``fault`` (deploybench.sim.faults) on
 ``node`` (``Node.sim_fault``: the operator's inventory, never the form), and returns the findings the store
-holds for it. ``FAST`` keeps a run short: a small model, 1-second link tests, a short canary gate, a 5-second
-phase; and makes every fault visible in that time (``EXPECTED`` names the rule that must name the node):
+holds for it. ``FAST`` keeps a run short: a small model, 1-second link tests, one rollout step (every node of a
+3-node lab; pass ``canary_nodes`` for another size) with a 1-second gate, a 5-second phase; and makes every
+fault visible in that time (``EXPECTED`` names the rule that must name the node):
 
 - the engines decode a step in ``10 + 0.2 x running`` ms and answer 16 tokens, so alone a request takes
   16 x 10.2 = 163 ms: a node without batching serves at most 6.1 requests/s, under the 8 each node is offered,
@@ -12,9 +13,9 @@ phase; and makes every fault visible in that time (``EXPECTED`` names the rule t
 - prompts of about 24 tokens hold 2 KV blocks when admitted and 3 at their end: the small KV cache's 5 blocks
   take two together, which outgrow it (preemptions) and slow it under the offered rate;
 - about 40 requests per node in the phase: the leak (2 MiB each) grows the memory by tens of MiB, the errors
-  fault (20 %) makes about 8.
+  fault (30 %) makes about 12 (fewer than 5, too few to say where errors come from, 3 times in 1,000).
 
-Used by tests/integration/test_findings_lab.py and bench/diagnosis.py.
+Used by tests/integration/test_findings_lab.py and bench/diagnosis.py (``from tests.support import fault_runs``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 EXPECTED = {"throttle": "gpu_throttled", "leak": "memory_drift", "small_kv": "kv_cache_saturated",
             "no_batching": "no_batching", "errors": "errors_one_node"}
 FAST: dict[str, Any] = {
-    "canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.3, "load_rate": 24, "load_duration_s": 5,
-    "warmup_s": 1, "output_tokens": 16, "prompt_tokens": 24, "gate_rate_per_node": 2, "gate_duration_s": 2,
+    "canary_nodes": 3, "iperf_seconds": 1, "link_threshold": 0.3, "load_rate": 24, "load_duration_s": 5,
+    "warmup_s": 1, "output_tokens": 16, "prompt_tokens": 24, "gate_rate_per_node": 2, "gate_duration_s": 1,
     "gate_min_requests": 3, "ready_timeout_s": 30, "ttft_sample_rps": 0, "scrape_interval_s": 1,
     "max_num_seqs": 32, "sim_decode_base_ms": 10, "sim_decode_per_seq_ms": 0.2, "sim_prefill_per_token_ms": 0.005,
     "slo_p99_latency_ms": 30000, "slo_max_error_rate": 0.5, "request_timeout_s": 20,
