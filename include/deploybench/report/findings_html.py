@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from deploybench.analyse.findings import ANALYSED_PHASES
 from deploybench.report.html import esc, fmt_num, fmt_time, table
 
 CLEAN = "No findings: no rule of the runbook's troubleshooting table fired on this run."
@@ -24,11 +25,13 @@ def _window(f: Any) -> str:
 
 
 def findings_section(findings: Iterable[Any], analysed: bool = True) -> str:
-    """The section's HTML; ``analysed`` False: the run has no results the rules read (nothing to judge yet)."""
+    """The section's HTML; ``analysed`` False: the run has no phase the rules judge (ANALYSED_PHASES), so no
+    finding says nothing: the section says so rather than "no findings"."""
     rows = list(findings)
     head = "<h2>Findings</h2>"
     if not rows:
-        said = CLEAN if analysed else "No findings: no load phase to judge."
+        said = CLEAN if analysed else (f"Not judged: the rules read the {' and '.join(ANALYSED_PHASES)} phase, "
+                                       "which this run has no result of.")
         return head + f"<p class='findings-none'>{esc(said)}</p>"
     return head + table(
         ["rule", "node", "metric", "window", "observed", "expected / threshold", "evidence", "what to do"],

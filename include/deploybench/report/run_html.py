@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from deploybench.analyse.findings import run_findings
+from deploybench.analyse.findings import ANALYSED_PHASES, run_findings
 from deploybench.engines import profile_name
 from deploybench.fanout.result import FanoutResult
 from deploybench.preflight.model import PreflightResult
@@ -204,7 +204,8 @@ def render(run: Run, history: History | None = None) -> str:
     ld = run.load_result()
     if ld is not None:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
-    parts.append(findings_section(run_findings(run), analysed=ld is not None))
+    judged = ld is not None and any(p in ld.phases and ld.phases[p].result is not None for p in ANALYSED_PHASES)
+    parts.append(findings_section(run_findings(run), analysed=judged))
     if history is not None:
         parts += history_section(history, scope=_history_scope(run))
     pf = run.preflight_result()

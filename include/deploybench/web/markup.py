@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import quote, urlencode
 
+from deploybench.analyse.findings import ANALYSED_PHASES
 from deploybench.report.findings_html import findings_section
 from deploybench.report.html import Html, document, esc, fmt_ms, fmt_num, fmt_pct, fmt_time, fmt_util, table
 from deploybench.store.rows import CLUSTER, RunStatus
@@ -317,7 +318,7 @@ def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str
         f"<h1>Run <code>{esc(r.run_key)}</code></h1><p>{' &middot; '.join(links)}</p>"
         "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
         f"<h2>Stages</h2>{stages}<h2>Load phases</h2>{phases}"
-        f"{findings_section(stored.findings, analysed=bool(stored.phases))}"
+        f"{findings_section(stored.findings, analysed=any(p.phase in ANALYSED_PHASES for p in stored.phases))}"
         f"<h2>Configuration</h2><details><summary>RunConfig</summary>"
         f"<pre>{esc(json.dumps(r.config, indent=1, sort_keys=True))}</pre></details>"
     )

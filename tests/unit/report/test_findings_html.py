@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
+
 from deploybench.report.findings_html import CLEAN, findings_section
 from deploybench.report.html import esc
 from deploybench.store.facts import FindingRow
@@ -32,7 +34,7 @@ def test_a_finding_shows_its_node_window_numbers_evidence_and_advice_escaped():
 
 def test_a_clean_run_says_no_findings_and_a_run_without_load_says_why():
     assert esc(CLEAN) in findings_section([]) and "No findings" in CLEAN
-    assert "no load phase to judge" in findings_section([], analysed=False)
+    assert "Not judged: the rules read the sustained phase" in findings_section([], analysed=False)
 
 
 def test_the_run_page_shows_the_stored_findings():
@@ -42,4 +44,7 @@ def test_the_run_page_shows_the_stored_findings():
     page = render_run_page(stored, "/deploybench", None)
     assert "<h2>Findings</h2>" in page and "gpu_throttled" in page and "0x20" in page
     clean = render_run_page(stored.model_copy(update={"findings": []}), "/deploybench", None)
-    assert "<h2>Findings</h2>" in clean and "No findings" in clean
+    assert "<h2>Findings</h2>" in clean and "Not judged" in clean  # no sustained phase stored: nothing judged
+    sustained = fx.phase_from(fx.samples(20, 250, np.random.default_rng(1)), 20)
+    clean = render_run_page(stored.model_copy(update={"findings": [], "phases": sustained}), "/deploybench", None)
+    assert "No findings" in clean and "Not judged" not in clean

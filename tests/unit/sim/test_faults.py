@@ -170,3 +170,17 @@ def test_an_unknown_fault_or_a_fault_on_a_real_engine_is_refused_before_anything
     # the other node, without a fault, gets its vllm command
     assert engines.profile("vllm").command(engines.LaunchContext(inv, inv.nodes[0], "/m", "m", 8000,
                                                                  EngineSpec(profile="vllm")))[0] == "vllm"
+
+
+def test_the_trigger_form_cannot_put_a_fault_on_a_node():
+    """The per-node faults are the operator's (the inventory), not the form's: no form field sets one, a conf that
+    names one is refused, and the engine's knobs (what a conf's engine section reaches) have none."""
+    from deploybench import params
+    from deploybench.config import SimKnobs
+
+    new = ("sim_fault", "throttle", "leak", "no_batching")
+    assert not [f.name for f in params.FIELDS if any(k in f.name for k in new)]
+    for name in ("sim_fault", "sim_throttle", "sim_no_batching"):
+        with pytest.raises(ConfigError, match=name):
+            params.to_config({"inventory": "demo", name: "throttle"})
+    assert not {"throttle", "clock_fraction", "no_batching", "leak_bytes_per_request"} & set(SimKnobs.model_fields)
