@@ -5,7 +5,9 @@ rule, the node (None: the whole cluster), the metric, the window (phase, step an
 (``observed`` against ``expected``, a threshold or what the other nodes did) and what to do. The rules read the
 load phases' ``LoadResult`` (client figures per node, the engine's own /metrics figures, the GPU figures) and
 preflight's ``PreflightResult``; nothing else. A rule never fires on absent data: a figure that was not measured
-(None, or not a finite number: a record is a file, and what a node said is hostile) keeps it silent.
+(None, or not a finite number: a record is a file, and what a node said is hostile) keeps it silent. The
+engine's figures are read typed, from ``NodeFigures`` (``scrape.with_engine_signals``), the GPU's from
+``GpuFigures``.
 
 Only the phases in ``ANALYSED_PHASES`` are judged: sustained is the runbook's "load" mode, below the knee, where a
 healthy cluster is stable; the probe and overload push past the knee on purpose, where queues, latency outliers
@@ -115,30 +117,25 @@ class _Phase:
                        window_start=self.start, window_end=self.end, observed=observed, expected=expected,
                        evidence=evidence, advice=advice, detail=detail)
 
-    def engine(self, node: str) -> Mapping[str, Any]:
-        fig = (self.res.engine or {}).get(node)
-        return fig if isinstance(fig, Mapping) else {}
-
 
 def no_batching(ph: _Phase) -> Iterable[Finding]:
-    for node in sorted(ph.res.engine or {}):
-        fig = ph.engine(node)
-        running, waiting = _num(fig.get("running_max")), _num(fig.get("waiting_mean"))
+    for n in ph.res.nodes:
+        running, waiting = _num(n.running_max), _num(n.waiting_mean)
         if running is not None and waiting is not None and running <= NO_BATCH_MAX_RUNNING \
                 and waiting >= NO_BATCH_MIN_WAITING:
             yield ph.finding(
-                "no_batching", node, "running requests", running, NO_BATCH_MAX_RUNNING,
-                f"at most {running:g} request ran at a time while {waiting:.1f} waited on average "
-                f"({fig.get('scrapes')} scrapes of the engine's /metrics)",
+                "no_batching", n.node, "running requests", running, NO_BATCH_MAX_RUNNING,
+                f"at most {running:g} request ran at a time while {waiting:.1f} waited on average (the engine's "
+                "/metrics over the window)",
                 "the engine serves one request per step: check its batch settings (vLLM --max-num-seqs, Triton "
                 "max_batch_size and dynamic_batching), and that requests can be batched (same model, compatible "
                 "parameters)", waiting_mean=waiting)
             continue
-        batch, inferences = _num(fig.get("batch_mean")), _num(fig.get("inferences"))
+        batch, inferences = _num(n.batch_mean), _num(n.inferences)
         if batch is not None and inferences is not None and inferences >= TRITON_MIN_INFERENCES \
                 and batch <= TRITON_BATCH_MAX:
             yield ph.finding(
-                "no_batching", node, "nv_inference_count / nv_inference_exec_count", batch, TRITON_BATCH_MAX,
+                "no_batching", n.node, "nv_inference_count / nv_inference_exec_count", batch, TRITON_BATCH_MAX,
                 f"Triton ran {inferences:.0f} inferences in about as many executions (mean batch {batch:.2f})",
                 "raise max_batch_size and set dynamic_batching (preferred_batch_size, max_queue_delay_microseconds) "
                 "in config.pbtxt", inferences=inferences)
@@ -170,9 +167,9 @@ def client_limited(ph: _Phase) -> Iterable[Finding]:
 
 
 def kv_cache_saturated(ph: _Phase) -> Iterable[Finding]:
-    for node in sorted(ph.res.engine or {}):
-        fig = ph.engine(node)
-        pre, usage = _num(fig.get("preemptions")), _num(fig.get("kv_usage_mean"))
+    for n in ph.res.nodes:
+        node = n.node
+        pre, usage = _num(n.preemptions), _num(n.kv_usage_mean)
         advice = ("the KV cache is too small for the batch: raise --gpu-memory-utilization, lower --max-num-seqs or "
                   "--max-model-len, or spread the model over more GPUs (tensor parallelism)")
         if pre is not None and pre >= PREEMPTIONS_MIN:
@@ -237,8 +234,9 @@ def slow_node(ph: _Phase) -> Iterable[Finding]:
 def drift(ph: _Phase) -> Iterable[Finding]:
     r = ph.res
     answered = {n.node: (_num(n.achieved_rps) or 0.0) * (_num(r.duration_s) or 0.0) for n in r.nodes}
-    for node in sorted(r.engine or {}):
-        growth = _num(ph.engine(node).get("resident_memory_growth"))
+    for node_figs in r.nodes:
+        node = node_figs.node
+        growth = _num(node_figs.resident_memory_growth_bytes)
         n = answered.get(node) or 0.0
         if growth is None or n < 1 or growth < LEAK_MIN_BYTES or growth / n < LEAK_MIN_BYTES_PER_REQUEST:
             continue

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from deploybench import http
 from deploybench.engines import COUNTER_ROLES, GAUGE_ROLES, HISTOGRAM_ROLES, Metrics
-from deploybench.load.results import Endpoint, LoadError
+from deploybench.load.results import Endpoint, LoadError, NodeFigures
 
 LOG = logging.getLogger(__name__)
 
@@ -313,4 +313,21 @@ def engine_figures(points: list[dict], start: datetime | None = None, metrics: M
         # the samples are finite and bounded (parse_metrics), but a hostile page can still make a quotient
         # overflow (a _sum over a _count of 1e-300): such a figure is absent, never NaN or infinity
         out[node] = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in fig.items()}
+    return out
+
+
+# NodeFigures field <- engine figure (``engine_figures``): what the findings read, typed
+NODE_SIGNALS = {"running_max": "running_max", "waiting_mean": "waiting_mean", "kv_usage_mean": "kv_usage_mean",
+                "preemptions": "preemptions", "resident_memory_growth_bytes": "resident_memory_growth",
+                "batch_mean": "batch_mean", "inferences": "inferences"}
+
+
+def with_engine_signals(nodes: list[NodeFigures], engine: dict[str, dict]) -> list[NodeFigures]:
+    """``nodes`` with their engine's figures of ``NODE_SIGNALS`` set (finite numbers only; else absent)."""
+    out = []
+    for n in nodes:
+        fig = engine.get(n.node) or {}
+        vals = {field: fig.get(key) for field, key in NODE_SIGNALS.items()}
+        out.append(n.model_copy(update={k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                        and math.isfinite(v) else None for k, v in vals.items()}))
     return out

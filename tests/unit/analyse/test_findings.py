@@ -23,15 +23,15 @@ def _figs(requests: int = 100, errors: int = 0, rps: float = 5.0, p99: float | N
 
 
 def _engine(**kw) -> dict:
-    return {"scrapes": 6, "running_max": 4.0, "running_mean": 2.0, "waiting_mean": 0.0, "waiting_max": 0.0,
-            "kv_usage_mean": 0.1, "kv_usage_max": 0.2, "preemptions": 0.0, "resident_memory_growth": 0.0, **kw}
+    """A node's engine figures as NodeFigures holds them (scrape.with_engine_signals)."""
+    return {"running_max": 4.0, "waiting_mean": 0.0, "kv_usage_mean": 0.1, "preemptions": 0.0,
+            "resident_memory_growth_bytes": 0.0, **kw}
 
 
 def result(nodes: dict | None = None, engine: dict | None = None, gpu: dict | None = None, windows=(),
            **kw) -> LoadResult:
     """A clean sustained phase over three nodes (20 s at 15 req/s), with ``nodes``/``engine``/``gpu`` overrides."""
-    nodes = {n: _figs(**(nodes or {}).get(n, {})) for n in NODES}
-    eng = {n: {**_engine(), **(engine or {}).get(n, {})} for n in NODES}
+    nodes = {n: {**_figs(**(nodes or {}).get(n, {})), **_engine(**(engine or {}).get(n, {}))} for n in NODES}
     gpus = {n: GpuFigures(source="dcgm", gpus=1, samples=6, util_mean_pct=40.0, sm_clock_mhz_mean=2000.0,
                           sm_clock_mhz_min=2000.0, throttle_reasons=0).model_copy(update=(gpu or {}).get(n, {}))
             for n in NODES}
@@ -40,7 +40,7 @@ def result(nodes: dict | None = None, engine: dict | None = None, gpu: dict | No
                 slo=SloVerdict(passed=True, reasons=[]),
                 nodes=[NodeFigures(node=n, **f) for n, f in nodes.items()], samples_path="s", warmup_samples_path=None,
                 summary_path="k", k6_exit_code=0, k6_thresholds_crossed=[], k6_cpu_s=2.0, vus_pre=4, vus_max=16,
-                tags={}, notes=[], engine=eng, gpu=gpus, gpu_util_pct=40.0, lag_p99_ms=3.0, windows=list(windows))
+                tags={}, notes=[], gpu=gpus, gpu_util_pct=40.0, lag_p99_ms=3.0, windows=list(windows))
     return LoadResult(**{**base, **kw})
 
 
@@ -53,7 +53,7 @@ def test_a_clean_phase_has_no_finding():
 
 
 def test_no_batching_fires_when_one_request_runs_while_others_wait_and_names_the_node():
-    res = result(engine={"n2": {"running_max": 1.0, "running_mean": 1.0, "waiting_mean": 3.2}})
+    res = result(engine={"n2": {"running_max": 1.0, "waiting_mean": 3.2}})
     got = fd.findings_of({"sustained": res})
     assert [(f.rule, f.node) for f in got] == [("no_batching", "n2")]
     f = got[0]
@@ -109,11 +109,11 @@ def test_slow_node_is_an_outlier_against_the_median_and_needs_three_nodes():
 
 
 def test_memory_drift_fires_on_growth_per_answered_request_and_throughput_drift_on_a_falling_phase():
-    leak = result(engine={"n1": {"resident_memory_growth": 200.0 * 2**20}})  # 200 MiB over 100 answered
+    leak = result(engine={"n1": {"resident_memory_growth_bytes": 200.0 * 2**20}})  # 200 MiB over 100 answered
     got = fd.findings_of({"sustained": leak})
     assert [(f.rule, f.node) for f in got] == [("memory_drift", "n1")] and "2048 KiB per answered" in got[0].evidence
-    assert fired(result(engine={"n1": {"resident_memory_growth": 4.0 * 2**20}})) == []  # allocator noise
-    assert fired(result(engine={"n1": {"resident_memory_growth": None}})) == []
+    assert fired(result(engine={"n1": {"resident_memory_growth_bytes": 4.0 * 2**20}})) == []  # allocator noise
+    assert fired(result(engine={"n1": {"resident_memory_growth_bytes": None}})) == []
     def windows(rates):
         return [WindowFigures(**_figs(rps=r), start_s=5.0 * i, duration_s=5.0, offered_rps=15.0)
                 for i, r in enumerate(rates)]
@@ -144,8 +144,16 @@ def test_links_below_threshold_from_preflight():
 def test_only_the_sustained_phase_is_judged_and_hostile_figures_are_absent():
     over = result(engine={"n2": {"running_max": 1.0, "waiting_mean": 9.0}})
     assert fd.findings_of({"overload": over, "probe": over}) == []
-    for bad in (float("nan"), float("inf"), "12", True):
+    for bad in (float("nan"), float("inf")):
         assert fired(result(engine={"n1": {"preemptions": bad, "kv_usage_mean": bad}})) == [], bad
+    # what an engine's page said reaches NodeFigures as a finite number, or not at all
+    from deploybench.load.scrape import with_engine_signals
+
+    nodes = with_engine_signals(result().nodes, {"n1": {"preemptions": "12", "kv_usage_mean": True,
+                                                        "waiting_mean": float("nan"), "running_max": 1}})
+    n1 = nodes[0]
+    assert (n1.preemptions, n1.kv_usage_mean, n1.waiting_mean, n1.running_max) == (None, None, None, 1.0)
+    assert nodes[1].preemptions is None  # n2: its engine said nothing: absent, not the 0 it had
 
 
 @pytest.mark.parametrize("rule", fd.RULE_IDS)
