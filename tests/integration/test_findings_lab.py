@@ -36,9 +36,15 @@ def test_a_clean_run_has_no_finding(lab, dsn):
 def test_each_fault_is_named_on_its_node_by_its_rule(lab, dsn, fault):
     _, inventory, nodes = lab
     node = nodes[1]
-    out = fault_runs.lab_run(f"deploybench_run/fd_{fault}", inventory, dsn, fault, node)
+    out = fault_runs.lab_run(f"deploybench_run/fd_{fault}", inventory, dsn, fault, node, report=fault == "throttle")
     lines = [f.line() for f in out.findings]
     assert out.named, (fault, node, lines)
     assert out.false == [], lines  # every finding names the faulty node
     hit = next(f for f in out.findings if f.rule == fault_runs.EXPECTED[fault])
     assert hit.phase == "sustained" and hit.window_start is not None and hit.evidence and hit.advice
+    if out.report is not None:  # the report shows the finding, its evidence and advice
+        with open(out.report) as fh:
+            html = fh.read()
+        section = html[html.index("<h2>Findings</h2>"):]
+        assert f"<td>gpu_throttled</td><td>{node}</td>" in section and "slowdown reasons 0x20" in section
+        assert "SM clock 1000 MHz" in section and "cooling" in section

@@ -51,6 +51,7 @@ class Outcome:
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)  # stage -> seconds, as its record says
+    report: str | None = None  # the HTML report's path, when asked for
 
     @property
     def named(self) -> bool:
@@ -81,7 +82,7 @@ def faulted_inventory(inventory: str | Path, fault: str | None, node: str | None
 
 
 def lab_run(run_key: str, inventory: str | Path, dsn: str, fault: str | None = None, node: str | None = None,
-            params: dict[str, Any] | None = None) -> Outcome:
+            params: dict[str, Any] | None = None, report: bool = False) -> Outcome:
     """One whole run with ``fault`` on ``node`` (see the module doc); its findings as the store holds them. The
     faulted inventory is written beside the lab's (an inventory must be in the operator's folders)."""
     import time
@@ -104,11 +105,12 @@ def lab_run(run_key: str, inventory: str | Path, dsn: str, fault: str | None = N
         pipeline.run_stage("teardown", run_key)
         pipeline.release_lease(run_key, dsn)
     pipeline.run_stage("store", run_key, dsn=dsn)
+    path = pipeline.report(run_key, dsn)["path"] if report else None
     stored = load_run(dsn, run_key)
     found = [Finding(**f.model_dump()) for f in stored.findings] if stored is not None else []
     recs = Run.open(run_key).stages()
     out = Outcome(run_key, fault, node, found, round(time.monotonic() - t0, 1),
-                  {s: round(r.seconds or 0.0, 1) for s, r in recs.items()})
+                  {s: round(r.seconds or 0.0, 1) for s, r in recs.items()}, path)
     log.info("run %s (%s on %s): %d findings in %.1f s: %s", run_key, fault or "clean", node or "-", len(found),
              out.seconds, "; ".join(f.line() for f in found) or "none")
     return out

@@ -33,10 +33,13 @@ def findings_section(findings: Iterable[Any], analysed: bool = True) -> str:
         said = CLEAN if analysed else (f"Not judged: the rules read the {' and '.join(ANALYSED_PHASES)} phase, "
                                        "which this run has no result of.")
         return head + f"<p class='findings-none'>{esc(said)}</p>"
-    return head + table(
+    # words read left to right (the report's tables align right for figures); the evidence and advice get room
+    style = ("<style>.findings td,.findings th{text-align:left;vertical-align:top}"
+             ".findings td:nth-child(7),.findings td:nth-child(8){min-width:18em}</style>")
+    return head + style + "<div class='findings'>" + table(
         ["rule", "node", "metric", "window", "observed", "expected / threshold", "evidence", "what to do"],
         [[f.rule, f.node or "cluster", f.metric, _window(f), _n(f.observed), _n(f.expected), f.evidence, f.advice]
-         for f in rows])
+         for f in rows]) + "</div>"
 
 
 def _n(value: float | None) -> str:
