@@ -25,7 +25,7 @@ import os
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, get_args, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -141,6 +141,11 @@ class Price(BaseModel):
         return v
 
 
+# The simulated engine's faults an operator may put on a node (deploybench.sim.faults)
+SimFault = Literal["throttle", "leak", "small_kv", "no_batching", "errors"]
+FAULTS: tuple[str, ...] = get_args(SimFault)
+
+
 class Node(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -156,6 +161,9 @@ class Node(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     k8s_node: str | None = Field(None, description="the Kubernetes node name (kubernetes.io/hostname); default = name")
     price: Price | None = Field(None, description="overrides the inventory's price for this node")
+    sim_fault: SimFault | None = Field(None, description="a fault of the simulated engine on this node only "
+                                                         "(deploybench.sim.faults: lab runs and the diagnosis "
+                                                         "benchmark); the operator's, never the trigger form's")
 
     @field_validator("address", "backend_address", "k8s_node")
     @classmethod

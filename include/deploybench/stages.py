@@ -518,9 +518,10 @@ class Store(Stage):
     retries = True
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench.analyse.findings import run_findings
         from deploybench.store import ingest
 
-        return StoreResult(ingest.store_run(ctx.run, ctx.dsn))
+        return StoreResult(ingest.store_run(ctx.run, ctx.dsn, findings=run_findings(ctx.run)))
 
     def summary(self, ctx: Context, result: Any) -> str:
         return f"run {ctx.run_key} stored: " + ", ".join(f"{k} {v}" for k, v in result.root.items())

@@ -42,8 +42,15 @@ LOG = logging.getLogger(__name__)
 UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 # power (W) and energy since the driver loaded (mJ, a counter): dcgm-exporter's etc/default-counters.csv
 POWER, ENERGY = "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-METRICS = (UTIL, FB_USED, FB_FREE, POWER, ENERGY)
+# the SM clock (MHz) and why it is below its maximum (a bitmask): dcgm-exporter's default counters; the reasons are
+# DCGM field 112, DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, named DCGM_FI_DEV_CLOCKS_EVENT_REASONS by newer DCGMs
+# (NVIDIA/DCGM dcgmlib/dcgm_fields.h): either is read
+SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+THROTTLE = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+METRICS = (UTIL, FB_USED, FB_FREE, POWER, ENERGY, SM_CLOCK, *THROTTLE)
 MAX_W = 5000.0  # one GPU's power draw: past it, the number is not a power
+MAX_MHZ = 10_000.0  # an SM clock: GPUs run at 1-3 GHz
+MAX_REASONS = float(2**32 - 1)  # the reason bits defined fit in 32 (DCGM's go to 0x100)
 DCGM_PORT = 9400
 SMI_COMMAND = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]
 MAX_TEXT = 1 << 20  # characters of nvidia-smi output accepted: a GPU query prints ~20 per GPU
@@ -112,7 +119,9 @@ def smi_points(text: str, base: dict) -> list[dict]:
 def in_range(metric: str, value: float) -> bool:
     """A GPU reading that can be one: utilisation in [0, 100] %, memory in [0, MAX_MIB] MiB, power in [0, MAX_W] W,
     an energy counter not negative (and finite, as every kept sample is)."""
-    top = {UTIL: 100.0, POWER: MAX_W, ENERGY: 1e18}.get(metric, MAX_MIB)
+    top = {UTIL: 100.0, POWER: MAX_W, ENERGY: 1e18, SM_CLOCK: MAX_MHZ}.get(metric, MAX_MIB)
+    if metric in THROTTLE:  # a bitmask: a whole number
+        return math.isfinite(value) and 0 <= value <= MAX_REASONS and value == int(value)
     return math.isfinite(value) and 0 <= value <= top
 
 
@@ -313,7 +322,14 @@ def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: date
             out[node] = GpuFigures(reason=reason)
             continue
         watts, power_from = _power(samples, counters.get(node) or {})
+        clocks = [sum(s[SM_CLOCK]) / len(s[SM_CLOCK]) for s in samples.values() if s.get(SM_CLOCK)]
+        masks = [int(v) for s in samples.values() for m in THROTTLE for v in s.get(m, [])]
+        reasons = None
+        for mask in masks:
+            reasons = (reasons or 0) | mask
         out[node] = GpuFigures(
+            sm_clock_mhz_mean=_mean(clocks), sm_clock_mhz_min=min(clocks) if clocks else None,
+            throttle_reasons=reasons,
             power_mean_w=watts, power_source=power_from,
             energy_j=None if watts is None else round(watts * (end - start).total_seconds(), 3),
             source=sources[node], gpus=len(gpus[node]), samples=len(samples), util_mean_pct=_mean(utils),

@@ -117,6 +117,11 @@ class GpuFigures(BaseModel):
     power_mean_w: float | None = None
     power_source: str | None = None
     energy_j: float | None = None
+    # added with the findings (issue 29): the SM clock (mean over the samples of the mean over the GPUs, and its
+    # lowest), and DCGM's clock-throttle reasons seen in the window (the bitwise OR of every sample; None: not reported)
+    sm_clock_mhz_mean: float | None = None
+    sm_clock_mhz_min: float | None = None
+    throttle_reasons: int | None = None
 
 
 class NodeWindow(BaseModel):
@@ -138,6 +143,15 @@ class NodeFigures(Figures):
     node: str
     gpu_util_pct: float | None = None  # GpuFigures.util_mean_pct of the node (None: not measured)
     gpu_mem_used_mib: float | None = None
+    # added with the findings (issue 29): the node's engine over the measured window, from its /metrics
+    # (``scrape.engine_figures``, by the roles of the engine profile's map; None: not mapped or not on its page)
+    running_max: float | None = None  # requests in the batch, the most in one scrape
+    waiting_mean: float | None = None  # requests queued, mean over the scrapes
+    kv_usage_mean: float | None = None  # KV cache in use (0-1), mean over the scrapes
+    preemptions: float | None = None  # sequences preempted in the window (a counter's increase)
+    resident_memory_growth_bytes: float | None = None  # the engine process's resident memory, end less start
+    batch_mean: float | None = None  # Triton: inferences / executions (the mean batch)
+    inferences: float | None = None  # Triton: inferences in the window
 
 
 class TurnFigures(BaseModel):

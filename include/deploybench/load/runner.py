@@ -47,7 +47,7 @@ from deploybench.load.samples import (
     remove_stale,
     save_samples,
 )
-from deploybench.load.scrape import Scraper, engine_figures, save_series
+from deploybench.load.scrape import Scraper, engine_figures, save_series, with_engine_signals
 from deploybench.load.stats import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 from deploybench.load.ttft import TtftSampler
 from deploybench.paths import k6_dir
@@ -592,6 +592,7 @@ def run_load(
             *_workload_notes(work, plan, rate - share),
         ],
     )
+    result = result.model_copy(update={"nodes": with_engine_signals(result.nodes, result.engine)})
     LOG.info("load %s%s: %d requests, %.2f req/s answered of %.2f offered, P99 %s ms, TTFT P99 %s ms, errors "
              "%.2f%%, dropped %d, SLO %s%s", phase, f" step {step}" if step else "", result.requests,
              result.achieved_rps, result.offered_rps, result.latency_p99_ms, result.ttft_p99_ms,

@@ -1,4 +1,4 @@
-"""The run report's sections: stages, load figures and plots, preflight, fan-out, rollout, errors.
+"""The run report's sections: stages, load figures and plots, findings, preflight, fan-out, rollout, errors.
 
 Read from the run folder only (stage records, samples and metric files the stages wrote).
 """
@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from deploybench.analyse.findings import ANALYSED_PHASES, run_findings
 from deploybench.engines import profile_name
 from deploybench.fanout.result import FanoutResult
 from deploybench.preflight.model import PreflightResult
 from deploybench.report import node_windows, plots
+from deploybench.report.findings_html import findings_section
 from deploybench.report.html import (
     document,
     esc,
@@ -226,6 +228,8 @@ def render(run: Run, history: History | None = None) -> str:
     if ld is not None:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
         parts += node_windows.section(node_windows.of_load(ld.phases))
+    judged = ld is not None and any(p in ld.phases and ld.phases[p].result is not None for p in ANALYSED_PHASES)
+    parts.append(findings_section(run_findings(run), analysed=judged))
     if history is not None:
         parts += history_section(history, scope=_history_scope(run))
     pf = run.preflight_result()

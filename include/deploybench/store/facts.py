@@ -7,6 +7,7 @@ records, so a renamed field fails at the boundary instead of storing NULLs.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,23 @@ class NodeWindowRow(_Row):
     reason: str | None = None
 
 
+class FindingRow(_Row):
+    """A finding (deploybench.analyse.findings.Finding) as the findings table holds it."""
+
+    rule: str
+    node: str | None = None
+    metric: str
+    phase: str
+    step: int = 0
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    observed: float | None = None
+    expected: float | None = None
+    evidence: str
+    advice: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunFacts(BaseModel):
     """Everything about a run beyond its stages, phases and samples."""
 
@@ -107,4 +125,5 @@ class RunFacts(BaseModel):
     rollout_steps: list[RolloutStepRow] = Field(default_factory=list)
     capacity_steps: list[CapacityStepRow] = Field(default_factory=list)
     node_windows: list[NodeWindowRow] = Field(default_factory=list)  # issue 29: per node, per window, per source
+    findings: list[FindingRow] = Field(default_factory=list)
     server_metrics: pd.DataFrame | str | Path | None = None  # columns METRIC_COLUMNS (labels, phase optional)

@@ -132,7 +132,7 @@ def samples_source(load: LoadStageResult) -> Any:
     return pd.concat([read_samples(p) for p in paths], ignore_index=True)
 
 
-def run_facts(run: Run, load: LoadStageResult | None) -> Any:
+def run_facts(run: Run, load: LoadStageResult | None, findings: list[Any] | None = None) -> Any:
     """Identities and the facts of every stage, from the typed stage results (deploybench.records): a stage
     skipped (external backend) or reused (a matrix cell on an earlier cell's deployment) has no facts of its
     own here; its identity fields (the model, the engine) still count."""
@@ -145,6 +145,7 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
     from deploybench.rollout.base import RolloutResult
     from deploybench.store.facts import (
         FanoutNodeRow,
+        FindingRow,
         PreflightLinkRow,
         PreflightNodeRow,
         RolloutStepRow,
@@ -182,11 +183,14 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
                        for s in unique(ro.steps if ro else [], "step")],
         capacity_steps=capacity_steps(load) if load else [],
         node_windows=node_windows(load) if load else [],
+        findings=[FindingRow(**f.model_dump()) for f in findings or []],
         server_metrics=_server_metrics(load) if load else None,
     )
 
 
-def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
+def store_run(run: Run, dsn: str | None = None, findings: list[Any] | None = None) -> dict[str, int]:
+    """The run into the store in one transaction; ``findings`` (deploybench.analyse.findings, which the store stage
+    computes: the analysis is a layer above the store) with it."""
     from deploybench.store import RunRecord, StageRow, write_run
 
     recs = run.stages()
@@ -206,7 +210,7 @@ def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
     stages = [_stage_row(StageRow, r) for s, r in recs.items() if s in STORED_STAGES]
     phases = [row for p in load.ran() for row in phase_records(p)] if load else []
     samples = samples_source(load) if load else None
-    res = write_run(dsn, record, stages, phases, samples, facts=run_facts(run, load))
+    res = write_run(dsn, record, stages, phases, samples, facts=run_facts(run, load, findings))
     log.info("stored run %s: %d stages, %d phases, %d samples (replaced: %s)", run.key, res.stages, res.phases,
              res.samples, res.replaced)
     return {"stages": res.stages, "phases": res.phases, "samples": res.samples, "replaced": int(res.replaced),

@@ -313,7 +313,7 @@ class CapacityStep(Base):
 
 
 class NodeWindow(Base):
-    """One node's figure over one load window (a phase, or a probe step) from one source (migration 0008):
+    """One node's figure over one load window (a phase, or a probe step) from one source (migration 0009):
     ``mean``/``max`` NULL when absent, ``reason`` says why."""
 
     __tablename__ = "node_windows"
@@ -331,6 +331,28 @@ class NodeWindow(Base):
     max: Mapped[float | None] = mapped_column(Double)
     samples: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Finding(Base):
+    """One finding of a run (migration 0010, deploybench.analyse.findings): a rule that fired, with its evidence."""
+
+    __tablename__ = "findings"
+    __table_args__ = (Index(None, "run_key"), Index(None, "rule", "node"))
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    rule: Mapped[str] = mapped_column(Text, nullable=False)
+    node: Mapped[str | None] = mapped_column(Text)  # None: the whole cluster
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    step: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    window_start: Mapped[datetime | None] = _ts(nullable=True)
+    window_end: Mapped[datetime | None] = _ts(nullable=True)
+    observed: Mapped[float | None] = mapped_column(Double)
+    expected: Mapped[float | None] = mapped_column(Double)
+    evidence: Mapped[str] = mapped_column(Text, nullable=False)
+    advice: Mapped[str] = mapped_column(Text, nullable=False)
+    detail: Mapped[dict[str, Any]] = _jsonb()
 
 
 class ServerMetric(Base):

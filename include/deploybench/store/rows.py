@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from deploybench.store.facts import NodeWindowRow
+from deploybench.store.facts import FindingRow, NodeWindowRow
 
 RunStatus = Literal["success", "failed", "running"]
 StageStatus = Literal["success", "failed", "skipped", "running"]
@@ -156,3 +156,4 @@ class StoredRun(_Record):
     excluded: bool = False
     exclude_reason: str | None = None
     node_windows: list[NodeWindowRow] = Field(default_factory=list)  # per node, per window, per source (0008)
+    findings: list[FindingRow] = []  # migration 0010 (deploybench.analyse.findings)

@@ -24,6 +24,7 @@ from deploybench.store.models import (
     CapacityStep,
     Cluster,
     FanoutNode,
+    Finding,
     ModelArtifact,
     NodeWindow,
     PreflightLink,
@@ -37,7 +38,8 @@ from deploybench.store.models import (
     Workload,
 )
 
-FACT_MODELS = (PreflightNode, PreflightLink, FanoutNode, RolloutStep, CapacityStep, NodeWindow, ServerMetric)
+FACT_MODELS = (PreflightNode, PreflightLink, FanoutNode, RolloutStep, CapacityStep, NodeWindow, ServerMetric,
+               Finding)
 _IDENTITY_MODELS: dict[str, type[Cluster | Software | ModelArtifact | ServingConfig | Workload]] = {
     "cluster": Cluster, "software": Software, "model": ModelArtifact, "serving": ServingConfig, "workload": Workload,
 }
@@ -46,9 +48,9 @@ _SERIES_COLUMNS = {"cluster": "cluster_id", "software": "software_id", "model": 
 _COPY_SQL = (f"COPY {ServerMetric.__tablename__} (run_key, {', '.join(METRIC_COLUMNS)}) "
              "FROM STDIN WITH (FORMAT binary)")
 _COPY_TYPES = ("text", "timestamptz", "text", "text", "text", "text", "float8")
-_FACT_LISTS: dict[str, type[PreflightNode | PreflightLink | FanoutNode | RolloutStep | CapacityStep]] = {
+_FACT_LISTS: dict[str, type[PreflightNode | PreflightLink | FanoutNode | RolloutStep | CapacityStep | Finding]] = {
     "preflight_nodes": PreflightNode, "preflight_links": PreflightLink, "fanout_nodes": FanoutNode,
-    "rollout_steps": RolloutStep, "capacity_steps": CapacityStep,
+    "rollout_steps": RolloutStep, "capacity_steps": CapacityStep, "findings": Finding,
 }
 
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import quote, urlencode
 
+from deploybench.analyse.findings import ANALYSED_PHASES
 from deploybench.report import node_windows
+from deploybench.report.findings_html import findings_section
 from deploybench.report.html import (
     Html,
     document,
@@ -330,6 +332,7 @@ def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str
         "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
         f"<h2>Stages</h2>{stages}<h2>Load phases</h2>{phases}"
         + "".join(node_windows.section(stored.node_windows, level=2)) +
+        f"{findings_section(stored.findings, analysed=any(p.phase in ANALYSED_PHASES for p in stored.phases))}"
         f"<h2>Configuration</h2><details><summary>RunConfig</summary>"
         f"<pre>{esc(json.dumps(r.config, indent=1, sort_keys=True))}</pre></details>"
     )

@@ -59,12 +59,14 @@ def test_out_of_range_gpu_readings_are_left_out_of_the_figures_with_a_warning(ca
     base = {"ts": (T0 + timedelta(seconds=1)).isoformat(), "node": "n1", "phase": "p", "step": 0}
     pts = gpu.dcgm_points(page, base, "dcgm-exporter")
     assert [(p["metric"], p["labels"]["gpu"], p["value"]) for p in pts] == [
-        (gpu.UTIL, "0", 42.0), (gpu.UTIL, "1", 250.0), (gpu.FB_USED, "0", -5.0), (gpu.FB_FREE, "0", 1000.0)]
+        (gpu.UTIL, "0", 42.0), (gpu.UTIL, "1", 250.0), (gpu.FB_USED, "0", -5.0), (gpu.FB_FREE, "0", 1000.0),
+        (gpu.SM_CLOCK, "0", 1500.0)]  # the SM clock is kept too since the findings (issue 29)
     bad = [{**base, "node": "n2", "metric": gpu.UTIL, "labels": {"gpu": "0"}, "value": v} for v in (1e9, -1.0)]
     with caplog.at_level("WARNING", "deploybench"):
         figs = gpu.gpu_figures(pts + bad, ["n1", "n2"], T0, T0 + timedelta(seconds=2))
     assert figs["n1"].util_mean_pct == 42.0 and figs["n1"].gpus == 1  # GPU 1's 250 % left out, not averaged in
     assert figs["n1"].mem_used_mib_mean is None and figs["n1"].mem_total_mib is None  # -5 MiB: absent, not 0
+    assert figs["n1"].sm_clock_mhz_mean == 1500.0 and figs["n1"].throttle_reasons is None  # reasons not reported
     assert figs["n2"].source is None and figs["n2"].util_mean_pct is None
     assert "outside their range" in figs["n2"].reason and "e.g. 1e+09" in figs["n2"].reason
     assert "not measured" in gpu.gpu_verdict(figs, SLO(min_gpu_util_pct=10))[0]  # n2: not measured, not met
@@ -408,3 +410,21 @@ def test_report_shows_the_engines_own_figures_by_the_roles_its_profile_maps(tmp_
     assert "<th>queue mean ms</th>" in html and "<th>batch (mean)</th>" in html and "<td>287.50</td>" in html
     assert "<th>KV cache use max</th>" not in html  # no node's profile maps it
     assert "<td>absent</td>" in html  # n1's TTFT: mapped, not on its page
+
+
+def test_the_sm_clock_and_the_throttle_reasons_of_a_window_and_a_reason_that_is_no_bitmask_left_out():
+    """Issue 29: the SM clock's mean and lowest, and every throttle reason seen (the OR of the samples, under either
+    of DCGM's names); a reason that is not a whole number in range is no bitmask: left out, never OR-ed in."""
+    pts = []
+    for i, (clock, reason, name) in enumerate([(1000, 0x20, gpu.THROTTLE[0]), (2000, 0x8, gpu.THROTTLE[1]),
+                                               (1500, 2.5, gpu.THROTTLE[0]), (1500, 2.0**40, gpu.THROTTLE[0])]):
+        ts = (T0 + timedelta(seconds=i + 1)).isoformat()
+        pts += [{"ts": ts, "node": "n1", "metric": gpu.UTIL, "labels": {"gpu": "0"}, "value": 50.0},
+                {"ts": ts, "node": "n1", "metric": gpu.SM_CLOCK, "labels": {"gpu": "0"}, "value": clock},
+                {"ts": ts, "node": "n1", "metric": name, "labels": {"gpu": "0"}, "value": reason}]
+    figs = gpu.gpu_figures(pts, ["n1"], T0, T0 + timedelta(seconds=10))
+    assert figs["n1"].sm_clock_mhz_mean == 1500.0 and figs["n1"].sm_clock_mhz_min == 1000.0
+    assert figs["n1"].throttle_reasons == 0x28
+    clean = gpu.gpu_figures([{**p, "value": 0.0} if p["metric"] in gpu.THROTTLE else p for p in pts[:3]], ["n1"],
+                            T0, T0 + timedelta(seconds=10))
+    assert clean["n1"].throttle_reasons == 0  # reported and clear: 0, not absent
