@@ -241,6 +241,8 @@ THROTTLE_FRACTION = 0.5  # a GPU in thermal slowdown runs well under its clocks:
 LEAK_BYTES_PER_REQUEST = 2 << 20  # 2 MiB a request: a short lab phase of tens of requests grows by tens of MiB
 SMALL_KV_TOKENS = 80  # 5 blocks of 16: two short sequences fill it as they grow
 ERROR_RATE = 0.3  # of a short lab phase's ~40 requests per node, ~12 fail: enough to say where errors come from
+DRIFT_PER_REQUEST = 0.1  # each answered request makes later steps 10 % longer: x 45 after 40 answered, so a lab
+# phase of ~50 requests a node ends at half the throughput it began with (tests/support/fault_runs.py)
 
 
 def fault_args(fault: str | None) -> list[str]:
@@ -253,6 +255,7 @@ def fault_args(fault: str | None) -> list[str]:
         "small_kv": ["--kv-cache-tokens", str(SMALL_KV_TOKENS)],
         "no_batching": ["--no-batching"],
         "errors": ["--error-rate", f"{ERROR_RATE:g}"],
+        "drift": ["--drift-per-request", f"{DRIFT_PER_REQUEST:g}"],
     }
     return list(args[fault])
 

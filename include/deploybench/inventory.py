@@ -142,7 +142,7 @@ class Price(BaseModel):
 
 
 # The simulated engine's faults an operator may put on a node (deploybench.sim.faults)
-SimFault = Literal["throttle", "leak", "small_kv", "no_batching", "errors"]
+SimFault = Literal["throttle", "leak", "small_kv", "no_batching", "errors", "drift"]
 FAULTS: tuple[str, ...] = get_args(SimFault)
 
 

@@ -293,8 +293,13 @@ RULE_IDS = ("no_batching", "client_limited", "kv_cache_saturated", "gpu_throttle
 
 
 def link_findings(preflight: Any) -> list[Finding]:
-    """Preflight's links below their threshold (a PreflightResult; anything else, or none: no finding)."""
+    """Preflight's links below their threshold (a PreflightResult; anything else, or none: no finding), one per
+    link. The node named is the end preflight blamed (``excluded``: a node most of whose links failed, or the end
+    with the larger share of failed links), so a slow node's links all name it, whichever end iperf3 sent from;
+    where preflight blamed neither end, or both (it cannot tell), the sending end, with the other in ``detail``."""
     links = getattr(preflight, "links", None) or []
+    excluded = getattr(preflight, "excluded", None)
+    blamed = set(excluded) if isinstance(excluded, Mapping) else set()
     out = []
     for lt in links:
         ratio, threshold = _num(getattr(lt, "ratio", None)), _num(getattr(lt, "threshold", None))
@@ -302,14 +307,17 @@ def link_findings(preflight: Any) -> list[Finding]:
         if ratio is None or threshold is None or ratio >= threshold:
             continue
         mbit, nominal = _num(lt.mbit), _num(lt.nominal_mbit)
+        ends = [n for n in (lt.src, lt.dst) if n in blamed]
+        node = ends[0] if len(ends) == 1 else lt.src
+        why = (f"; preflight blamed {node}: {str(excluded[node])[:200]}" if len(ends) == 1 and excluded else "")
         out.append(Finding(
-            rule="link_below_threshold", node=lt.src, metric="iperf3 Mbit/s / nominal", phase="preflight",
+            rule="link_below_threshold", node=node, metric="iperf3 Mbit/s / nominal", phase="preflight",
             step=int(lt.round), observed=ratio, expected=threshold,
             evidence=(f"link {lt.src} -> {lt.dst} reached {mbit or 0:.0f} Mbit/s, {ratio:.0%} of the nominal "
-                      f"{nominal or 0:.0f} Mbit/s (threshold {threshold:.0%})"),
+                      f"{nominal or 0:.0f} Mbit/s (threshold {threshold:.0%}){why}"),
             advice="check the link's cables, NIC and switch port, its MTU and the negotiated speed (ethtool); "
                    "a slow link slows the model copy and any traffic between the nodes",
-            detail={"dst": lt.dst, "mbit": mbit, "nominal_mbit": nominal}))
+            detail={"src": lt.src, "dst": lt.dst, "mbit": mbit, "nominal_mbit": nominal}))
     return out
 
 

@@ -31,6 +31,9 @@ def _add_knobs(parser: argparse.ArgumentParser) -> None:
                    help="fault: the SM clock at this fraction of nominal, every step 1/FRACTION longer, DCGM's "
                         "throttle reasons set (default 1: not throttled)")
     g.add_argument("--no-batching", action="store_true", help="fault: one request per step (a batch of 1)")
+    g.add_argument("--drift-per-request", type=float, default=0.0, metavar="FRACTION",
+                   help="fault: every answered request makes each later step this fraction longer (compounding), "
+                        "so the throughput falls over a phase (default 0: no drift)")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +83,7 @@ def params_from_args(args: argparse.Namespace) -> ServiceParams:
         slowdown=args.slowdown,
         clock_fraction=args.throttle,
         no_batching=args.no_batching,
+        drift_per_request=args.drift_per_request,
     )
 
 
@@ -107,7 +111,8 @@ def options_from_args(args: argparse.Namespace):
     if not 0 <= args.leak_bytes_per_request <= 1 << 40:
         raise ConfigError(f"--leak-bytes-per-request {args.leak_bytes_per_request}: must be 0 (no leak) to 2**40")
     # the faults (deploybench.sim.faults) are flags of the engine, not run knobs: an inventory puts them on a node
-    params = replace(ServiceParams.from_config(spec), clock_fraction=args.throttle, no_batching=args.no_batching)
+    params = replace(ServiceParams.from_config(spec), clock_fraction=args.throttle, no_batching=args.no_batching,
+                     drift_per_request=args.drift_per_request)
     return EngineOptions(
         model_dir=args.model_dir,
         served_model_name=args.served_model_name,

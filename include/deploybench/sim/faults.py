@@ -13,12 +13,15 @@ and a finding (deploybench.analyse.findings) must name it; its closed form is in
 - ``small_kv``: a KV cache of ``SMALL_KV_TOKENS`` tokens, too small for the batch: sequences are preempted
   (``kv_limited_capacity``) and the cache's usage sits near 1;
 - ``no_batching``: one request per step, as a server with a batch of 1 (``ServiceParams.no_batching``);
-- ``errors``: ``ERROR_RATE`` of the node's requests answered 500 (the engine's ``error_rate`` knob).
+- ``errors``: ``ERROR_RATE`` of the node's requests answered 500 (the engine's ``error_rate`` knob);
+- ``drift``: every answered request makes each later step ``DRIFT_PER_REQUEST`` longer, compounding
+  (``ServiceParams.drift_per_request``, closed form ``drift_completion_ms``): the throughput falls over the phase.
 """
 
 from __future__ import annotations
 
 from deploybench.engines import (  # the flags live with the engines' commands (base layer), re-exported here
+    DRIFT_PER_REQUEST,
     ERROR_RATE,
     LEAK_BYTES_PER_REQUEST,
     SMALL_KV_TOKENS,
@@ -27,7 +30,7 @@ from deploybench.engines import (  # the flags live with the engines' commands (
 )
 from deploybench.inventory import FAULTS, SimFault
 
-__all__ = ["ERROR_RATE", "FAULTS", "LEAK_BYTES_PER_REQUEST", "SMALL_KV_TOKENS", "THROTTLE_FRACTION", "SimFault",
+__all__ = ["DRIFT_PER_REQUEST", "ERROR_RATE", "FAULTS", "LEAK_BYTES_PER_REQUEST", "SMALL_KV_TOKENS", "THROTTLE_FRACTION", "SimFault",
            "THROTTLE_REASON", "fault_args"]
 
 # DCGM's clock-throttle reason bits (NVIDIA/DCGM dcgmlib/dcgm_fields.h: DCGM_CLOCKS_THROTTLE_REASON_*, the

@@ -45,6 +45,7 @@ vocabulary picked by a hash of (seed, prompt, i), so the text can be predicted f
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -233,6 +234,9 @@ def shared_prefix_cached_tokens(
 # -- the scheduler ---------------------------------------------------------------------------------
 
 
+MAX_DRIFT_FACTOR = 1e6  # the drift fault's slowdown stops growing here: a step of 10 ms then lasts ~3 hours
+
+
 @dataclass(frozen=True)
 class ServiceParams:
     """The knobs that decide timing (milliseconds). No defaults here: they live in deploybench.config
@@ -247,6 +251,9 @@ class ServiceParams:
     # faults (deploybench.sim.faults): the SM clock's fraction of nominal (every time / it), one request per step
     clock_fraction: float = 1.0
     no_batching: bool = False
+    # the drift fault: every step of the engine that has answered n requests lasts (1 + drift_per_request) ** n
+    # times longer (``drift_factor``): its throughput falls over a phase, as a leak or a fragmenting cache makes it
+    drift_per_request: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -261,11 +268,20 @@ class ServiceParams:
         if not 0 < self.clock_fraction <= 1:
             raise ConfigError(f"clock_fraction={self.clock_fraction} must be in (0, 1]: the share of the nominal SM "
                               "clock a throttled GPU keeps (1 = not throttled)")
+        if not 0 <= self.drift_per_request <= 1:
+            raise ConfigError(f"drift_per_request={self.drift_per_request} must be in [0, 1]: the fraction every "
+                              "answered request adds to each later step's time (0 = no drift)")
 
     @property
     def time_factor(self) -> float:
         """What every service time is multiplied by: the slowdown, and a throttled clock's 1 / fraction."""
         return self.slowdown / self.clock_fraction
+
+    def drift_factor(self, answered: int) -> float:
+        """What the drift fault multiplies a step by once ``answered`` requests were answered (1 without it)."""
+        if not self.drift_per_request:
+            return 1.0
+        return math.exp(min(math.log(MAX_DRIFT_FACTOR), answered * math.log1p(self.drift_per_request)))
 
     @property
     def batch_limit(self) -> int:
@@ -285,6 +301,7 @@ class ServiceParams:
             slowdown=sim.slowdown,
             clock_fraction=getattr(sim, "clock_fraction", 1.0),
             no_batching=getattr(sim, "no_batching", False),
+            drift_per_request=getattr(sim, "drift_per_request", 0.0),
         )
 
 
@@ -333,6 +350,7 @@ class BatchScheduler:
     cache: PrefixCache | None = None
     kv_blocks: int | None = None
     preemptions: int = 0
+    answered: int = 0  # sequences completed (the drift fault's count)
 
     @property
     def busy(self) -> bool:
@@ -383,7 +401,8 @@ class BatchScheduler:
         if not self.running:
             return None
         prefill = p.prefill_per_token_ms * uncached
-        duration = p.time_factor * (prefill + p.decode_base_ms + p.decode_per_seq_ms * len(self.running))
+        duration = p.time_factor * p.drift_factor(self.answered) * (
+            prefill + p.decode_base_ms + p.decode_per_seq_ms * len(self.running))
         return Iteration(duration, admitted, list(self.running))
 
     def finish_iteration(self, it: Iteration) -> list[Sequence]:
@@ -394,6 +413,7 @@ class BatchScheduler:
             if seq.generated >= seq.output_tokens:
                 done.append(seq)
         if done:
+            self.answered += len(done)
             gone = set(map(id, done))
             self.running = [s for s in self.running if id(s) not in gone]
         return done
@@ -493,6 +513,15 @@ def kv_limited_capacity(params: ServiceParams, prompt_tokens: float, output_toke
     per_request_ms = 1000.0 / capacity(replace(params, max_num_seqs=low_n), prompt_tokens,
                                        output_tokens).requests_per_s + redo
     return 1000.0 / per_request_ms, high
+
+
+def drift_completion_ms(params: ServiceParams, prompt_tokens: float, output_tokens: float, k: int) -> float:
+    """The drift fault's closed form, one request at a time (a batch of one, all queued at 0): when the ``k``-th
+    (from 0) completes. Request j runs after j answered, each of its steps ``drift_factor(j)`` longer, so it takes
+    ``single_e2e_ms x g ** j`` (g = 1 + drift_per_request), and the sum is geometric."""
+    one = capacity(params, prompt_tokens, output_tokens).single_e2e_ms
+    g = 1.0 + params.drift_per_request
+    return one * (k + 1) if g == 1.0 else one * (g ** (k + 1) - 1) / (g - 1)
 
 
 def leaked_bytes(leak_bytes_per_request: int, answered: int) -> int:

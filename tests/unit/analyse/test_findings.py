@@ -139,6 +139,17 @@ def test_links_below_threshold_from_preflight():
     got = fd.findings_of({}, pf)
     assert [(f.rule, f.node, f.detail["dst"]) for f in got] == [("link_below_threshold", "n1", "n2")]
     assert "41% of the nominal 1000 Mbit/s (threshold 90%)" in got[0].evidence
+    # the end preflight blamed is named, whichever end sent: a slow n2 shows on n1 -> n2 and n2 -> n3 alike
+    links[1] = LinkTest(src="n2", dst="n3", round=0, nominal_mbit=1000, mbit=300, ratio=0.3, ok=False,
+                        threshold=0.9)
+    pf = PreflightResult(nodes=[], links=links, healthy=["n1", "n3"], excluded={"n2": "2 of 2 links failed"},
+                         decision="", seconds=1.0)
+    got = fd.findings_of({}, pf)
+    assert [(f.node, f.detail["src"], f.detail["dst"]) for f in got] == [("n2", "n1", "n2"), ("n2", "n2", "n3")]
+    assert "preflight blamed n2: 2 of 2 links failed" in got[0].evidence
+    both = PreflightResult(nodes=[], links=links[:1], healthy=[], excluded={"n1": "x", "n2": "x"}, decision="",
+                           seconds=1.0)
+    assert [f.node for f in fd.findings_of({}, both)] == ["n1"]  # cannot tell: the sender, as before
 
 
 def test_only_the_sustained_phase_is_judged_and_hostile_figures_are_absent():

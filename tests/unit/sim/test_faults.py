@@ -184,3 +184,27 @@ def test_the_trigger_form_cannot_put_a_fault_on_a_node():
         with pytest.raises(ConfigError, match=name):
             params.to_config({"inventory": "demo", name: "throttle"})
     assert not {"throttle", "clock_fraction", "no_batching", "leak_bytes_per_request"} & set(SimKnobs.model_fields)
+
+
+def test_the_drift_fault_slows_each_request_by_its_closed_form():
+    """A batch of one, every request queued at 0: request k completes at single_e2e x (g^(k+1) - 1) / (g - 1)
+    (``drift_completion_ms``), g = 1 + drift_per_request; without the fault, at single_e2e x (k + 1)."""
+    from dataclasses import replace
+
+    from deploybench.sim.service_model import ServiceParams, capacity, drift_completion_ms, simulate
+
+    base = ServiceParams(max_num_seqs=1, decode_base_ms=10, decode_per_seq_ms=0.5, prefill_per_token_ms=0.1,
+                         queue_limit=100)
+    drifting = replace(base, drift_per_request=0.1)
+    arrivals = [(0.0, 20, 8)] * 30
+    for params in (base, drifting):
+        done = sorted(simulate(params, arrivals).completions_ms)
+        for k in (0, 1, 9, 29):
+            assert done[k] == pytest.approx(drift_completion_ms(params, 20, 8, k), rel=1e-9), (params, k)
+    one = capacity(base, 20, 8).single_e2e_ms
+    assert drift_completion_ms(base, 20, 8, 29) == pytest.approx(30 * one)
+    late = sorted(simulate(drifting, arrivals).completions_ms)
+    assert late[29] - late[28] == pytest.approx(one * 1.1 ** 29)  # the 30th takes 15.9 x the first's time
+    assert drifting.drift_factor(10**9) == pytest.approx(1e6)  # bounded: no overflow on a long-lived engine
+    with pytest.raises(ConfigError, match="drift_per_request=1.5"):
+        replace(base, drift_per_request=1.5)
