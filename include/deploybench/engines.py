@@ -261,11 +261,13 @@ def fault_args(fault: str | None) -> list[str]:
 
 
 def _list_values(e: EngineSpec, node: Node | None = None) -> dict[str, list[str]]:
-    """The list placeholders; ``{sim_args}`` ends with the fault the inventory puts on ``node`` (sim.faults)."""
+    """The list placeholders; ``{sim_args}`` ends with the fault the inventory puts on ``node`` (sim.faults), and
+    ``--no-dcgm`` where the inventory says the node has no DCGM (``Node.sim_dcgm``)."""
     k = e.sim
     sim = [*sim_service_args(e), "--seed", str(k.seed), "--slowdown", f"{k.slowdown:g}",
            "--error-rate", f"{k.error_rate:g}", "--crash-after", str(k.crash_after),
-           *fault_args(node.sim_fault if node is not None else None)]
+           *fault_args(node.sim_fault if node is not None else None),
+           *(["--no-dcgm"] if node is not None and not node.sim_dcgm else [])]
     return {"extra_args": list(e.extra_args), "sim_args": sim}
 
 

@@ -164,6 +164,9 @@ class Node(BaseModel):
     sim_fault: SimFault | None = Field(None, description="a fault of the simulated engine on this node only "
                                                          "(deploybench.sim.faults: lab runs and the diagnosis "
                                                          "benchmark); the operator's, never the trigger form's")
+    sim_dcgm: bool = Field(True, description="the simulated engine on this node exports DCGM's gauges on its /metrics; "
+                                             "false: a node without DCGM, whose GPU only nvidia-smi reads (the lab's "
+                                             "nvidia-smi stand-in, deploybench.sim.nvidia_smi); the operator's")
 
     @field_validator("address", "backend_address", "k8s_node")
     @classmethod

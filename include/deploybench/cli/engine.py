@@ -57,6 +57,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--error-rate", type=float, default=sim.error_rate, help="fraction of requests answered 500")
     f.add_argument("--crash-after", type=int, default=sim.crash_after,
                    help="exit (code 3) after answering this many inference requests; 0 = never")
+    f.add_argument("--no-dcgm", action="store_true",
+                   help="leave DCGM's gauges off /metrics: a node without DCGM, whose GPU nvidia-smi reads (the lab's "
+                        "nvidia-smi stand-in asks the engine's /sim/gpu)")
     f.add_argument("--leak-bytes-per-request", type=int, default=0,
                    help="fault: the resident memory it reports grows by this per answered request (default 0)")
     parser.add_argument("--loop", choices=["auto", "asyncio"], default="auto",
@@ -120,6 +123,7 @@ def options_from_args(args: argparse.Namespace):
         port=args.port,
         params=params,
         leak_bytes_per_request=args.leak_bytes_per_request,
+        dcgm=not args.no_dcgm,
         max_model_len=spec.max_model_len,
         seed=spec.sim.seed,
         error_rate=spec.sim.error_rate,

@@ -249,8 +249,9 @@ def stop_prometheus(name: str) -> None:
 
 
 def write_stand_ins(folder: Path) -> None:
-    """The scripts of the programs the lab's nodes lack (deploybench.sim.stand_in.STAND_INS: ``tritonserver``) in
-    ``folder`` (the lab's bin/, on the nodes' PATH after the system's folders, so a real one installed wins)."""
+    """The scripts of the programs the lab's nodes lack (deploybench.sim.stand_in.STAND_INS: ``tritonserver``,
+    ``nvidia-smi``) in ``folder`` (the lab's bin/, on the nodes' PATH after the system's folders, so a real one
+    installed wins)."""
     import shlex
 
     from deploybench.sim.stand_in import STAND_INS
@@ -272,6 +273,12 @@ def _node_env(name: str, node: str) -> dict[str, str]:
         "DEPLOYBENCH_LAB": name,
         "DEPLOYBENCH_NODE": node,
     }
+    gpus = LabFiles(name).node_dir(node) / "gpus"  # where its simulated engines list their GPUs for nvidia-smi
+    if " " not in str(gpus):
+        from deploybench.sim.nvidia_smi import GPU_DIR_ENV
+
+        gpus.mkdir(parents=True, exist_ok=True)
+        env[GPU_DIR_ENV] = str(gpus)
     home = str(paths.home())
     if " " not in home:
         env["DEPLOYBENCH_HOME"] = home

@@ -48,6 +48,7 @@ from typing import cast
 
 from deploybench.errors import DeploybenchError
 from deploybench.sim.api import OpenAIApi
+from deploybench.sim.nvidia_smi import GPU_DIR_ENV
 from deploybench.sim.metrics import GPU_MEMORY_MIB, GPU_MEMORY_UTILIZATION, KV_MIB_PER_TOKEN, EngineMetrics
 from deploybench.sim.server import HttpError, Request, error_body, read_request, response
 from deploybench.sim.service_model import (
@@ -90,6 +91,7 @@ class EngineOptions:
     prefix_caching: bool = True  # vLLM v1's automatic prefix caching
     kv_cache_tokens: int = 0  # the KV cache's size; 0 = from the GPU's memory (kv_cache_blocks)
     leak_bytes_per_request: int = 0  # the leak fault (deploybench.sim.faults)
+    dcgm: bool = True  # DCGM's gauges on /metrics; False: a node without DCGM, its GPU read by nvidia-smi
 
 
 class _Job:
@@ -226,7 +228,7 @@ class EngineServer:
         self.kv_blocks = kv_cache_blocks(opts.kv_cache_tokens, size)
         self.metrics = EngineMetrics(opts.served_model_name, opts.params.max_num_seqs, size, self.kv_blocks,
                                      clock_fraction=opts.params.clock_fraction,
-                                     leak_bytes_per_request=opts.leak_bytes_per_request)
+                                     leak_bytes_per_request=opts.leak_bytes_per_request, dcgm=opts.dcgm)
         self.prefix_caching = opts.prefix_caching
         cache = PrefixCache(self.kv_blocks) if opts.prefix_caching else None
         # one pool, as vLLM's: the blocks that cache prefixes are the blocks the running sequences hold
@@ -237,6 +239,7 @@ class EngineServer:
         self._created = int(time.time())
         self._server: asyncio.Server | None = None
         self._metrics_server: asyncio.Server | None = None
+        self._gpu_entry: Path | None = None  # where this engine's GPU is listed for nvidia-smi (register_gpu)
         self.api = OpenAIApi(self)
         self.triton = TritonApi(self) if opts.protocol == "triton" else None
 
@@ -261,7 +264,25 @@ class EngineServer:
         """The bound port (useful with ``port=0``)."""
         return self._server.sockets[0].getsockname()[1] if self._server else self.opts.port
 
+    def register_gpu(self) -> Path | None:
+        """List this engine's simulated GPU where the lab's nvidia-smi stand-in looks (``$GPU_DIR_ENV``, a folder
+        of the node's own: deploybench.sim.nvidia_smi): a file naming its ``/sim/gpu`` URL, written whole then
+        renamed, removed at close. None (nothing listed) without that folder: nvidia-smi then finds no GPU."""
+        folder = os.environ.get(GPU_DIR_ENV)
+        if not folder or not Path(folder).is_dir():
+            return None
+        host = self.opts.host if self.opts.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        entry = Path(folder) / f"gpu-{self.port}.json"
+        tmp = entry.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": f"http://{host}:{self.port}/sim/gpu", "pid": os.getpid()}))
+        tmp.replace(entry)
+        self._gpu_entry = entry
+        return entry
+
     async def close(self) -> None:
+        if self._gpu_entry is not None:
+            self._gpu_entry.unlink(missing_ok=True)
         if self._server:
             self._server.close()
         if self._metrics_server:
@@ -327,6 +348,10 @@ class EngineServer:
 
     async def _dispatch(self, req: Request, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False when the connection must close."""
+        if req.path == "/sim/gpu" and req.method == "GET":  # the simulated GPU's driver, for nvidia-smi's stand-in
+            writer.write(response(200, json.dumps(self.metrics.smi_values()).encode(), keep_alive=req.keep_alive))
+            await writer.drain()
+            return True
         if self.triton is not None:
             return await self._dispatch_triton(self.triton, req, writer)
         route = _ROUTES.get(req.path)
@@ -423,6 +448,7 @@ async def serve(opts: EngineOptions, ready: asyncio.Event | None = None) -> None
     """Run one engine until SIGTERM/SIGINT (or cancellation)."""
     server = EngineServer(opts)
     await server.start()
+    server.register_gpu()
     p = opts.params
     log.info(
         "engine %r ready on http://%s:%d (max_num_seqs=%d queue_limit=%d decode=%.3g+%.3g*n ms prefill=%.3g ms/token "

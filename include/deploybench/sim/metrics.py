@@ -30,7 +30,10 @@ occupancy in closed form (what the load stage's GPU figures are tested against):
   the throttle fault's reason (``deploybench.sim.faults.THROTTLE_REASON``: DCGM's SW thermal slowdown bit).
 The names and units are dcgm-exporter's (etc/default-counters.csv of NVIDIA/dcgm-exporter; the throttle reasons are
 DCGM field 112, DCGM_FI_DEV_CLOCK_THROTTLE_REASONS in NVIDIA/DCGM dcgmlib/dcgm_fields.h, which newer releases also
-name DCGM_FI_DEV_CLOCKS_EVENT_REASONS).
+name DCGM_FI_DEV_CLOCKS_EVENT_REASONS). An engine started with ``dcgm=False`` (``--no-dcgm``: a node without DCGM)
+leaves them off its page; its GPU is then read as nvidia-smi reads one (``smi_values``, the same figures under
+nvidia-smi's query names, served at the engine's ``/sim/gpu`` for the lab's nvidia-smi stand-in,
+deploybench.sim.nvidia_smi).
 
 Faults (deploybench.sim.faults) show where an operator would look: ``vllm:num_preemptions_total`` (vLLM V1's
 counter, vllm/v1/metrics/loggers.py) counts the scheduler's preemptions (0 on a clean engine), and
@@ -136,10 +139,11 @@ class EngineMetrics:
     """Counters, gauges and histograms of one engine; the scheduler and the handlers update them."""
 
     def __init__(self, model_name: str, slots: int = 1, model_bytes: int = 0, kv_blocks: int = 0, *,
-                 clock_fraction: float = 1.0, leak_bytes_per_request: int = 0) -> None:
+                 clock_fraction: float = 1.0, leak_bytes_per_request: int = 0, dcgm: bool = True) -> None:
         from deploybench.sim.faults import THROTTLE_REASON
 
         self.labels = f'model_name="{model_name}"'
+        self.dcgm = dcgm  # DCGM's gauges on the page (False: a node without DCGM, see the module doc)
         self.clock_fraction = clock_fraction
         self.throttle_reasons = THROTTLE_REASON if clock_fraction < 1.0 else 0
         self.leak_bytes_per_request = leak_bytes_per_request
@@ -193,15 +197,34 @@ class EngineMetrics:
         own = sum(-(-(s.prompt_tokens + s.generated) // BLOCK_TOKENS) - len(s.blocks) for s in seqs)
         return min(1.0, (len(shared) + own) / self.kv_blocks)
 
-    def gpu_lines(self, now: float | None = None) -> list[str]:
-        """The DCGM-named gauges (see the module doc)."""
+    def gpu_state(self, now: float | None = None) -> tuple[float, int, float, float]:
+        """(utilisation %, memory used MiB, power W, energy mJ since the start) at ``now`` (see the module doc)."""
         now = time.monotonic() if now is None else now
         util = 100.0 * self.occupancy.mean(now, GPU_UTIL_WINDOW_S) / self.slots
         used = round(self.model_mib + KV_MIB_PER_TOKEN * self.kv_tokens)
-        g = GPU_LABELS
         power = IDLE_W + (BUSY_W - IDLE_W) * util / 100.0
         energy_mj = 1000.0 * (IDLE_W * (now - self.started)
                               + (BUSY_W - IDLE_W) * self.occupancy.area(now) / self.slots)
+        return util, used, power, energy_mj
+
+    def smi_values(self, now: float | None = None) -> dict[str, float]:
+        """The GPU as nvidia-smi's query fields read it (``nvidia-smi --help-query-gpu``): the same figures as the
+        DCGM gauges, utilisation in whole % and memory in MiB as nvidia-smi prints them, power to 0.01 W."""
+        util, used, power, _ = self.gpu_state(now)
+        return {"utilization.gpu": round(util), "memory.used": used, "memory.total": GPU_MEMORY_MIB,
+                "power.draw": round(power, 2), "clocks.sm": round(SM_CLOCK_MHZ * self.clock_fraction),
+                "temperature.gpu": round(35 + 45 * util / 100.0)}
+
+    def gpu_lines(self, now: float | None = None) -> list[str]:
+        """The DCGM-named gauges (see the module doc); without DCGM only the sim's own busy-slot counter."""
+        now = time.monotonic() if now is None else now
+        busy = ["# HELP deploybench_sim_busy_slot_seconds_total Integral of running sequences over time.",
+                "# TYPE deploybench_sim_busy_slot_seconds_total counter",
+                f"deploybench_sim_busy_slot_seconds_total{{{self.labels}}} {self.occupancy.area(now):.6f}"]
+        if not self.dcgm:
+            return busy
+        util, used, power, energy_mj = self.gpu_state(now)
+        g = GPU_LABELS
         return [
             "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).", "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
             f"DCGM_FI_DEV_POWER_USAGE{{{g}}} {power:.3f}",
@@ -221,9 +244,7 @@ class EngineMetrics:
             f"DCGM_FI_DEV_FB_USED{{{g}}} {used}",
             "# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).", "# TYPE DCGM_FI_DEV_FB_FREE gauge",
             f"DCGM_FI_DEV_FB_FREE{{{g}}} {GPU_MEMORY_MIB - used}",
-            "# HELP deploybench_sim_busy_slot_seconds_total Integral of running sequences over time.",
-            "# TYPE deploybench_sim_busy_slot_seconds_total counter",
-            f"deploybench_sim_busy_slot_seconds_total{{{self.labels}}} {self.occupancy.area(now):.6f}",
+            *busy,
         ]
 
     def render(self) -> str:
