@@ -1,10 +1,13 @@
 """The diagnosis benchmark: each simulated fault on one node of a small netns lab, and clean runs, side by side.
 
 Every run is a whole short run (tests/support/fault_runs.py, lab_run: preflight, fan-out, rollout, the sustained
-phase, teardown, store) with one fault of deploybench.sim.faults on one node (a different node each time, in
-turn), or none. Prints, per run, every rule that fired and on which node, whether the fault's own rule named the
-faulty node, and the false findings (anything in a clean run; another node or the cluster in a faulty one). Needs
-root (network namespaces) and sshd. Usage:
+phase, teardown, store) with one fault of ``fault_runs.FAULTS`` (a different node each time, in turn), or none:
+the simulated engine's faults on one node (deploybench.sim.faults), the drift fault on every node (a rule of the
+cluster), k6 held to too few VUs (client), one node's link shaped under its nominal speed (slow_link: preflight
+stops that run; its finding comes from preflight's record). Prints, per run, every rule that fired and on which
+node, whether the fault's own rule named the faulty node (the cluster, for a cluster's rule), and the false
+findings (anything in a clean run; another node or the cluster in a node's fault; another rule in a cluster's).
+Needs root (network namespaces) and sshd. Usage:
 
     .venv/bin/python bench/diagnosis.py [--nodes 3] [--clean 3] [--repeat 1]
 
@@ -26,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: te
 from deploybench import paths  # noqa: E402
 from deploybench.analyse.findings import RULE_IDS  # noqa: E402
 from deploybench.lab import cluster  # noqa: E402
-from deploybench.sim.faults import FAULTS  # noqa: E402
 from tests.support import fault_runs  # noqa: E402
 from tests.support import store_fixtures as fx  # noqa: E402
 
@@ -47,18 +49,21 @@ def main() -> int:
         nodes = [n.name for n in inv.nodes]
         inventory = str(paths.lab_dir(lab) / "inventory.json")
         plan: list[tuple[str | None, str | None]] = [(None, None)] * args.clean
-        plan += [(f, nodes[(i + r) % len(nodes)]) for r in range(args.repeat) for i, f in enumerate(FAULTS)]
+        plan += [(f, nodes[(i + r) % len(nodes)]) for r in range(args.repeat)
+                 for i, f in enumerate(fault_runs.FAULTS)]
         for i, (fault, node) in enumerate(plan):
             out = fault_runs.lab_run(f"deploybench_run/{lab}_{i:02d}", inventory, dsn, fault, node,
-                                     params={"canary_nodes": len(nodes)})
+                                     params={"canary_nodes": len(nodes)}, lab=lab)
             outcomes.append(out)
             fired = ", ".join(f"{f.rule}@{f.node or 'cluster'}" for f in out.findings) or "none"
             verdict = ("clean" if fault is None else
-                       f"{fault_runs.EXPECTED[fault]} on {node}: {'NAMED' if out.named else 'MISSED'}")
+                       f"{fault_runs.EXPECTED[fault]} on {out.where or 'cluster'}: "
+                       f"{'NAMED' if out.named else 'MISSED'}")
             stages = " ".join(f"{k} {v:g}" for k, v in out.stages.items() if k in ("preflight", "fanout", "rollout",
                                                                                    "load", "teardown", "store"))
-            print(f"run {i:2d} {fault or 'clean':<11} node {node or '-':<6} {verdict:<40} fired: {fired}; "
-                  f"false: {len(out.false)}  ({out.seconds:.0f} s: {stages})", flush=True)
+            stopped = f"; stopped at {out.stopped.split(':')[0]}" if out.stopped else ""
+            print(f"run {i:2d} {fault or 'clean':<11} node {node or '-':<6} {verdict:<45} fired: {fired}; "
+                  f"false: {len(out.false)}  ({out.seconds:.0f} s: {stages}{stopped})", flush=True)
     finally:
         cluster.down(lab)
         fx.drop_database(dsn)

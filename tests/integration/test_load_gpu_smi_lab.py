@@ -21,7 +21,7 @@ from tests.support import fault_runs, lab_names
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120), pytest.mark.netns]
 
 LAB = lab_names.unique("smi")
-B, D_MS, O, RATE = 8, 10.0, 20, 20.0  # 10 req/s a node: 10 x 20 x 10 ms / 8 = 25 % of the slots
+B, D_MS, O, RATE = 8, 10.0, 20, 20.0  # noqa: E741 - 10 req/s a node: 10 x 20 x 10 ms / 8 = 25 % of the slots
 
 
 @pytest.fixture(scope="module")

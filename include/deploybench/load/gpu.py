@@ -15,10 +15,11 @@ becomes points in the scraper's series format under DCGM's names (``DCGM_FI_DEV_
 ``DCGM_FI_DEV_FB_USED``/``_FREE`` in MiB, ``DCGM_FI_DEV_POWER_USAGE`` in W, label ``gpu``; polled ones also
 ``source``), so the results store ingests them as server metrics. What a node prints is hostile: ``parse_smi``
 takes exactly the four numeric columns asked for, in range, or refuses the line; ``[N/A]`` (e.g. memory on
-unified-memory GB10 systems, power where power management is not supported) is absent, not 0. A /metrics page (the engine's or an exporter's) is read within the scraper's
-bounds (``scrape.get_page``, ``scrape.parse_metrics``: no NaN or infinity is kept), and ``gpu_figures``
-leaves out every reading outside its range (utilisation 0-100 %, memory 0-``MAX_MIB``), whatever its
-source, with a warning: a node with none left is absent, so an objective on it is not measured, not met.
+unified-memory GB10 systems, power where power management is not supported) is absent, not 0. A /metrics page
+(the engine's or an exporter's) is read within the scraper's bounds (``scrape.get_page``,
+``scrape.parse_metrics``: no NaN or infinity is kept), and ``gpu_figures`` leaves out every reading outside its
+range (utilisation 0-100 %, memory 0-``MAX_MIB``, power 0-``MAX_W``), whatever its source,
+with a warning: a node with none left is absent, so an objective on it is not measured, not met.
 """
 
 from __future__ import annotations

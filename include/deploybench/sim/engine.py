@@ -48,8 +48,8 @@ from typing import cast
 
 from deploybench.errors import DeploybenchError
 from deploybench.sim.api import OpenAIApi
-from deploybench.sim.nvidia_smi import GPU_DIR_ENV
 from deploybench.sim.metrics import GPU_MEMORY_MIB, GPU_MEMORY_UTILIZATION, KV_MIB_PER_TOKEN, EngineMetrics
+from deploybench.sim.nvidia_smi import GPU_DIR_ENV
 from deploybench.sim.server import HttpError, Request, error_body, read_request, response
 from deploybench.sim.service_model import (
     BLOCK_TOKENS,

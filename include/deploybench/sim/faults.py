@@ -30,8 +30,8 @@ from deploybench.engines import (  # the flags live with the engines' commands (
 )
 from deploybench.inventory import FAULTS, SimFault
 
-__all__ = ["DRIFT_PER_REQUEST", "ERROR_RATE", "FAULTS", "LEAK_BYTES_PER_REQUEST", "SMALL_KV_TOKENS", "THROTTLE_FRACTION", "SimFault",
-           "THROTTLE_REASON", "fault_args"]
+__all__ = ["DRIFT_PER_REQUEST", "ERROR_RATE", "FAULTS", "LEAK_BYTES_PER_REQUEST", "SMALL_KV_TOKENS",
+           "THROTTLE_FRACTION", "SimFault", "THROTTLE_REASON", "fault_args"]
 
 # DCGM's clock-throttle reason bits (NVIDIA/DCGM dcgmlib/dcgm_fields.h: DCGM_CLOCKS_THROTTLE_REASON_*, the
 # deprecated names of DCGM_CLOCKS_EVENT_REASON_*; the same as NVML's nvmlClocksThrottleReasons)

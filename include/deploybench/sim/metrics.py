@@ -207,13 +207,14 @@ class EngineMetrics:
                               + (BUSY_W - IDLE_W) * self.occupancy.area(now) / self.slots)
         return util, used, power, energy_mj
 
-    def smi_values(self, now: float | None = None) -> dict[str, float]:
+    def smi_values(self, now: float | None = None) -> dict[str, float | str]:
         """The GPU as nvidia-smi's query fields read it (``nvidia-smi --help-query-gpu``): the same figures as the
         DCGM gauges, utilisation in whole % and memory in MiB as nvidia-smi prints them, power to 0.01 W."""
         util, used, power, _ = self.gpu_state(now)
         return {"utilization.gpu": round(util), "memory.used": used, "memory.total": GPU_MEMORY_MIB,
                 "power.draw": round(power, 2), "clocks.sm": round(SM_CLOCK_MHZ * self.clock_fraction),
-                "temperature.gpu": round(35 + 45 * util / 100.0)}
+                "temperature.gpu": round(35 + 45 * util / 100.0), "name": "deploybench-sim",
+                "driver_version": "deploybench-sim"}
 
     def gpu_lines(self, now: float | None = None) -> list[str]:
         """The DCGM-named gauges (see the module doc); without DCGM only the sim's own busy-slot counter."""

@@ -32,7 +32,8 @@ GPU_DIR_ENV = "DEPLOYBENCH_SIM_GPU_DIR"
 # the fields the simulated GPU has, and the unit nvidia-smi prints after each (``nvidia-smi --help-query-gpu``;
 # the header reads "utilization.gpu [%], memory.used [MiB], ..." with units, the bare names with ``nounits``)
 UNITS = {"utilization.gpu": "%", "memory.used": "MiB", "memory.total": "MiB", "power.draw": "W",
-         "clocks.sm": "MHz", "temperature.gpu": ""}
+         "clocks.sm": "MHz", "temperature.gpu": "", "name": "", "driver_version": ""}
+TEXT_FIELDS = ("name", "driver_version")  # printed as they are (what preflight's GPU check asks, with memory.total)
 MAX_GPUS = 64
 MAX_ENTRY = 4096
 MAX_ANSWER = 1 << 16
@@ -82,6 +83,9 @@ def _gpus(folder: Path) -> list[dict[str, float]]:
 
 def _value(field: str, v: object, units: bool) -> str:
     """One figure as nvidia-smi prints it: power to 0.01 W ("243.17"), the others whole ("87", "61234")."""
+    if field in TEXT_FIELDS:
+        ok = isinstance(v, str) and 0 < len(v) <= 64 and v.isprintable() and "," not in v
+        return str(v) if ok else "[N/A]"
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return "[N/A]"
     text = f"{v:.2f}" if field == "power.draw" else f"{v:.0f}"
