@@ -208,3 +208,19 @@ def test_the_drift_fault_slows_each_request_by_its_closed_form():
     assert drifting.drift_factor(10**9) == pytest.approx(1e6)  # bounded: no overflow on a long-lived engine
     with pytest.raises(ConfigError, match="drift_per_request=1.5"):
         replace(base, drift_per_request=1.5)
+
+
+def test_a_node_without_dcgm_starts_its_engine_without_the_gauges_and_the_drift_fault_reaches_the_scheduler():
+    inv = Inventory.model_validate({"name": "t", "transport": "local", "nodes": [
+        {"name": "n1", "address": "10.0.0.11", "link_mbit": 1000},
+        {"name": "n2", "address": "10.0.0.12", "link_mbit": 1000, "sim_dcgm": False, "sim_fault": "drift"}]})
+    spec = EngineSpec(profile="sim")
+    argv = {n.name: engines.profile("sim").command(engines.LaunchContext(inv, n, "/m", "m", 8000, spec))
+            for n in inv.nodes}
+    assert "--no-dcgm" not in argv["n1"] and "--drift-per-request" not in argv["n1"]
+    served = options_from_args(parse_serve_args(argv["n2"][argv["n2"].index("--host"):]))
+    assert served.dcgm is False and served.params.drift_per_request == faults.DRIFT_PER_REQUEST
+    assert options_from_args(parse_serve_args(argv["n1"][argv["n1"].index("--host"):])).dcgm is True
+    with pytest.raises(ValueError, match="sim_dcgm"):
+        Inventory.model_validate({"name": "t", "transport": "local", "nodes": [
+            {"name": "n1", "address": "10.0.0.11", "link_mbit": 1000, "sim_dcgm": "maybe"}]})
