@@ -309,7 +309,7 @@ def link_findings(preflight: Any) -> list[Finding]:
         mbit, nominal = _num(lt.mbit), _num(lt.nominal_mbit)
         ends = [n for n in (lt.src, lt.dst) if n in blamed]
         node = ends[0] if len(ends) == 1 else lt.src
-        why = f"; preflight blamed {node} (its links' share of failures)" if len(ends) == 1 else ""
+        why = f"; preflight blamed {node}, the end with the larger share of failed links" if len(ends) == 1 else ""
         out.append(Finding(
             rule="link_below_threshold", node=node, metric="iperf3 Mbit/s / nominal", phase="preflight",
             step=int(lt.round), observed=ratio, expected=threshold,

@@ -275,8 +275,12 @@ class EngineServer:
         host = f"[{host}]" if ":" in host else host
         entry = Path(folder) / f"gpu-{self.port}.json"
         tmp = entry.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"url": f"http://{host}:{self.port}/sim/gpu", "pid": os.getpid()}))
-        tmp.replace(entry)
+        try:
+            tmp.write_text(json.dumps({"url": f"http://{host}:{self.port}/sim/gpu", "pid": os.getpid()}))
+            tmp.replace(entry)
+        except OSError as exc:  # the engine serves all the same; nvidia-smi will not find its GPU
+            log.warning("cannot list the simulated GPU in %s for nvidia-smi: %s", folder, exc)
+            return None
         self._gpu_entry = entry
         return entry
 
