@@ -460,7 +460,8 @@ class LoadSpec(_Strict):
                         description="Arrival rate for the whole cluster, requests/s (open model). Without the probe "
                                     "phase the sustained phase offers exactly this rate, and overload ramps from it "
                                     "to overload_factor x it; with the probe both work from the measured capacity "
-                                    "instead (sustained at sustained_fraction x it).")
+                                    "instead (sustained at sustained_fraction x it). A conversation workload "
+                                    "counts this rate, the probe's and the throughput target in sessions/s.")
     duration_s: float = Field(30.0, gt=0, le=86400, title="Sustained duration (s)",
                               description="Measured duration of the sustained phase, after its warm-up.")
     warmup_s: float = Field(5.0, ge=0, le=3600, title="Warm-up (s)",

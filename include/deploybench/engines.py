@@ -75,7 +75,8 @@ class Readiness:
 # names live (deploybench.load.scrape keeps what the map names and computes the figures by role).
 HISTOGRAM_ROLES = ("ttft", "itl", "e2e", "queue")  # Prometheus histograms in seconds: time to first token,
 # inter-token latency, end to end, time waiting in the engine's queue
-GAUGE_ROLES = ("running", "waiting", "kv_usage")  # requests in the batch, requests queued, KV-cache use (0-1)
+GAUGE_ROLES = ("running", "waiting", "kv_usage",  # requests in the batch, requests queued, KV-cache use (0-1)
+               "resident_memory")  # the server process's resident bytes (prometheus_client's process collector)
 COUNTER_ROLES = ("prompt_tokens", "generation_tokens", "prefix_hits", "prefix_queries", "preemptions",
                  "success", "failure",
                  # Triton's per-model counters (docs/user_guide/metrics.md of triton-inference-server/server):
@@ -235,10 +236,38 @@ def _placeholder_values(ctx: LaunchContext) -> dict[str, str]:
             "max_model_len": str(e.max_model_len), "triton_repository": triton_repository(ctx)}
 
 
-def _list_values(e: EngineSpec) -> dict[str, list[str]]:
+# The simulated engine's faults (deploybench.sim.faults says what each stands for): their flags and magnitudes
+THROTTLE_FRACTION = 0.5  # a GPU in thermal slowdown runs well under its clocks: half is what HW slowdown does
+LEAK_BYTES_PER_REQUEST = 2 << 20  # 2 MiB a request: a short lab phase of tens of requests grows by tens of MiB
+SMALL_KV_TOKENS = 80  # 5 blocks of 16: two short sequences fill it as they grow
+ERROR_RATE = 0.3  # of a short lab phase's ~40 requests per node, ~12 fail: enough to say where errors come from
+DRIFT_PER_REQUEST = 0.1  # each answered request makes later steps 10 % longer: x 45 after 40 answered, so a lab
+# phase of ~50 requests a node ends at half the throughput it began with (tests/support/fault_runs.py)
+
+
+def fault_args(fault: str | None) -> list[str]:
+    """The sim engine's flags for ``fault`` (None: none); they come last, so they win over the run's knobs."""
+    if fault is None:
+        return []
+    args = {
+        "throttle": ["--throttle", f"{THROTTLE_FRACTION:g}"],
+        "leak": ["--leak-bytes-per-request", str(LEAK_BYTES_PER_REQUEST)],
+        "small_kv": ["--kv-cache-tokens", str(SMALL_KV_TOKENS)],
+        "no_batching": ["--no-batching"],
+        "errors": ["--error-rate", f"{ERROR_RATE:g}"],
+        "drift": ["--drift-per-request", f"{DRIFT_PER_REQUEST:g}"],
+    }
+    return list(args[fault])
+
+
+def _list_values(e: EngineSpec, node: Node | None = None) -> dict[str, list[str]]:
+    """The list placeholders; ``{sim_args}`` ends with the fault the inventory puts on ``node`` (sim.faults), and
+    ``--no-dcgm`` where the inventory says the node has no DCGM (``Node.sim_dcgm``)."""
     k = e.sim
     sim = [*sim_service_args(e), "--seed", str(k.seed), "--slowdown", f"{k.slowdown:g}",
-           "--error-rate", f"{k.error_rate:g}", "--crash-after", str(k.crash_after)]
+           "--error-rate", f"{k.error_rate:g}", "--crash-after", str(k.crash_after),
+           *fault_args(node.sim_fault if node is not None else None),
+           *(["--no-dcgm"] if node is not None and not node.sim_dcgm else [])]
     return {"extra_args": list(e.extra_args), "sim_args": sim}
 
 
@@ -319,7 +348,12 @@ class ProfileFile(BaseModel):
         metrics_port = self.metrics.port
 
         def command(ctx: LaunchContext) -> list[str]:
-            values, lists = _placeholder_values(ctx), _list_values(ctx.engine)
+            values, lists = _placeholder_values(ctx), _list_values(ctx.engine, ctx.node)
+            if ctx.node.sim_fault is not None and "{sim_args}" not in template:
+                raise ConfigError(f"node {ctx.node.name}: the inventory puts the simulated fault "
+                                  f"{ctx.node.sim_fault!r} on it, but engine profile {self.name!r} runs no simulated "
+                                  "engine (its command has no {sim_args}); remove sim_fault from the inventory or "
+                                  "run the sim profile")
             values["metrics_port"] = str(metrics_port or ctx.port)  # the profile's [metrics] port
             argv: list[str] = []
             for item in template:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, get_args, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -110,6 +111,41 @@ class SSHSettings(BaseModel):
         return check_path(v, absolute=False)
 
 
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+
+
+class Price(BaseModel):
+    """What one node costs per hour of use, in a currency (ISO 4217 code): the base of the cost per million output
+    tokens of each load phase (deploybench.load.cost). Optional: without it the cost is absent, never 0."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_node_hour: float = Field(description="price of one node for one hour, >= 0")
+    currency: str = Field(description="ISO 4217 code, e.g. USD, EUR")
+
+    @field_validator("per_node_hour", mode="before")
+    @classmethod
+    def _amount(cls, v: Any) -> float:
+        # a JSON number only: "2.5" (a string), true (a bool), NaN or Infinity (which Python's json reads) are refused
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"price per node-hour {repr(v)[:80]} is not a number >= 0; write the price of one node "
+                             'for one hour as a JSON number, e.g. {"per_node_hour": 2.5, "currency": "USD"}')
+        return float(v)
+
+    @field_validator("currency", mode="before")
+    @classmethod
+    def _currency(cls, v: Any) -> str:
+        if not isinstance(v, str) or not _CURRENCY.match(v):
+            raise ValueError(f"currency {repr(v)[:40]} is not a currency code; write its three capital letters "
+                             "(ISO 4217), e.g. USD or EUR")
+        return v
+
+
+# The simulated engine's faults an operator may put on a node (deploybench.sim.faults)
+SimFault = Literal["throttle", "leak", "small_kv", "no_batching", "errors", "drift"]
+FAULTS: tuple[str, ...] = get_args(SimFault)
+
+
 class Machine(BaseModel):
     """What every machine of an inventory has: a name and the address its transport reaches it at."""
 
@@ -147,6 +183,13 @@ class Node(Machine):
     model_root: str | None = Field(None, description="overrides the inventory's model_root for this node")
     labels: dict[str, str] = Field(default_factory=dict)
     k8s_node: str | None = Field(None, description="the Kubernetes node name (kubernetes.io/hostname); default = name")
+    price: Price | None = Field(None, description="overrides the inventory's price for this node")
+    sim_fault: SimFault | None = Field(None, description="a fault of the simulated engine on this node only "
+                                                         "(deploybench.sim.faults: lab runs and the diagnosis "
+                                                         "benchmark); the operator's, never the trigger form's")
+    sim_dcgm: bool = Field(True, description="the simulated engine on this node exports DCGM's gauges on its /metrics; "
+                                             "false: a node without DCGM, whose GPU only nvidia-smi reads (the lab's "
+                                             "nvidia-smi stand-in, deploybench.sim.nvidia_smi); the operator's")
 
     @field_validator("backend_address", "k8s_node")
     @classmethod
@@ -187,6 +230,8 @@ class Inventory(BaseModel):
     run_root: str = "/var/lib/deploybench/run"
     controller_address: str | None = None
     lab: dict[str, Any] | None = Field(None, description="set by the lab: its name and mode")
+    # the price of a node-hour, for every node without its own (optional: the cost per token is absent without it)
+    price: Price | None = None
     nodes: list[Node]
     # load-generator machines: with none, the controller alone offers each load phase
     loadgens: list[LoadGen] = Field(default_factory=list)
@@ -235,6 +280,22 @@ class Inventory(BaseModel):
                 "set it to a known_hosts file or name an Airflow connection in ssh.conn_id"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_currency(self) -> Inventory:
+        # the cost of a phase sums its nodes' prices: they must be in one currency
+        priced = [("price", self.price), *((f"node {n.name}", n.price) for n in self.nodes)]
+        seen = {p.currency: where for where, p in priced if p is not None}
+        if len(seen) > 1:
+            listed = ", ".join(f"{c} ({w})" for c, w in seen.items())
+            raise ValueError(f"prices in more than one currency: {listed}; a phase's cost adds its nodes' prices, so "
+                             "give every price in one currency")
+        return self
+
+    def price_of(self, node: Node | str) -> Price | None:
+        """The node's price per hour: its own, else the inventory's; None when neither is set."""
+        n = self.node(node) if isinstance(node, str) else node
+        return n.price or self.price
 
     # -- lookups -----------------------------------------------------------------------------
     def node(self, name: str) -> Node:

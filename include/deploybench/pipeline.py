@@ -38,12 +38,14 @@ log = logging.getLogger(__name__)
 # -- the stages (deploybench.stages): each run through the recorder ----------------------------------------
 def run_stage(name: str, run_key: str, *, ssh_overrides: dict | None = None, kube: Any = None,
               dsn: str | None = None, phase: str | None = None, params: dict[str, Any] | None = None,
-              meta: dict[str, Any] | None = None) -> Any:
+              meta: dict[str, Any] | None = None, prometheus: Any = None) -> Any:
     """Run the stage ``name`` of the registry for ``run_key`` and write its record, success or failure (a
     retried stage overwrites it); returns its typed result, or None when it did nothing (a load phase not
-    asked for; a stage that runs after failures, of a run whose validate failed)."""
+    asked for; a stage that runs after failures, of a run whose validate failed). ``prometheus``: the team's
+    Prometheus (deploybench.load.prom.PromSource, or a URL), asked by the load stage."""
     stage = REGISTRY[name]
-    ctx = Context(run_key, ssh_overrides=ssh_overrides, kube=kube, dsn=dsn, phase=phase, params=params, meta=meta)
+    ctx = Context(run_key, ssh_overrides=ssh_overrides, kube=kube, dsn=dsn, phase=phase, params=params, meta=meta,
+                  prometheus=prometheus)
     if name == "validate":
         Validate.clear(run_key)
     elif stage.after_failure and Run.open_if_validated(run_key) is None:
@@ -76,13 +78,14 @@ def validate(run_key: str, flat_params: dict[str, Any], meta: dict[str, Any] | N
     return dump(got)
 
 
-def run_all(run_key: str, *, ssh_overrides: dict | None = None, kube: Any = None) -> None:
+def run_all(run_key: str, *, ssh_overrides: dict | None = None, kube: Any = None, prometheus: Any = None) -> None:
     """The stages that touch the cluster, in order, under the lease's heartbeat (the CLI's run): preflight,
-    fan-out, rollout, then every load phase."""
+    fan-out, rollout, then every load phase (with the team's Prometheus, when given)."""
     with lease_heartbeat(run_key):
         for name in LEASED_STAGES:
             for phase in LOAD_PHASES if name == "load" else (None,):
-                run_stage(name, run_key, ssh_overrides=ssh_overrides, kube=kube, phase=phase)
+                run_stage(name, run_key, ssh_overrides=ssh_overrides, kube=kube, phase=phase,
+                          prometheus=prometheus if name == "load" else None)
 
 
 def report(run_key: str, dsn: str | None = None) -> dict:

@@ -26,7 +26,7 @@ from deploybench.config import LoadPhase
 from deploybench.errors import DeploybenchError
 from deploybench.fanout.result import DERIVED, NODE_DERIVED, FanoutResult
 from deploybench.load.probe import ProbeStep
-from deploybench.load.results import LoadResult
+from deploybench.load.results import LoadResult, NodeWindow
 from deploybench.preflight.model import PreflightResult
 from deploybench.rollout.base import RolloutResult
 
@@ -73,6 +73,8 @@ class PhaseOutcome(BaseModel):
     error: str | None = None
     analysis: dict[str, Any] | None = None
     series: list[str] = []  # scraped /metrics and GPU series of every k6 run of the phase
+    # per step (0 but for the probe's steps): each node's figures over that k6 run's window (LoadResult.node_windows)
+    node_windows: dict[int, list[NodeWindow]] = {}
 
     def probe_steps(self) -> list[ProbeStep]:
         """Every step of the capacity search (probe phase; none for the others)."""

@@ -96,6 +96,7 @@ class Context:
     phase: str | None = None
     params: dict[str, Any] | None = None
     meta: dict[str, Any] | None = None
+    prometheus: Any = None  # a deploybench.load.prom.PromSource (or what parse_source takes): the team's Prometheus
 
     @functools.cached_property
     def run(self) -> Run:
@@ -132,7 +133,8 @@ class Stage(ABC):
     # How a DAG runs it (deploybench.airflow.stages builds every task from these; nothing there names a stage):
     task: ClassVar[str] = ""  # its task's id inside a group named after the stage; "": the stage's name, no group
     phases: ClassVar[tuple[str, ...]] = ()  # one task per phase instead (in a group named after the stage)
-    needs: ClassVar[frozenset[str]] = frozenset()  # what its task hands it: "ssh", "kube", "dsn", "params"
+    # what its task hands it: "ssh", "kube", "dsn", "params", "prometheus"
+    needs: ClassVar[frozenset[str]] = frozenset()
     retries: ClassVar[bool] = False  # its task retries (safe: it reads the run folder and writes the store)
     # Its failures are verdicts on the run's input (it touches nothing): never retried. Its task retries once
     # only when the task failed outside deploybench's code (its process killed, the execution API unreachable).
@@ -320,7 +322,9 @@ class Load(Stage):
     name = "load"
     result = LoadStageResult
     phases = LOAD_PHASES
-    needs = frozenset({"ssh"})  # nodes without DCGM metrics report their GPUs through nvidia-smi
+    # nodes without DCGM metrics report their GPUs through nvidia-smi; the team's Prometheus (optional) is asked for
+    # every node's figures over each window
+    needs = frozenset({"ssh", "prometheus"})
 
     def phases_not_asked(self, ctx: Context) -> list[str]:
         asked = {p.value for p in ctx.run.cfg.load.phases}
@@ -337,7 +341,7 @@ class Load(Stage):
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import engines
-        from deploybench.load import Endpoint, loadgen, phases
+        from deploybench.load import Endpoint, loadgen, phases, prom
 
         run, phase = ctx.run, str(ctx.phase)
         out_dir = run.dir / "load"
@@ -354,7 +358,9 @@ class Load(Stage):
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
                          transports={n: cluster[n] for n in {e.node for e in eps}},
                          api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
-                         max_model_len=run.cfg.engine.max_model_len, generators=gens)
+                         max_model_len=run.cfg.engine.max_model_len, generators=gens,
+                         prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
+                         prometheus=prom.parse_source(ctx.prometheus))
         return self._assembled(ctx)
 
     def _assembled(self, ctx: Context) -> LoadStageResult:
@@ -448,14 +454,16 @@ class Validate(Stage):
     result = ValidateResult
     leased = False
     judges_input = True
-    needs = frozenset({"params"})
+    needs = frozenset({"params", "prometheus"})  # a malformed Prometheus connection is refused here, not at load
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import params as form
         from deploybench import policy, rollout, workloads
         from deploybench.inventory import Inventory
+        from deploybench.load import prom
         from deploybench.matrix import planned
 
+        prom.parse_source(ctx.prometheus)
         cfg, preset = form.configure(ctx.params or {})
         if preset is not None:  # what the form's preset did, in the task log and in run.json
             log.info("run %s: %s", ctx.run_key, preset.describe())
@@ -512,9 +520,10 @@ class Store(Stage):
     retries = True
 
     def run(self, ctx: Context, cluster: Cluster) -> Any:
+        from deploybench.analyse.findings import run_findings
         from deploybench.store import ingest
 
-        return StoreResult(ingest.store_run(ctx.run, ctx.dsn))
+        return StoreResult(ingest.store_run(ctx.run, ctx.dsn, findings=run_findings(ctx.run)))
 
     def summary(self, ctx: Context, result: Any) -> str:
         return f"run {ctx.run_key} stored: " + ", ".join(f"{k} {v}" for k, v in result.root.items())

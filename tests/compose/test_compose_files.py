@@ -9,6 +9,7 @@ Airflow version disagrees with requirements.txt, RBAC that misses a call the kub
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yaml"
 COMPONENTS = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 ENV_EXAMPLE = ROOT / "deploy" / "compose.env.example"
+MONITORING_SERVICES = {"prometheus", "grafana"}  # the optional `monitoring` profile
 sys_path_deploy = ROOT / "deploy"
 
 
@@ -35,8 +37,10 @@ def _airflow_pin() -> str:
 
 
 def test_compose_has_the_official_shape_and_every_component_waits_for_init_and_is_checked():
-    services = _compose()["services"]
+    everything = _compose()["services"]
+    services = {k: v for k, v in everything.items() if not v.get("profiles")}  # what `up` starts by default
     assert set(services) == {"postgres", "airflow-init", *COMPONENTS}
+    assert {k for k, v in everything.items() if v.get("profiles")} == MONITORING_SERVICES
     for name in COMPONENTS:
         svc = services[name]
         assert svc["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully", name
@@ -85,6 +89,59 @@ def test_docker_compose_accepts_the_file_with_the_example_env(tmp_path):
                                if not line.startswith("POSTGRES_PASSWORD=")) + "\n")
     done = config(no_pw)
     assert done.returncode != 0 and "POSTGRES_PASSWORD" in done.stderr
+
+
+def _mounts(svc: dict) -> dict[str, str]:
+    """container path -> host path of a service's bind mounts (named volumes left out)."""
+    out = {}
+    for m in svc["volumes"]:
+        host, target = m.split(":")[:2]
+        if host.startswith(("./", "${")):
+            out[target] = host
+    return out
+
+
+def test_the_monitoring_profile_loads_the_shipped_rules_config_and_dashboard():
+    """Prometheus (built from the stand-in base with Debian's package) reads deploy/monitoring's prometheus.yml, and
+    with it alerts.yml; Grafana (described only: no registry here) gets both datasources and the run dashboard."""
+    services = _compose()["services"]
+    prom, grafana = services["prometheus"], services["grafana"]
+    assert prom["profiles"] == grafana["profiles"] == ["monitoring"]
+    assert prom["build"]["context"] == "./deploy/standin" and prom["build"]["network"] == "host"
+    dockerfile = (ROOT / "deploy" / "standin" / prom["build"]["dockerfile"]).read_text()
+    assert "install -y -qq --no-install-recommends prometheus" in dockerfile
+    config_flag = re.search(r'"--config\.file=([^"]+)"', dockerfile).group(1)
+    folder, name = config_flag.rsplit("/", 1)
+    host = _mounts(prom)[folder]
+    assert (ROOT / host / name).is_file() and (ROOT / host / "alerts.yml").is_file()
+    assert "alerts.yml" in yaml.safe_load((ROOT / host / name).read_text())["rule_files"]
+    assert prom["healthcheck"]["test"] and "127.0.0.1:" in prom["ports"][0]  # published on the host only by default
+    provisioning = ROOT / _mounts(grafana)["/etc/grafana/provisioning"]
+    sources = yaml.safe_load((provisioning / "datasources" / "deploybench.yml").read_text())["datasources"]
+    assert {d["type"] for d in sources} == {"prometheus", "grafana-postgresql-datasource"}
+    assert next(d for d in sources if d["type"] == "prometheus")["url"] == "http://prometheus:9090"
+    results = next(d for d in sources if d["type"] == "grafana-postgresql-datasource")
+    assert results["secureJsonData"]["password"] == "$DEPLOYBENCH_RESULTS_PASSWORD"  # from the environment
+    assert grafana["environment"]["DEPLOYBENCH_RESULTS_PASSWORD"].startswith("${DEPLOYBENCH_RESULTS_PASSWORD:?")
+    provider = yaml.safe_load((provisioning / "dashboards" / "deploybench.yml").read_text())["providers"][0]
+    dashboards = ROOT / next(h for t, h in _mounts(grafana).items() if t == provider["options"]["path"])
+    board = json.loads((dashboards / "deploybench-run.json").read_text())
+    used = {p["datasource"]["type"] for p in board["panels"]} | {
+        a["datasource"]["type"] for a in board["annotations"]["list"]}
+    assert used <= {d["type"] for d in sources}  # every datasource the dashboard asks for is provisioned
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="docker-compose not installed (.ci/bootstrap installs it)")
+def test_docker_compose_accepts_the_monitoring_profile():
+    done = subprocess.run(["docker-compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "--env-file",
+                           str(ENV_EXAMPLE), "--profile", "monitoring", "config"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)["services"]
+    assert resolved["prometheus"]["ports"] == ["127.0.0.1:9090:9090/tcp"]  # the example env's: the host only
+    assert resolved["grafana"]["ports"] == ["127.0.0.1:3000:3000/tcp"]
+    assert resolved["grafana"]["environment"]["DEPLOYBENCH_RESULTS_PASSWORD"] == "change-me-three"
 
 
 def test_image_and_stand_in_install_the_airflow_version_requirements_pins():

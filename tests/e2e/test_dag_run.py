@@ -119,6 +119,29 @@ def test_with_a_results_connection_store_and_report_use_that_database(lab, dag, 
     assert load_run(None, key) is None, "the run leaked into the embedded default database"
 
 
+def test_with_a_prometheus_connection_each_node_is_read_from_it_per_window(lab, dag, monkeypatch):
+    """AIRFLOW_CONN_DEPLOYBENCH_PROMETHEUS set to the lab's own Prometheus: the load task reads each node's figures
+    over its window from it, stored beside the scraped ones."""
+    from urllib.parse import urlsplit
+
+    from deploybench.store import load_run
+
+    url = lab.inv.lab.get("prometheus") if lab.inv.lab else None
+    if not url:
+        pytest.skip("the lab runs without Prometheus (apt-get install prometheus prometheus-node-exporter)")
+    u = urlsplit(url)
+    monkeypatch.setenv("AIRFLOW_CONN_DEPLOYBENCH_PROMETHEUS", json.dumps(
+        {"conn_type": "http", "host": u.hostname, "port": u.port, "schema": "http", "extra": {"step_s": 1}}))
+    dr = dag.test(run_conf=_conf(lab, load_duration_s=4, scrape_interval_s=1))
+    assert dr.state == "success"
+    stored = load_run(None, _key(dr))
+    assert stored is not None
+    got = {(w.node, w.metric): w for w in stored.node_windows if w.source == "prometheus" and w.phase == "sustained"}
+    for node in lab.inv.nodes:
+        for metric in ("cpu_busy_pct", "net_rx_bytes_per_s", "gpu_util_pct", "engine_running"):
+            assert got[(node.name, metric)].mean is not None and got[(node.name, metric)].samples >= 2, got
+
+
 def test_unreachable_node_fails_the_run_and_everything_is_cleaned(lab, dag):
     """A node down: preflight aborts, nothing is deployed, the failed run is stored with its reason."""
     from deploybench.lab import cluster

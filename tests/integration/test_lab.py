@@ -76,7 +76,9 @@ class TestNetnsLab:
     def test_inventory_and_ssh_with_checked_host_key(self, lab):
         name, inv, _ = lab
         assert inv.transport is TransportKind.SSH and inv.names == ["n01", "n02", "n03"]
-        assert inv.lab == {"name": name, "mode": "netns", "subnet": inv.lab["subnet"], "dir": str(paths.lab_dir(name))}
+        prom = {"prometheus": f"http://{inv.controller_address}:9090"} if shutil.which("prometheus") else {}
+        assert inv.lab == {"name": name, "mode": "netns", "subnet": inv.lab["subnet"], "dir": str(paths.lab_dir(name)),
+                           **prom}
         for node in inv.nodes:
             with connect(inv, node) as t:
                 assert isinstance(t, SSHTransport)

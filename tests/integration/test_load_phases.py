@@ -12,6 +12,7 @@ import pytest
 
 from deploybench.config import SLO, EngineSpec, LoadSpec, SimKnobs
 from deploybench.engines import profile as engine_profile
+from deploybench.inventory import Price
 from deploybench.load import Endpoint, load_samples, phases
 from deploybench.load.scrape import read_series
 from deploybench.sim.service_model import ServiceParams, capacity
@@ -84,11 +85,17 @@ def test_sustained_then_overload_on_two_nodes(engines, tmp_path):
 def test_one_load_balanced_url(engines, tmp_path):
     eps = engines(ENGINE, 1)
     spec = LoadSpec(rate=10, duration_s=3, warmup_s=1, target_url=eps[0].url, **WORK)
-    out = phases.run_phase("sustained", eps, spec, SLO(), tmp_path / "load")
+    # the cost is the serving node's (n1, behind the URL), not the load balancer's (the inventory has no "lb")
+    out = phases.run_phase("sustained", eps, spec, SLO(), tmp_path / "load",
+                           prices={"n1": Price(per_node_hour=2.0, currency="EUR")})
     res = out["result"]
     assert [n["node"] for n in res["nodes"]] == [phases.LB_NODE] and res["errors"] == 0
     assert set(load_samples(res["samples_path"])["node"]) == {phases.LB_NODE}
     assert set(res["engine"]) == {"n1"}  # the nodes behind the URL are scraped by name
+    tokens = res["output_tps"] * res["duration_s"]
+    assert tokens > 0 and res["cost_currency"] == "EUR" and res["cost_per_hour"] == 2.0
+    assert res["cost_per_million_output_tokens"] == pytest.approx(2.0 * res["duration_s"] / 3600 / tokens * 1e6,
+                                                                  rel=1e-5)
 
 
 def test_an_endpoint_that_dies_mid_phase_is_attributed_to_its_node(engines, tmp_path):

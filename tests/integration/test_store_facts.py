@@ -161,3 +161,29 @@ def test_a_store_killed_half_way_leaves_nothing_and_the_retry_stores_it_whole(ds
                     facts=fx.facts(fx.config()))
     assert not res.replaced and res.samples == 100_000
     assert _count(dsn, RequestSample, key) == 100_000 and _count(dsn, RolloutStep, key) == 2
+
+
+def test_node_windows_are_upserted_per_window_node_figure_and_source(dsn):
+    from deploybench.store.facts import NodeWindowRow
+
+    key = "deploybench_run/windows_1"
+    frame = fx.samples(50, 250, np.random.default_rng(3))
+
+    def rows(util: float) -> list[NodeWindowRow]:
+        return [NodeWindowRow(phase="probe", step=s, node=n, metric="gpu_util_pct", source=src, unit="%",
+                              mean=util + s, max=util + s + 5, samples=6)
+                for s in (1, 2) for n in ("n1", "n2") for src in ("prometheus", "scrape")] + [
+            NodeWindowRow(phase="sustained", node="n1", metric="gpu_power_w", source="prometheus", unit="W",
+                          reason="prometheus at http://p:9090 did not answer")]
+
+    for util in (10.0, 30.0):  # the second write replaces each figure, never adds a second
+        base = fx.facts(fx.config())
+        facts = base.model_copy(update={"node_windows": rows(util)})
+        res = write_run(dsn, fx.run_record(key, fx.config()), [], fx.phase_from(frame, 20), frame, facts=facts)
+        assert res.facts["node_windows"] == 9
+    stored = load_run(dsn, key)
+    assert stored is not None and len(stored.node_windows) == 9
+    got = {(w.phase, w.step, w.node, w.source): w for w in stored.node_windows if w.metric == "gpu_util_pct"}
+    assert got[("probe", 2, "n2", "scrape")].mean == 32.0 and got[("probe", 2, "n2", "scrape")].max == 37.0
+    (absent,) = [w for w in stored.node_windows if w.metric == "gpu_power_w"]
+    assert absent.mean is None and absent.max is None and absent.samples == 0 and "did not answer" in absent.reason

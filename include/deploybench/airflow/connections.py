@@ -74,6 +74,21 @@ def socket_dsn(login: str | None, password: str | None, folder: str, port: int |
                       database=database or None, query=query).render_as_string(hide_password=False)
 
 
+def prometheus_source(conn_id: str | None = None) -> Any:
+    """The team's Prometheus (deploybench.load.prom.PromSource) from the ``deploybench_prometheus`` connection
+    (host, port, schema: http|https; extras: node_selector, gpu_selector, engine_selector, step_s, timeout_s,
+    remote_write), or None when there is no such connection: then nothing asks a Prometheus."""
+    from deploybench.load.prom import CONN_ID, PromSource
+
+    conn_id = conn_id or CONN_ID
+    if not _connection_exists(conn_id):
+        return None
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    return PromSource.of_connection(conn.host, conn.port, conn.schema, dict(conn.extra_dejson or {}))
+
+
 def kube_clients(conn_id: str | None) -> KubeClients | None:
     """Kubernetes API clients (apps/v1, core/v1, policy/v1) from the cncf.kubernetes provider's KubernetesHook."""
     if not conn_id:

@@ -130,6 +130,10 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
             given["kube"] = kube(key)
         if "dsn" in stage.needs:
             given["dsn"] = _dsn()
+        if "prometheus" in stage.needs:  # the team's Prometheus (optional): a malformed connection fails validate
+            from deploybench.airflow.connections import prometheus_source
+
+            given["prometheus"] = prometheus_source()
         if "params" in stage.needs:  # the DAG run's params (the trigger form), or a benchmark's or a cell's conf
             ctx = get_current_context()
             given["params"] = dict(ctx["params"]) if conf is None else conf

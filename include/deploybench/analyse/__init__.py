@@ -6,7 +6,8 @@
   a baseline with a rank test on the per-request samples, the throughput-latency Pareto front;
 - ``history``  — change points per series (ruptures' PELT, confirmed by a Welch t-test from
   scipy), written back with method and parameters, and a verdict for the newest run;
-- ``pareto``   — the front itself (pure).
+- ``pareto``   — the front itself (pure);
+- ``findings`` — the runbook's troubleshooting table as rules over one run's typed results (pure).
 
 Nothing here imports Airflow; statistics come from scipy and ruptures, not from this package.
 """

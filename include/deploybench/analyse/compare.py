@@ -1,5 +1,6 @@
 """Compare stored runs: configurations x figures, the best one meeting the SLO, changes against a
-baseline with their significance, and the throughput-latency Pareto front.
+baseline with their significance, the throughput-latency Pareto front, and where the inventories price their
+nodes the cost-latency front and the cheapest configuration meeting the SLO (cost per million output tokens).
 
 Significance comes from the per-request samples, never from a bare percentage: end-to-end
 latency and time to first token with a two-sided Mann-Whitney U test (scipy) on the
@@ -25,7 +26,7 @@ from sqlalchemy import Engine, case, func, insert, select
 
 from deploybench.analyse import AnalysisError
 from deploybench.analyse.figures import FIGURES, HIGHER_IS_BETTER, run_figures
-from deploybench.analyse.pareto import pareto_front
+from deploybench.analyse.pareto import cheapest_within, cost_front, pareto_front
 from deploybench.store.db import open_store
 from deploybench.store.models import Comparison as ComparisonRow
 from deploybench.store.models import RequestSample
@@ -48,6 +49,10 @@ class Comparison:
     changes: pd.DataFrame = field(default_factory=pd.DataFrame)  # run_key, figure, baseline, value, change, p
     params: dict[str, Any] = field(default_factory=dict)
     id: int | None = None  # set once saved
+    # workload -> run keys on the cost-latency front (cost per million output tokens down, P99 down), by cost
+    cost_pareto: dict[str, list[str]] = field(default_factory=dict)
+    # workload -> {currency: the cheapest run meeting the SLO (its P99 within the SLO's, errors within)}
+    cheapest: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def run_keys(self) -> list[str]:
         return list(self.table["run_key"])
@@ -80,13 +85,36 @@ def compare(target: Engine | str | None, flt: RunFilter, baseline: str | None = 
             (r["run_key"], r["capacity_rps"] if pd.notna(r["capacity_rps"]) else r["achieved_rps"],
              r["latency_p99_ms"]) for _, r in sub.iterrows())]
         table.loc[table["run_key"].isin(front[g]), "pareto"] = True
+    costs, cheapest = _cost_fronts(table, groups)
     result = Comparison(table=table, groups=groups, best=best, pareto=front, baseline=baseline,
-                        params={"alpha": alpha, "method": METHOD, "filter": flt.describe()})
+                        params={"alpha": alpha, "method": METHOD, "filter": flt.describe()}, cost_pareto=costs,
+                        cheapest=cheapest)
     if baseline is not None:
         result.changes = _changes(target, table, baseline, alpha)
     if save:
         result.id = save_comparison(target, result)
     return result
+
+
+def _cost_fronts(table: pd.DataFrame, groups: dict[str, list[str]]) -> tuple[dict[str, list[str]],
+                                                                           dict[str, dict[str, str]]]:
+    """Per workload group: the cost-latency front, and per currency the cheapest run meeting the SLO."""
+    def num(v: Any) -> float | None:
+        return None if v is None or pd.isna(v) else float(v)
+
+    fronts: dict[str, list[str]] = {}
+    cheapest: dict[str, dict[str, str]] = {}
+    for g, keys in groups.items():
+        sub = table[table["run_key"].isin(keys)]
+        pts = [(str(r["run_key"]), num(r.get("cost_per_million_output_tokens")), num(r["latency_p99_ms"]),
+                r.get("cost_currency") if isinstance(r.get("cost_currency"), str) else None)
+               for _, r in sub.iterrows()]
+        fronts[g] = [str(k) for k in cost_front(pts)]
+        met = {str(k) for k in sub.loc[sub["slo_met"], "run_key"]}
+        target = float(sub["slo_p99_ms"].min()) if "slo_p99_ms" in sub and sub["slo_p99_ms"].notna().any() else None
+        cheapest[g] = ({} if target is None else
+                       {cur: str(k) for cur, k in cheapest_within([p for p in pts if p[0] in met], target).items()})
+    return fronts, cheapest
 
 
 def _changes(target: Engine | str | None, table: pd.DataFrame, baseline: str, alpha: float) -> pd.DataFrame:
@@ -185,7 +213,8 @@ def _error_counts(conn, run_key: str, phase: str) -> list[int]:
 def save_comparison(target: Engine | str | None, cmp: Comparison) -> int:
     """Write the comparison back (runs, baseline, parameters, what came out); returns its id."""
     summary = {
-        "best": cmp.best, "pareto": cmp.pareto, "groups": cmp.groups,
+        "best": cmp.best, "pareto": cmp.pareto, "groups": cmp.groups, "cost_pareto": cmp.cost_pareto,
+        "cheapest": cmp.cheapest,
         "table": _jsonable(cmp.table.drop(columns=["config", "serving"], errors="ignore")),
         "changes": _jsonable(cmp.changes),
     }

@@ -22,6 +22,8 @@ FIGURES = ("capacity_rps", "goodput_rps", "achieved_rps", "output_tps", "latency
            "ttft_p99_ms", "error_rate")
 # what the engine and the GPUs said of the main phase, shown beside the figures (no rank test: one value per run)
 ENGINE_FIGURES = ("prefix_hit_rate", "energy_per_output_token_j")
+# what the main phase cost per million output tokens (the inventory's prices), in ``cost_currency``
+COST_FIGURES = ("cost_per_million_output_tokens",)
 # figures where higher is better (the others: lower is better)
 HIGHER_IS_BETTER = {"capacity_rps", "goodput_rps", "achieved_rps", "output_tps"}
 
@@ -54,8 +56,10 @@ def run_figures(target: Engine | str | None, runs: pd.DataFrame) -> pd.DataFrame
         row = {"run_key": run["run_key"], "phase": phase,
                "capacity_rps": float(steps["offered_rps"].max()) if len(steps) else None}
         for f in ("achieved_rps", "output_tps", "latency_p50_ms", "latency_p99_ms", "ttft_p99_ms", "error_rate",
-                  "duration_s", "requests", *ENGINE_FIGURES):
+                  "duration_s", "requests", *ENGINE_FIGURES, *COST_FIGURES):
             row[f] = None if p is None or f not in p or pd.isna(p[f]) else float(p[f])
+        cur = None if p is None or "cost_currency" not in p else p["cost_currency"]
+        row["cost_currency"] = cur if isinstance(cur, str) else None
         row["workload_name"] = ((run["config"] or {}).get("load") or {}).get("workload") or "synthetic"
 
         row["slo_met"] = bool(p is not None and row["latency_p99_ms"] is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from deploybench.config import EngineSpec, LoadSpec, ModelSpec, RolloutSpec, SimKnobs
 from deploybench.sim.service_model import ServiceParams, capacity
@@ -26,6 +27,13 @@ def _add_knobs(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--queue-limit", type=int, default=sim.queue_limit,
                    help="requests that may wait beyond the batch slots; more are refused with 429")
     g.add_argument("--slowdown", type=float, default=sim.slowdown, help="multiplier on every time")
+    g.add_argument("--throttle", type=float, default=1.0, metavar="FRACTION",
+                   help="fault: the SM clock at this fraction of nominal, every step 1/FRACTION longer, DCGM's "
+                        "throttle reasons set (default 1: not throttled)")
+    g.add_argument("--no-batching", action="store_true", help="fault: one request per step (a batch of 1)")
+    g.add_argument("--drift-per-request", type=float, default=0.0, metavar="FRACTION",
+                   help="fault: every answered request makes each later step this fraction longer (compounding), "
+                        "so the throughput falls over a phase (default 0: no drift)")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +57,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--error-rate", type=float, default=sim.error_rate, help="fraction of requests answered 500")
     f.add_argument("--crash-after", type=int, default=sim.crash_after,
                    help="exit (code 3) after answering this many inference requests; 0 = never")
+    f.add_argument("--no-dcgm", action="store_true",
+                   help="leave DCGM's gauges off /metrics: a node without DCGM, whose GPU nvidia-smi reads (the lab's "
+                        "nvidia-smi stand-in asks the engine's /sim/gpu)")
+    f.add_argument("--leak-bytes-per-request", type=int, default=0,
+                   help="fault: the resident memory it reports grows by this per answered request (default 0)")
     parser.add_argument("--loop", choices=["auto", "asyncio"], default="auto",
                         help="auto = uvloop when installed (default), asyncio = the standard loop")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -71,6 +84,9 @@ def params_from_args(args: argparse.Namespace) -> ServiceParams:
         prefill_per_token_ms=args.prefill_per_token_ms,
         queue_limit=args.queue_limit,
         slowdown=args.slowdown,
+        clock_fraction=args.throttle,
+        no_batching=args.no_batching,
+        drift_per_request=args.drift_per_request,
     )
 
 
@@ -95,12 +111,19 @@ def options_from_args(args: argparse.Namespace):
         )
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from exc
+    if not 0 <= args.leak_bytes_per_request <= 1 << 40:
+        raise ConfigError(f"--leak-bytes-per-request {args.leak_bytes_per_request}: must be 0 (no leak) to 2**40")
+    # the faults (deploybench.sim.faults) are flags of the engine, not run knobs: an inventory puts them on a node
+    params = replace(ServiceParams.from_config(spec), clock_fraction=args.throttle, no_batching=args.no_batching,
+                     drift_per_request=args.drift_per_request)
     return EngineOptions(
         model_dir=args.model_dir,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,
-        params=ServiceParams.from_config(spec),
+        params=params,
+        leak_bytes_per_request=args.leak_bytes_per_request,
+        dcgm=not args.no_dcgm,
         max_model_len=spec.max_model_len,
         seed=spec.sim.seed,
         error_rate=spec.sim.error_rate,

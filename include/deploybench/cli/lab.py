@@ -63,6 +63,9 @@ def _status(args: argparse.Namespace) -> int:
     st = cluster.status(args.name)
     print(f"lab {st.name}: {st.mode.value} mode, subnet {st.subnet}, links {st.link_mbit:g} Mbit/s")
     print(f"inventory: {st.inventory}")
+    print(f"prometheus: {st.prometheus} (node exporters on every node's port 9100)" if st.prometheus
+          else "prometheus: none (the lab runs without Prometheus; netns mode with the prometheus and "
+               "prometheus-node-exporter packages starts one)")
     for n in st.nodes:
         mark = "ok  " if n.ok else "DOWN"
         print(f"  {n.name:5} {n.address:15} {mark} {'' if n.ok else n.detail}")

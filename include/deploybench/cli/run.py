@@ -35,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the lease expires this long after the last heartbeat (default: lease.ttl_s)")
     p.add_argument("--lease-heartbeat", type=float, default=None, metavar="S",
                    help="renew the lease this often (default: lease.heartbeat_s)")
+    p.add_argument("--prometheus", default=os.environ.get("DEPLOYBENCH_PROMETHEUS") or None, metavar="URL|JSON",
+                   help="the team's Prometheus, asked for every node's figures over each load window: its URL "
+                        "(http://host:9090) or a JSON object (url, node_selector, gpu_selector, engine_selector, "
+                        "step_s, timeout_s, remote_write); default $DEPLOYBENCH_PROMETHEUS, else none")
     p.set_defaults(func=cmd_run)
 
     d = sub.add_parser("demo", help="start a lab and run the deploybench_run DAG on it through Airflow")
@@ -60,21 +64,25 @@ def cmd_airflow(args: argparse.Namespace) -> int:
     return subprocess.run(["airflow", *args.args], env=env, check=False).returncode
 
 
-def run_inline(run_key: str, flat: dict, lease: dict | None = None) -> str:
+def run_inline(run_key: str, flat: dict, lease: dict | None = None, prometheus: Any = None) -> str:
     """All stages in order under the cluster's lease, teardown/store/report always; returns the summary,
     raises if the run failed.
 
     The lease is taken after validate (nothing has touched a node before), after cleaning up what a
     dead holder left; a heartbeat renews it while the stages work, and it is released after teardown.
     ``lease``: overrides of the run's lease settings for acquire_lease (wait_s, on_busy, ttl_s,
-    heartbeat_s). A run refused by the lease touches no node, not even for teardown.
+    heartbeat_s). A run refused by the lease touches no node, not even for teardown. ``prometheus``: the team's
+    Prometheus for the load stage (deploybench.load.prom.PromSource, or what ``parse_source`` takes).
     """
+    from deploybench.load import prom
+
+    source = prom.parse_source(prometheus)  # a bad one is refused before anything touches a node
     leased = False
     try:
         pipeline.validate(run_key, flat)
         pipeline.acquire_lease(run_key, **(lease or {}))
         leased = True
-        pipeline.run_all(run_key)
+        pipeline.run_all(run_key, prometheus=source)
     except DeploybenchError as exc:
         log.error("%s", exc)
     finally:
@@ -108,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     lease = {k: v for k, v in (("on_busy", args.on_busy), ("wait_s", args.lease_wait), ("ttl_s", args.lease_ttl),
                                ("heartbeat_s", args.lease_heartbeat)) if v is not None}
     try:
-        print(run_inline(key, conf, lease))
+        print(run_inline(key, conf, lease, prometheus=args.prometheus))
         return 0
     except StageFailed as exc:
         if (paths.run_dir(key) / "run.json").exists():

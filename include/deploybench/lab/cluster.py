@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LINK_MBIT = 500.0
 DEFAULT_MODEL_MB = 64.0
 SSHD_WAIT_S = 20.0
+TELEMETRY_WAIT_S = 20.0  # a node exporter answers in well under a second, Prometheus in one or two
 LOCK_PATH = Path("/run/lock/deploybench-lab.lock")
 
 
@@ -65,6 +66,7 @@ class LabStatus:
     link_mbit: float
     nodes: list[NodeStatus]
     inventory: Path
+    prometheus: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -195,12 +197,65 @@ def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb
         state.machines,
     )
     log.debug("lab %s: slowest sshd answered after %.2f s", name, max(waited))
+    url = _start_telemetry(names, files, state)
+    if url:
+        state = state.model_copy(update={"prometheus": url})
+        files.write_state(state)
     return state
 
 
+def _node_exporter_binary() -> str | None:
+    return next((found for b in commands.NODE_EXPORTER_BINARIES if (found := shutil.which(b))), None)
+
+
+def _start_node_exporter(names: NetnsNames, files: LabFiles, state: LabState, node: str, binary: str
+                         ) -> subprocess.Popen[bytes]:
+    textfiles = files.node_dir(node) / "textfile"
+    textfiles.mkdir(parents=True, exist_ok=True)
+    return netns.start_detached(
+        commands.node_exporter_argv(binary, names.namespace(node), state.address(node), str(textfiles)),
+        files.node_dir(node) / "node-exporter.log")
+
+
+def _start_telemetry(names: NetnsNames, files: LabFiles, state: LabState) -> str | None:
+    """A node exporter in every node and one Prometheus on the controller's lab address scraping them and the
+    engines' port (commands.prometheus_config); its URL, or None (with a warning) when they are not installed:
+    the lab then runs without Prometheus."""
+    exporter, server = _node_exporter_binary(), shutil.which("prometheus")
+    if not exporter or not server:
+        log.warning("lab %s runs without Prometheus: %s not installed (apt-get install prometheus "
+                    "prometheus-node-exporter)", state.name,
+                    " and ".join(w for w, b in (("prometheus", server), ("prometheus-node-exporter", exporter))
+                                 if not b))
+        return None
+    procs = {node: _start_node_exporter(names, files, state, node, exporter) for node in state.nodes}
+    netns.parallel(lambda node: netns.wait_http(
+        f"http://{state.address(node)}:{commands.NODE_EXPORTER_PORT}/metrics", procs[node],
+        files.node_dir(node) / "node-exporter.log", TELEMETRY_WAIT_S), state.nodes)
+    folder = files.prometheus
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    config = folder / "prometheus.yml"
+    config.write_text(commands.prometheus_config({n: state.address(n) for n in state.nodes}))
+    address = host_address(state.network)
+    proc = netns.start_detached(commands.prometheus_argv(server, str(config), str(folder / "data"), address),
+                                folder / "prometheus.log")
+    url = f"http://{address}:{commands.PROMETHEUS_PORT}"
+    waited = netns.wait_http(f"{url}/-/ready", proc, folder / "prometheus.log", TELEMETRY_WAIT_S)
+    log.info("lab %s: Prometheus at %s (ready after %.1f s) scrapes %d node exporters and the engines' port %d "
+             "every %d s", state.name, url, waited, len(state.nodes), commands.ENGINE_PORT, commands.SCRAPE_INTERVAL_S)
+    return url
+
+
+def stop_prometheus(name: str) -> None:
+    """Stop lab ``name``'s Prometheus only (its exporters go on): what a run sees when the team's Prometheus dies."""
+    files = LabFiles(check_name(name))
+    netns.kill_pids(netns.pids_mentioning(f"{files.prometheus}/"))
+
+
 def write_stand_ins(folder: Path) -> None:
-    """The scripts of the programs the lab's nodes lack (deploybench.sim.stand_in.STAND_INS: ``tritonserver``) in
-    ``folder`` (the lab's bin/, on the nodes' PATH after the system's folders, so a real one installed wins)."""
+    """The scripts of the programs the lab's nodes lack (deploybench.sim.stand_in.STAND_INS: ``tritonserver``,
+    ``nvidia-smi``) in ``folder`` (the lab's bin/, on the nodes' PATH after the system's folders, so a real one
+    installed wins)."""
     import shlex
 
     from deploybench.sim.stand_in import STAND_INS
@@ -222,6 +277,12 @@ def _node_env(name: str, node: str) -> dict[str, str]:
         "DEPLOYBENCH_LAB": name,
         "DEPLOYBENCH_NODE": node,
     }
+    gpus = LabFiles(name).node_dir(node) / "gpus"  # where its simulated engines list their GPUs for nvidia-smi
+    if " " not in str(gpus):
+        from deploybench.sim.nvidia_smi import GPU_DIR_ENV
+
+        gpus.mkdir(parents=True, exist_ok=True)
+        env[GPU_DIR_ENV] = str(gpus)
     home = str(paths.home())
     if " " not in home:
         env["DEPLOYBENCH_HOME"] = home
@@ -342,7 +403,7 @@ def status(name: str, timeout: float = 5.0) -> LabStatus:
         return NodeStatus(node.name, node.address, ok, detail)
 
     nodes = netns.parallel(probe, [*inv.names, *inv.loadgen_names])  # load generators answer like nodes
-    return LabStatus(name, state.mode, state.subnet, state.link_mbit, nodes, files.inventory)
+    return LabStatus(name, state.mode, state.subnet, state.link_mbit, nodes, files.inventory, state.prometheus)
 
 
 # -- faults (netns mode) -----------------------------------------------------------------------
@@ -398,6 +459,11 @@ def start_node(name: str, node: str) -> None:
     if not netns.namespace_pids(names.namespace(node)):
         proc = _start_node_sshd(names, files, state, node)
         netns.wait_ssh(state.address(node), proc, files.node_dir(node) / "sshd.log", SSHD_WAIT_S)
+        exporter = _node_exporter_binary()
+        if state.prometheus and exporter:
+            got = _start_node_exporter(names, files, state, node, exporter)
+            netns.wait_http(f"http://{state.address(node)}:{commands.NODE_EXPORTER_PORT}/metrics", got,
+                            files.node_dir(node) / "node-exporter.log", TELEMETRY_WAIT_S)
     log.info("lab %s: node %s started", name, node)
 
 

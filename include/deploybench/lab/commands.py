@@ -197,3 +197,50 @@ def known_hosts_line(address: str, public_key: str, port: int = 22) -> str:
     key_type, blob = public_key.split()[:2]
     host = address if port == 22 else f"[{address}]:{port}"
     return f"{host} {key_type} {blob}"
+
+
+# -- the lab's telemetry: a node exporter per node, one Prometheus on the controller ------------------------------
+NODE_EXPORTER_PORT = 9100  # the node exporter's registered default port
+PROMETHEUS_PORT = 9090
+# The engine's port the lab's Prometheus scrapes on every node: the rollout's default port (config.RolloutSpec.port);
+# a run on another port is not scraped by the lab's Prometheus (its own scrape of the engines goes on).
+ENGINE_PORT = 8000
+SCRAPE_INTERVAL_S = 1
+# Debian's package names the node exporter's binary prometheus-node-exporter; upstream's is node_exporter
+NODE_EXPORTER_BINARIES = ("prometheus-node-exporter", "node_exporter")
+# The collectors a lab node needs (CPU, memory, network, load) and the textfile collector (a node's own .prom
+# files); the rest are off, so 16 exporters stay light on a 2-core machine.
+NODE_COLLECTORS = ("cpu", "meminfo", "netdev", "loadavg", "textfile")
+
+
+def node_exporter_argv(binary: str, ns: str, address: str, textfile_dir: str,
+                       port: int = NODE_EXPORTER_PORT) -> list[str]:
+    """A node exporter inside node namespace ``ns``, on the node's lab address only (its /proc/net/dev is the
+    namespace's: the node's own link)."""
+    return ["ip", "netns", "exec", ns, binary, f"--web.listen-address={address}:{port}",
+            "--collector.disable-defaults", *(f"--collector.{c}" for c in NODE_COLLECTORS),
+            f"--collector.textfile.directory={textfile_dir}"]
+
+
+def prometheus_config(nodes: Mapping[str, str], interval_s: float = SCRAPE_INTERVAL_S,
+                      engine_port: int = ENGINE_PORT, exporter_port: int = NODE_EXPORTER_PORT) -> str:
+    """prometheus.yml of a lab: every node's exporter (job ``node``) and engine page (job ``engine``), each target
+    labelled with its inventory node (``node``). JSON is YAML, and needs no YAML writer."""
+    import json
+
+    def job(name: str, port: int) -> dict[str, object]:
+        return {"job_name": name, "static_configs": [
+            {"targets": [f"{address}:{port}"], "labels": {"node": node}} for node, address in nodes.items()]}
+
+    interval = f"{interval_s:g}s"
+    return json.dumps({"global": {"scrape_interval": interval, "scrape_timeout": interval,
+                                  "evaluation_interval": interval},
+                       "scrape_configs": [job("node", exporter_port), job("engine", engine_port)]}, indent=1) + "\n"
+
+
+def prometheus_argv(binary: str, config: str, data_dir: str, address: str, port: int = PROMETHEUS_PORT) -> list[str]:
+    """The lab's Prometheus: on the controller's lab address only, its data under the lab's folder, kept a day at
+    most, with the remote-write receiver on (k6's ``experimental-prometheus-rw`` output writes there)."""
+    return [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+            f"--web.listen-address={address}:{port}",
+            "--storage.tsdb.retention.time=1d", "--web.enable-remote-write-receiver", "--log.level=warn"]

@@ -171,6 +171,34 @@ def wait_ssh(address: str, proc: subprocess.Popen[bytes] | None, log_path: Path,
         time.sleep(0.05)
 
 
+def start_detached(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """A lab daemon (a node exporter, the lab's Prometheus) in its own session; it outlives this process until
+    ``down``. Its argv names a path under the lab's folder, so ``teardown`` finds it even without its namespace."""
+    with open(log_path, "ab") as logf:
+        try:
+            return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise LabError(f"cannot start `{argv[0]}`: {exc.strerror or exc}") from exc
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None, log_path: Path, timeout: float = 20.0) -> float:
+    """Wait until ``url`` answers 200 (a daemon's readiness page); returns the seconds waited. LabError when the
+    process exits first or the bound passes, with the tail of its log."""
+    from deploybench import http
+
+    t0 = time.monotonic()
+    while True:
+        if proc is not None and proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-600:] if log_path.exists() else ""
+            raise LabError(f"{url}: the process serving it exited with {proc.returncode}: {tail}")
+        if http.is_up(url, timeout=1.0):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise LabError(f"{url} did not answer within {timeout:.0f} s; see {log_path}")
+        time.sleep(0.1)
+
+
 def ssh_keygen(path: Path, comment: str) -> None:
     if path.exists() and path.with_suffix(".pub").exists():
         return
@@ -234,7 +262,7 @@ def teardown(names: NetnsNames, lab_dir: Path, shared_root: Path) -> None:
     """Remove every process, namespace and interface of the lab. Safe to repeat."""
     nss, ifs = lab_objects(names)
     pids = [p for ns in nss for p in namespace_pids(ns)]
-    pids += pids_mentioning(f"{lab_dir}/nodes/")
+    pids += pids_mentioning(f"{lab_dir}/nodes/") + pids_mentioning(f"{lab_dir}/prometheus/")
     if pids:
         log.info("lab %s: stopping %d processes", names.lab, len(pids))
         kill_pids(pids)

@@ -43,6 +43,7 @@ class LabState(BaseModel):
     model_name: str
     model_mb: float
     loadgen_count: int = 0  # load-generator machines, after the nodes (their addresses follow the nodes')
+    prometheus: str | None = None  # the lab's Prometheus (netns mode, when installed): its URL; None: none runs
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -121,6 +122,11 @@ class LabFiles:
     def shared_run(self) -> Path:
         return SHARED_ROOT / self.name / "run"
 
+    @property
+    def prometheus(self) -> Path:
+        """The lab's Prometheus: its config, its data (prometheus/data) and its log."""
+        return self.root / "prometheus"
+
     def host_key(self, node: str) -> Path:
         return self.keys / f"host_{node}"
 
@@ -182,7 +188,8 @@ def build_inventory(state: LabState, files: LabFiles) -> Inventory:
     common = {
         "name": f"lab-{state.name}",
         "python": sys.executable,
-        "lab": {"name": state.name, "mode": state.mode.value, "subnet": state.subnet, "dir": str(files.root)},
+        "lab": {"name": state.name, "mode": state.mode.value, "subnet": state.subnet, "dir": str(files.root),
+                **({"prometheus": state.prometheus} if state.prometheus else {})},
     }
     if state.mode is Mode.NETNS:
         nodes = [Node(name=n, address=state.address(n), link_mbit=state.link_mbit) for n in state.nodes]

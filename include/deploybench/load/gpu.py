@@ -6,18 +6,20 @@ Where a node's figures come from, decided when the phase starts (``GpuSampler.st
    batch occupancy, see ``deploybench.sim.metrics``); the /metrics scraper already keeps them
    (``scrape.KEEP``), nothing more is polled;
 2. ``dcgm-exporter``: NVIDIA's DCGM exporter on the node, ``http://<node host>:<dcgm_port>/metrics``;
-3. ``nvidia-smi``: ``nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total
-   --format=csv,noheader,nounits`` over the run's transport to the node (when the caller gives one);
+3. ``nvidia-smi``: ``nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total,power.draw
+   --format=csv,noheader,nounits`` over the run's transport to the node (when the caller gives one): utilisation,
+   memory and the board's power, so a node without DCGM still has power, hence energy per token;
 
 else the node's figures are absent, with the reason: never a zero that was not measured. Every source
 becomes points in the scraper's series format under DCGM's names (``DCGM_FI_DEV_GPU_UTIL`` in %,
-``DCGM_FI_DEV_FB_USED``/``_FREE`` in MiB, label ``gpu``; polled ones also ``source``), so the results
-store ingests them as server metrics. What a node prints is hostile: ``parse_smi`` takes exactly the
-three numeric columns asked for, in range, or refuses the line; ``[N/A]`` (e.g. memory on unified-memory
-GB10 systems) is absent, not 0. A /metrics page (the engine's or an exporter's) is read within the scraper's
-bounds (``scrape.get_page``, ``scrape.parse_metrics``: no NaN or infinity is kept), and ``gpu_figures``
-leaves out every reading outside its range (utilisation 0-100 %, memory 0-``MAX_MIB``), whatever its
-source, with a warning: a node with none left is absent, so an objective on it is not measured, not met.
+``DCGM_FI_DEV_FB_USED``/``_FREE`` in MiB, ``DCGM_FI_DEV_POWER_USAGE`` in W, label ``gpu``; polled ones also
+``source``), so the results store ingests them as server metrics. What a node prints is hostile: ``parse_smi``
+takes exactly the four numeric columns asked for, in range, or refuses the line; ``[N/A]`` (e.g. memory on
+unified-memory GB10 systems, power where power management is not supported) is absent, not 0. A /metrics page
+(the engine's or an exporter's) is read within the scraper's bounds (``scrape.get_page``,
+``scrape.parse_metrics``: no NaN or infinity is kept), and ``gpu_figures`` leaves out every reading outside its
+range (utilisation 0-100 %, memory 0-``MAX_MIB``, power 0-``MAX_W``), whatever its source,
+with a warning: a node with none left is absent, so an objective on it is not measured, not met.
 """
 
 from __future__ import annotations
@@ -42,10 +44,23 @@ LOG = logging.getLogger(__name__)
 UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 # power (W) and energy since the driver loaded (mJ, a counter): dcgm-exporter's etc/default-counters.csv
 POWER, ENERGY = "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-METRICS = (UTIL, FB_USED, FB_FREE, POWER, ENERGY)
+# the SM clock (MHz) and why it is below its maximum (a bitmask): dcgm-exporter's default counters; the reasons are
+# DCGM field 112, DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, named DCGM_FI_DEV_CLOCKS_EVENT_REASONS by newer DCGMs
+# (NVIDIA/DCGM dcgmlib/dcgm_fields.h): either is read
+SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+THROTTLE = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+METRICS = (UTIL, FB_USED, FB_FREE, POWER, ENERGY, SM_CLOCK, *THROTTLE)
 MAX_W = 5000.0  # one GPU's power draw: past it, the number is not a power
+MAX_MHZ = 10_000.0  # an SM clock: GPUs run at 1-3 GHz
+MAX_REASONS = float(2**32 - 1)  # the reason bits defined fit in 32 (DCGM's go to 0x100)
 DCGM_PORT = 9400
-SMI_COMMAND = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]
+# nvidia-smi's query fields (``nvidia-smi --help-query-gpu``, NVIDIA's nvidia-smi(1)): "utilization.gpu" percent of
+# the past sample period a kernel ran; "memory.used" / "memory.total" MiB; "power.draw" "the last measured power
+# draw for the entire board, in watts. Only available if power management is supported" (on Ampere and newer the
+# average over one second). ``csv,noheader,nounits``: one line per GPU, the values comma-separated, without the
+# " %", " MiB" and " W" units, "[N/A]" where a value is not available (e.g. ``87, 61234, 81559, 243.17``).
+SMI_FIELDS = ("utilization.gpu", "memory.used", "memory.total", "power.draw")
+SMI_COMMAND = ["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
 MAX_TEXT = 1 << 20  # characters of nvidia-smi output accepted: a GPU query prints ~20 per GPU
 MAX_GPUS = 64
 MAX_MIB = 16 << 20  # 16 TiB of memory on one GPU: past it, the number is not a memory size
@@ -69,9 +84,9 @@ def _field(text: str, what: str, top: float, line: int) -> float | None:
     return v
 
 
-def parse_smi(text: str) -> list[tuple[float | None, float | None, float | None]]:
-    """nvidia-smi's ``utilization.gpu, memory.used, memory.total`` CSV (no header, no units): one
-    (util %, used MiB, total MiB) per GPU, None where it printed N/A. GpuReadError names a bad line."""
+def parse_smi(text: str) -> list[tuple[float | None, float | None, float | None, float | None]]:
+    """nvidia-smi's ``utilization.gpu, memory.used, memory.total, power.draw`` CSV (no header, no units): one
+    (util %, used MiB, total MiB, power W) per GPU, None where it printed N/A. GpuReadError names a bad line."""
     if len(text) > MAX_TEXT:
         raise GpuReadError(f"nvidia-smi printed {len(text)} characters; a GPU query prints a few per GPU")
     rows = []
@@ -79,15 +94,16 @@ def parse_smi(text: str) -> list[tuple[float | None, float | None, float | None]
         if not line.strip():
             continue
         cols = line.split(",")
-        if len(cols) != 3:
-            raise GpuReadError(f"nvidia-smi line {i}: {line[:80]!r} has {len(cols)} columns, expected 3 "
-                               "(utilization.gpu, memory.used, memory.total)")
+        if len(cols) != len(SMI_FIELDS):
+            raise GpuReadError(f"nvidia-smi line {i}: {line[:80]!r} has {len(cols)} columns, expected "
+                               f"{len(SMI_FIELDS)} ({', '.join(SMI_FIELDS)})")
         util = _field(cols[0], "utilization.gpu", 100.0, i)
         used = _field(cols[1], "memory.used", MAX_MIB, i)
         total = _field(cols[2], "memory.total", MAX_MIB, i)
+        watts = _field(cols[3], "power.draw", MAX_W, i)
         if used is not None and total is not None and used > total:
             raise GpuReadError(f"nvidia-smi line {i}: memory.used {used:g} MiB is above memory.total {total:g} MiB")
-        rows.append((util, used, total))
+        rows.append((util, used, total, watts))
         if len(rows) > MAX_GPUS:
             raise GpuReadError(f"nvidia-smi listed more than {MAX_GPUS} GPUs")
     if not rows:
@@ -98,10 +114,12 @@ def parse_smi(text: str) -> list[tuple[float | None, float | None, float | None]
 def smi_points(text: str, base: dict) -> list[dict]:
     """nvidia-smi's answer as points under DCGM's names (``base``: ts, node, phase, step)."""
     out = []
-    for gpu, (util, used, total) in enumerate(parse_smi(text)):
+    for gpu, (util, used, total, watts) in enumerate(parse_smi(text)):
         labels = {"gpu": str(gpu), "source": "nvidia-smi"}
         if util is not None:
             out.append({**base, "metric": UTIL, "labels": labels, "value": util})
+        if watts is not None:
+            out.append({**base, "metric": POWER, "labels": labels, "value": watts})
         if used is not None:
             out.append({**base, "metric": FB_USED, "labels": labels, "value": used})
             if total is not None:
@@ -112,7 +130,9 @@ def smi_points(text: str, base: dict) -> list[dict]:
 def in_range(metric: str, value: float) -> bool:
     """A GPU reading that can be one: utilisation in [0, 100] %, memory in [0, MAX_MIB] MiB, power in [0, MAX_W] W,
     an energy counter not negative (and finite, as every kept sample is)."""
-    top = {UTIL: 100.0, POWER: MAX_W, ENERGY: 1e18}.get(metric, MAX_MIB)
+    top = {UTIL: 100.0, POWER: MAX_W, ENERGY: 1e18, SM_CLOCK: MAX_MHZ}.get(metric, MAX_MIB)
+    if metric in THROTTLE:  # a bitmask: a whole number
+        return math.isfinite(value) and 0 <= value <= MAX_REASONS and value == int(value)
     return math.isfinite(value) and 0 <= value <= top
 
 
@@ -244,13 +264,17 @@ def _power(samples: dict[str, dict[str, list[float]]], counters: dict[str, list[
            ) -> tuple[float | None, str | None]:
     """(mean power of the engine's GPUs in W, where it came from): the energy counters' increase over the time
     between their first and last sample in the window (exact: whatever happened between two samples is in it),
-    else the mean of the power gauge's samples (the sum over the GPUs); (None, None) when neither was reported."""
+    else the mean of the power gauge's samples (the sum over the GPUs, in the samples where every GPU had one);
+    (None, None) when neither was reported."""
     spans = [sorted(v) for v in counters.values() if len(v) >= 2]
     if spans and len(spans) == len(counters) and all(s[-1][0] > s[0][0] and s[-1][1] >= s[0][1] for s in spans):
         # (a counter that went down was reset, a driver reload: no reading)
         total = sum((s[-1][1] - s[0][1]) / 1000.0 / (s[-1][0] - s[0][0]).total_seconds() for s in spans)
         return round(total, 3), "energy counter"
-    gauge = [sum(s[POWER]) for s in samples.values() if s.get(POWER)]
+    # a sample where some GPU said nothing of its power (nvidia-smi's [N/A]) does not count: its sum would take
+    # that GPU's power for 0
+    gauge = [sum(s[POWER]) for s in samples.values()
+             if s.get(POWER) and len(s[POWER]) >= max(len(s.get(UTIL, ())), len(s.get(FB_USED, ())))]
     return (_mean(gauge), "power gauge") if gauge else (None, None)
 
 
@@ -313,7 +337,14 @@ def gpu_figures(points: list[dict], nodes: list[str], start: datetime, end: date
             out[node] = GpuFigures(reason=reason)
             continue
         watts, power_from = _power(samples, counters.get(node) or {})
+        clocks = [sum(s[SM_CLOCK]) / len(s[SM_CLOCK]) for s in samples.values() if s.get(SM_CLOCK)]
+        masks = [int(v) for s in samples.values() for m in THROTTLE for v in s.get(m, [])]
+        reasons = None
+        for mask in masks:
+            reasons = (reasons or 0) | mask
         out[node] = GpuFigures(
+            sm_clock_mhz_mean=_mean(clocks), sm_clock_mhz_min=min(clocks) if clocks else None,
+            throttle_reasons=reasons,
             power_mean_w=watts, power_source=power_from,
             energy_j=None if watts is None else round(watts * (end - start).total_seconds(), 3),
             source=sources[node], gpus=len(gpus[node]), samples=len(samples), util_mean_pct=_mean(utils),

@@ -120,12 +120,12 @@ def shape(capacity_rps: float, spec: LoadSpec) -> tuple[float, list[tuple[float,
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
-        max_model_len: int = MAX_TOKENS, generators: Generators | None = None
+        max_model_len: int = MAX_TOKENS, generators: Generators | None = None, remote_write: str | None = None
         ) -> tuple[LoadResult, OverloadAnalysis]:
     start, stages = shape(capacity_rps, spec)
     # windows short enough to place the break on the ramp (ten over it), long enough to count (1 s)
     spec = spec.model_copy(update={"window_s": min(spec.window_s, max(1.0, spec.overload_ramp_s / 10))})
     res = run_load(endpoints, spec, slo, out_dir, phase="overload", tags=tags, rate=start, stages=stages,
                    api=api, seed=seed, scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len,
-                   generators=generators)
+                   generators=generators, remote_write=remote_write)
     return res, analyse(res, capacity_rps, slo, spec)

@@ -42,7 +42,7 @@ from deploybench import workloads
 from deploybench.config import SLO, LoadPhase, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
-from deploybench.load import gpu, overload, probe, sustained
+from deploybench.load import cost, gpu, overload, probe, prom, sustained
 from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
 from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.load.scrape import read_series, save_series
@@ -154,12 +154,28 @@ def phase_spec(spec: LoadSpec, source: str) -> LoadSpec:
     return spec if source == "probe" else spec.model_copy(update={"sustained_fraction": 1.0})
 
 
+def with_prometheus(res: LoadResult, nodes: list[Endpoint], source: prom.PromSource | None,
+                    metrics: Metrics | None = None) -> LoadResult:
+    """``res`` with its nodes' figures over its measured window from the team's Prometheus (``prom.node_windows``)
+    beside those deploybench scraped itself; unchanged without a source."""
+    if source is None:
+        return res
+    start = res.started_at
+    pairs = [(e.node, e.host or urlsplit(e.url).hostname or "") for e in nodes]
+    got = prom.node_windows(source, pairs, start, start + timedelta(seconds=res.duration_s), metrics)
+    return res.model_copy(update={"node_windows": [*prom.scraped_windows(res), *got]})
+
+
 def with_gpu(run: Callable[[], LoadResult], nodes: list[Endpoint], spec: LoadSpec, out_dir: Path, phase: str,
-             step: int = 0, transports: Mapping[str, Any] | None = None, plan: dict | None = None) -> LoadResult:
-    """``run()`` (one k6 run) with the GPUs of ``nodes`` sampled beside it; its result with ``gpu`` set.
+             step: int = 0, transports: Mapping[str, Any] | None = None, plan: dict | None = None,
+             prometheus: prom.PromSource | None = None, metrics: Metrics | None = None) -> LoadResult:
+    """``run()`` (one k6 run) with the GPUs of ``nodes`` sampled beside it; its result with ``gpu`` set (and with
+    ``node_windows`` from ``prometheus``, when given: ``with_prometheus``).
     ``plan`` (a dict, filled on first use) keeps each node's source from one call to the next."""
     if spec.scrape_interval_s <= 0:
-        return gpu.attach(run(), {e.node: GpuFigures(reason="scraping is off (scrape_interval_s=0)") for e in nodes})
+        return with_prometheus(
+            gpu.attach(run(), {e.node: GpuFigures(reason="scraping is off (scrape_interval_s=0)") for e in nodes}),
+            nodes, prometheus, metrics)
     known = plan if plan is not None else {}
     sampler = gpu.GpuSampler(nodes, spec.scrape_interval_s, phase, step, transports=transports,
                              plan=known.get("plan"), why=known.get("why")).start()
@@ -173,7 +189,7 @@ def with_gpu(run: Callable[[], LoadResult], nodes: list[Endpoint], spec: LoadSpe
     points = (read_series(res.metrics_path) if res.metrics_path else []) + polled
     figs = gpu.gpu_figures(points, [e.node for e in nodes], res.started_at,
                            res.started_at + timedelta(seconds=res.duration_s), sampler.why, {e.node: e for e in nodes})
-    return gpu.attach(res, figs, str(path) if path else None)
+    return with_prometheus(gpu.attach(res, figs, str(path) if path else None), nodes, prometheus, metrics)
 
 
 DRAIN_FACTOR = 2.0  # idle again: a lone request within this factor of the idle baseline
@@ -278,21 +294,27 @@ def _series(res: LoadResult) -> list[str]:
 def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
               tags: dict | None = None, api: ApiFlavour | None = None, transports: Mapping[str, Any] | None = None,
               search: str = "ramp", metrics: Metrics | None = None, max_model_len: int | None = None,
-              generators: Generators | None = None) -> dict:
+              generators: Generators | None = None, prices: Mapping[str, Any] | None = None,
+              prometheus: prom.PromSource | None = None) -> dict:
     """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
 
     ``transports`` (node -> deploybench.transport.Transport) let nodes without DCGM report their GPUs
     through nvidia-smi; ``metrics`` is the engine profile's (its page and the names of its figures).
     ``search`` "doubling" runs the earlier capacity search (for the side-by-side bench). ``max_model_len`` is the
     engine's context: a workload's conversation stops before a turn that would not fit it. ``generators`` (the
-    inventory's load generators) split every k6 run of the phase by execution segments (deploybench.load.loadgen)."""
+    inventory's load generators) split every k6 run of the phase by execution segments (deploybench.load.loadgen).
+    ``prices`` (node -> the inventory's Price or None) give each result its cost per million output tokens
+    (deploybench.load.cost). ``prometheus``: the team's Prometheus, asked for every node's figures over each k6
+    run's window (``with_prometheus``); with ``remote_write`` it also receives k6's own metrics."""
     ctx_len = max_model_len or MAX_TOKENS
     spec, judged, scale = in_requests(spec, slo)
     assert judged is not None
     slo = judged
+    rw = prometheus.remote_write_url() if prometheus is not None and prometheus.remote_write else None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_eps, scrape_eps = targets(endpoints, spec)
+    serving = [e.node for e in scrape_eps]  # the engines that served, also behind a load balancer
     outcome: dict[str, Any] = {"phase": phase, "status": "failed", "result": None, "error": None, "analysis": None}
     try:
         if phase == "probe":
@@ -304,8 +326,10 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
                 res = with_gpu(lambda: run_load(load_eps, s, slo, out_dir, phase="probe", tags=tags, rate=rate,
                                                 duration_s=spec.probe_step_s, warmup_s=spec.probe_warmup_s, api=api,
                                                 step=n, seed=n, scrape_endpoints=scrape_eps, stages=stages,
-                                                metrics=metrics, max_model_len=ctx_len, generators=generators),
-                               scrape_eps, spec, out_dir, "probe", n, transports, plan)
+                                                metrics=metrics, max_model_len=ctx_len, generators=generators,
+                                                remote_write=rw),
+                               scrape_eps, spec, out_dir, "probe", n, transports, plan, prometheus, metrics)
+                res = cost.attach(res, prices, serving)
                 steps[n] = res
                 return res
 
@@ -320,6 +344,8 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             best = max((s for s in found.steps if s.passed), key=lambda s: s.rate, default=found.steps[-1])
             outcome["result"] = steps[best.step].model_dump(mode="json")
             outcome["series"] = [p for r in steps.values() for p in _series(r)]
+            outcome["node_windows"] = {n: [w.model_dump(mode="json") for w in r.node_windows]
+                                       for n, r in steps.items() if r.node_windows}
         else:
             cap, source = capacity_of(out_dir, spec)
             shaped = phase_spec(spec, source)
@@ -329,15 +355,19 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             def run() -> LoadResult:
                 done["res"], done["analysis"] = mod.run(load_eps, shaped, slo, out_dir, cap, tags=tags, api=api,
                                                         scrape_endpoints=scrape_eps, metrics=metrics,
-                                                        max_model_len=ctx_len, generators=generators)
+                                                        max_model_len=ctx_len, generators=generators,
+                                                        remote_write=rw)
                 return done["res"]
 
-            res = with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports)
+            res = cost.attach(with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports, prometheus=prometheus,
+                                       metrics=metrics), prices, serving)
             res = _judge_gpu(res, slo) if phase == "sustained" else res
             outcome["result"] = res.model_dump(mode="json")
             outcome["analysis"] = _unit({**done["analysis"].model_dump(mode="json"), "capacity_rps": cap,
                                          "capacity_source": source}, scale)
             outcome["series"] = _series(res)
+            if res.node_windows:
+                outcome["node_windows"] = {0: [w.model_dump(mode="json") for w in res.node_windows]}
         outcome["status"] = "success"
     except Exception as exc:
         outcome["error"] = f"{type(exc).__name__}: {exc}"

@@ -117,12 +117,41 @@ class GpuFigures(BaseModel):
     power_mean_w: float | None = None
     power_source: str | None = None
     energy_j: float | None = None
+    # added with the findings (issue 29): the SM clock (mean over the samples of the mean over the GPUs, and its
+    # lowest), and DCGM's clock-throttle reasons seen in the window (the bitwise OR of every sample; None: not reported)
+    sm_clock_mhz_mean: float | None = None
+    sm_clock_mhz_min: float | None = None
+    throttle_reasons: int | None = None
+
+
+class NodeWindow(BaseModel):
+    """One node's figure over one load window (a phase's measured window, or one probe step's) from one source:
+    ``prometheus`` (the team's Prometheus, ``query_range``: deploybench.load.prom) or ``scrape`` (deploybench's own
+    scrape of the engine's /metrics). ``mean``/``max`` None: absent, ``reason`` says why (never 0)."""
+
+    node: str
+    metric: str  # cpu_busy_pct, mem_used_bytes, net_rx_bytes_per_s, gpu_util_pct, engine_running ... (prom.UNITS)
+    source: str
+    unit: str = ""
+    mean: float | None = None
+    max: float | None = None
+    samples: int = 0
+    reason: str | None = None
 
 
 class NodeFigures(Figures):
     node: str
     gpu_util_pct: float | None = None  # GpuFigures.util_mean_pct of the node (None: not measured)
     gpu_mem_used_mib: float | None = None
+    # added with the findings (issue 29): the node's engine over the measured window, from its /metrics
+    # (``scrape.engine_figures``, by the roles of the engine profile's map; None: not mapped or not on its page)
+    running_max: float | None = None  # requests in the batch, the most in one scrape
+    waiting_mean: float | None = None  # requests queued, mean over the scrapes
+    kv_usage_mean: float | None = None  # KV cache in use (0-1), mean over the scrapes
+    preemptions: float | None = None  # sequences preempted in the window (a counter's increase)
+    resident_memory_growth_bytes: float | None = None  # the engine process's resident memory, end less start
+    batch_mean: float | None = None  # Triton: inferences / executions (the mean batch)
+    inferences: float | None = None  # Triton: inferences in the window
 
 
 class TurnFigures(BaseModel):
@@ -219,3 +248,11 @@ class LoadResult(Figures):
     # several load generators (issue 31): each one's share; empty when the controller alone sent the load
     generators: list[GeneratorFigures] = Field(default_factory=list)
     gpu_series_path: str | None = None  # GPU samples taken beside the engine's /metrics (exporter, nvidia-smi)
+    # the serving nodes' price over the measured window per million output tokens (deploybench.load.cost); None
+    # when a serving node has no price in the inventory or no token was answered (the reason: sources["cost"])
+    cost_per_million_output_tokens: float | None = None
+    cost_currency: str | None = None
+    cost_per_hour: float | None = None  # the serving nodes' prices together
+    # added with Prometheus as a source (issue 29): per node, per figure and source, over the measured window; empty
+    # unless a Prometheus source was given (then the scraped figures it can be compared with are listed too)
+    node_windows: list[NodeWindow] = Field(default_factory=list)

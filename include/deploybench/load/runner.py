@@ -54,7 +54,7 @@ from deploybench.load.samples import (
     remove_stale,
     save_samples,
 )
-from deploybench.load.scrape import Scraper, engine_figures, save_series
+from deploybench.load.scrape import Scraper, engine_figures, save_series, with_engine_signals
 from deploybench.load.stats import figures, node_figures, slo_verdict, thresholds_crossed, window_figures
 from deploybench.load.ttft import TtftSampler
 from deploybench.paths import k6_dir
@@ -190,11 +190,25 @@ def k6_process_env(environ: Mapping[str, str], total_memory: int | None = None) 
     return env
 
 
-def k6_command(k6: str, script: Path, json_out: Path, summary_out: Path) -> list[str]:
+def k6_command(k6: str, script: Path, json_out: Path, summary_out: Path, remote_write: bool = False) -> list[str]:
+    """k6's command line; ``remote_write`` adds k6's built-in Prometheus remote-write output (its server in the
+    environment: ``remote_write_env``)."""
     return [
         k6, "run", "--quiet", "--no-color", "--address", "",
-        "--out", f"json={json_out}", "--summary-export", str(summary_out), str(script),
+        "--out", f"json={json_out}", *(["--out", "experimental-prometheus-rw"] if remote_write else []),
+        "--summary-export", str(summary_out), str(script),
     ]
+
+
+# k6's remote-write output reads its settings from the environment: grafana/xk6-output-prometheus-remote-write
+# pkg/remotewrite/config.go (built into k6 1.x as output/... "experimental-prometheus-rw"): K6_PROMETHEUS_RW_SERVER_URL
+# (default http://localhost:9090/api/v1/write), K6_PROMETHEUS_RW_PUSH_INTERVAL (default 5s); its series are named
+# k6_<metric>, e.g. k6_http_reqs_total.
+RW_PUSH_INTERVAL = "1s"  # the lab's scrape interval: the client side shows up as fast as the servers' figures
+
+
+def remote_write_env(url: str) -> dict[str, str]:
+    return {"K6_PROMETHEUS_RW_SERVER_URL": url, "K6_PROMETHEUS_RW_PUSH_INTERVAL": RW_PUSH_INTERVAL}
 
 
 def k6_timeout_s(spec: LoadSpec, duration_s: float, n_endpoints: int) -> float:
@@ -473,6 +487,7 @@ def run_load(
     workload: Workload | None = None,
     max_model_len: int = workloads.MAX_TOKENS,
     generators: Generators | None = None,
+    remote_write: str | None = None,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
@@ -486,7 +501,8 @@ def run_load(
     is the phase's own, used when the workload keeps one seed) and saved as ``<stem>.plan.json``; a conversation
     stops before the turn that would not fit ``max_model_len``. ``generators`` (the inventory's load-generator
     machines) split k6's share of the phase by execution segments (``loadgen.run_split``); None or empty: k6 runs
-    here, on the controller.
+    here, on the controller. ``remote_write``: a Prometheus remote-write URL k6 also sends its own metrics to (the
+    team's Prometheus, when its connection allows it; the controller's k6 only, not the load generators').
     """
     rate = float(rate if rate is not None else spec.rate)
     stages = [(float(t), float(s)) for t, s in stages or []]
@@ -519,9 +535,9 @@ def run_load(
                        planned=len(plan) if plan.arrivals_ms is not None else 0,
                        vu_scale=workloads.vu_scale(plan, work, slo.p99_latency_ms))
 
-    cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out)
+    cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out, remote_write=bool(remote_write))
     env = k6_process_env(os.environ)
-    env.update(env_db, K6_NO_USAGE_REPORT="true")
+    env.update(env_db, K6_NO_USAGE_REPORT="true", **(remote_write_env(remote_write) if remote_write else {}))
     timeout_s = k6_timeout_s(spec.model_copy(update={"warmup_s": warmup_s}), duration_s, len(endpoints))
     LOG.info("load %s%s: %s req/s for %.0f s (+%.0f s warm-up) over %d endpoints, VUs %s..%s, sampler %.2g req/s",
              phase, f" step {step}" if step else "", f"{rate:.2f}" + (f" ramping {stages}" if stages else ""),
@@ -646,6 +662,7 @@ def run_load(
                "dropped iterations are in generators"] if outputs else []),
         ],
     )
+    result = result.model_copy(update={"nodes": with_engine_signals(result.nodes, result.engine)})
     LOG.info("load %s%s: %d requests, %.2f req/s answered of %.2f offered, P99 %s ms, TTFT P99 %s ms, errors "
              "%.2f%%, dropped %d, SLO %s%s", phase, f" step {step}" if step else "", result.requests,
              result.achieved_rps, result.offered_rps, result.latency_p99_ms, result.ttft_p99_ms,

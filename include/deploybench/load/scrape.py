@@ -40,7 +40,7 @@ from pathlib import Path
 
 from deploybench import http
 from deploybench.engines import COUNTER_ROLES, GAUGE_ROLES, HISTOGRAM_ROLES, Metrics
-from deploybench.load.results import Endpoint, LoadError
+from deploybench.load.results import Endpoint, LoadError, NodeFigures
 
 LOG = logging.getLogger(__name__)
 
@@ -259,7 +259,8 @@ def engine_figures(points: list[dict], start: datetime | None = None, metrics: M
 
     - histograms (ttft, itl, e2e, queue): ``<role>_count``, ``_mean_ms`` (exact: _sum/_count) and
       ``_p50/_p90/_p99_ms`` interpolated within buckets, as Prometheus' ``histogram_quantile`` does;
-    - gauges (running, waiting, kv_usage): ``<role>_max`` over the scrapes after ``start``, and ``_mean``;
+    - gauges (running, waiting, kv_usage, resident_memory): ``<role>_max`` over the scrapes after ``start``, and
+      ``_mean``; ``resident_memory_growth``: its last value less its value at the window's start (bytes);
     - counters: ``<role>`` the increase; and what they give together: ``prefix_hit_rate`` (hits / queries),
       ``batch_mean`` (Triton's inferences / executions: the average batch size), ``queue_mean_ms`` and
       ``compute_mean_ms`` (Triton's cumulative microseconds over the requests that succeeded in the window).
@@ -297,6 +298,9 @@ def engine_figures(points: list[dict], start: datetime | None = None, metrics: M
             vals = [v for snap in snaps for (m, _), v in snap.items() if m == names[key]]
             fig[f"{key}_max"] = max(vals) if vals else None
             fig[f"{key}_mean"] = round(sum(vals) / len(vals), 6) if vals else None
+        if "resident_memory" in names:  # a leak shows as growth over the window (deploybench.analyse.findings)
+            ra, rb = a.get((names["resident_memory"], None)), b.get((names["resident_memory"], None))
+            fig["resident_memory_growth"] = None if ra is None or rb is None else rb - ra
         counted = {key: _delta(a, b, names[key]) for key in COUNTER_ROLES if key in names}
         fig.update(counted)
         if "prefix_hits" in names and "prefix_queries" in names:
@@ -309,4 +313,21 @@ def engine_figures(points: list[dict], start: datetime | None = None, metrics: M
         # the samples are finite and bounded (parse_metrics), but a hostile page can still make a quotient
         # overflow (a _sum over a _count of 1e-300): such a figure is absent, never NaN or infinity
         out[node] = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in fig.items()}
+    return out
+
+
+# NodeFigures field <- engine figure (``engine_figures``): what the findings read, typed
+NODE_SIGNALS = {"running_max": "running_max", "waiting_mean": "waiting_mean", "kv_usage_mean": "kv_usage_mean",
+                "preemptions": "preemptions", "resident_memory_growth_bytes": "resident_memory_growth",
+                "batch_mean": "batch_mean", "inferences": "inferences"}
+
+
+def with_engine_signals(nodes: list[NodeFigures], engine: dict[str, dict]) -> list[NodeFigures]:
+    """``nodes`` with their engine's figures of ``NODE_SIGNALS`` set (finite numbers only; else absent)."""
+    out = []
+    for n in nodes:
+        fig = engine.get(n.node) or {}
+        vals = {field: fig.get(key) for field, key in NODE_SIGNALS.items()}
+        out.append(n.model_copy(update={k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                        and math.isfinite(v) else None for k, v in vals.items()}))
     return out

@@ -72,9 +72,10 @@ def drift(windows: list[WindowFigures], threshold: float) -> Drift:
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
-        max_model_len: int = MAX_TOKENS, generators: Generators | None = None) -> tuple[LoadResult, Drift]:
+        max_model_len: int = MAX_TOKENS, generators: Generators | None = None,
+        remote_write: str | None = None) -> tuple[LoadResult, Drift]:
     res = run_load(endpoints, spec, slo, out_dir, phase="sustained", tags=tags,
                    rate=spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,
                    scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len,
-                   generators=generators)
+                   generators=generators, remote_write=remote_write)
     return res, drift(res.windows, spec.drift_threshold)

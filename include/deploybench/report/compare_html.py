@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from deploybench.report import plots
-from deploybench.report.html import Html, document, esc, figure, fmt_change, fmt_p, fmt_pct, table
+from deploybench.report.html import Html, document, esc, figure, fmt_change, fmt_money, fmt_p, fmt_pct, table
 
 if TYPE_CHECKING:
     from deploybench.analyse.compare import Comparison
@@ -18,17 +18,20 @@ FIGURE_LABELS = {
     "capacity_rps": "capacity req/s", "goodput_rps": "goodput req/s", "achieved_rps": "achieved req/s",
     "output_tps": "output tok/s", "latency_p50_ms": "P50 ms", "latency_p99_ms": "P99 e2e ms",
     "ttft_p99_ms": "P99 TTFT ms", "error_rate": "error rate", "prefix_hit_rate": "prefix hit rate",
-    "energy_per_output_token_j": "J per output token",
+    "energy_per_output_token_j": "J per output token", "cost_per_million_output_tokens": "cost per 1M output tokens",
 }
+_ABSENT_NOT_ZERO = ("prefix_hit_rate", "energy_per_output_token_j", "cost_per_million_output_tokens")
 
 
-def _shown(figure: str, v: Any) -> Any:
-    """A figure as the table shows it; the engine's and the GPUs' say "absent" when not measured (an engine without
-    a prefix cache, GPUs without power readings), never a blank that reads as 0."""
-    if figure not in ("prefix_hit_rate", "energy_per_output_token_j"):
+def _shown(figure: str, v: Any, currency: Any = None) -> Any:
+    """A figure as the table shows it; the engine's, the GPUs' and the cost say "absent" when not measured (an engine
+    without a prefix cache, GPUs without power readings, nodes without a price), never a blank that reads as 0."""
+    if figure not in _ABSENT_NOT_ZERO:
         return v
     if v is None or (isinstance(v, float) and v != v):
         return "absent"
+    if figure == "cost_per_million_output_tokens":
+        return fmt_money(v, currency)
     return fmt_pct(v, 1) if figure == "prefix_hit_rate" else f"{float(v):.4g}"
 
 
@@ -69,7 +72,8 @@ def sections(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | Non
             parts.append("<p class='best-run'>Best configuration meeting the SLO: "
                          "<b class='failed'>none meets the SLO</b></p>")
         headers = ["configuration", *FIGURE_LABELS.values(), "SLO", "Pareto"]
-        rows = [[name(str(r["run_key"]), label[str(r["run_key"])]), *[_shown(f, r.get(f)) for f in FIGURE_LABELS],
+        rows = [[name(str(r["run_key"]), label[str(r["run_key"])]),
+                 *[_shown(f, r.get(f), r.get("cost_currency")) for f in FIGURE_LABELS],
                  "met" if r["slo_met"] else "not met", "yes" if r["pareto"] else ""] for _, r in sub.iterrows()]
         parts.append(table(headers, rows, ["best" if k == best else "" for k in sub["run_key"]]))
         pts = {label[str(r["run_key"])]: (r["capacity_rps"] if pd.notna(r["capacity_rps"]) else r["achieved_rps"],
@@ -83,6 +87,7 @@ def sections(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | Non
         parts.append(figure(plots.pareto(pts, front, "Pareto front: throughput up, P99 latency down", slo),
                             "Pareto front (green) and dominated configurations (grey)"))
         parts.append(f"<p>Pareto front (throughput up, P99 down): {esc(' → '.join(front) or 'empty')}</p>")
+        parts.extend(_cost_section(cmp, group, sub, label, slo))
     if cmp.baseline is not None and not cmp.changes.empty:
         parts.append(f"<h2>Change against the baseline <code>{esc(cmp.baseline)}</code></h2>")
         c = cmp.changes
@@ -95,6 +100,33 @@ def sections(cmp: Comparison, curves: dict[str, list[tuple[float, float]]] | Non
         parts.append(f"<p class='note'>p-values: {esc(cmp.params.get('method'))}, alpha {cmp.params.get('alpha')}; "
                      "capacity has none (one search per run).</p>")
     return parts
+
+
+def _cost_section(cmp: Comparison, group: str, sub: pd.DataFrame, label: dict[str, str],
+                  slo: float | None) -> list[str]:
+    """Cost per million output tokens against P99: the front, and the cheapest configuration meeting the SLO (per
+    currency); a note when no run of the group was priced."""
+    priced = {label[str(r["run_key"])]: (float(r["cost_per_million_output_tokens"]), r["latency_p99_ms"])
+              for _, r in sub.iterrows() if pd.notna(r.get("cost_per_million_output_tokens"))}
+    if not priced:
+        return ["<p class='note'>Cost per million output tokens: absent (no inventory of these runs sets a price per "
+                "node-hour).</p>"]
+    currencies = sorted({str(c) for c in sub.get("cost_currency", pd.Series(dtype=object)).dropna()})
+    front = [label[k] for k in cmp.cost_pareto.get(group, [])]
+    out = [figure(plots.pareto(priced, front, "Cost against P99 latency", slo,
+                               xlabel=f"cost per million output tokens ({', '.join(currencies)})"),
+                  "cost-latency front (green) and dominated configurations (grey)"),
+           f"<p>Cost-latency front (cost down, P99 down): {esc(' → '.join(front) or 'empty')}</p>"]
+    cheap = cmp.cheapest.get(group) or {}
+    if not cheap:
+        out.append("<p class='cheapest'>Cheapest configuration meeting the SLO: <b class='failed'>none</b> (no priced "
+                   "run meets it)</p>")
+    for cur, key in cheap.items():
+        row = sub[sub["run_key"] == key].iloc[0]
+        out.append(f"<p class='cheapest'>Cheapest configuration meeting the SLO (P99 within {slo or 0:g} ms): "
+                   f"<b class='success'>{esc(label[key])}</b> at "
+                   f"{esc(fmt_money(row['cost_per_million_output_tokens'], cur))} per million output tokens</p>")
+    return out
 
 
 def _cell_html(value: Any) -> str:

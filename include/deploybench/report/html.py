@@ -92,6 +92,13 @@ def fmt_util(pct: Any) -> str:
     return "absent" if _missing(pct) else fmt_num(float(pct), 1)
 
 
+def fmt_money(value: Any, currency: Any) -> str:
+    """A cost with its currency code ("0.0123 USD"); None is 'absent' (not priced: never shown as 0)."""
+    if _missing(value):
+        return "absent"
+    return f"{float(value):.4g} {currency if isinstance(currency, str) else '?'}"
+
+
 def fmt_time(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

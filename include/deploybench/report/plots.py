@@ -205,9 +205,10 @@ def _plain(text: str) -> str:
 
 
 def pareto(points: dict[str, tuple[float, float]], front: list[str], title: str,
-           slo_ms: float | None = None) -> str:
+           slo_ms: float | None = None, xlabel: str = "throughput (capacity, else achieved requests/s)") -> str:
     """Every configuration as a point (throughput x, P99 latency y); the Pareto front joined and
-    labelled, the dominated points grey. ``front`` lists labels of ``points``, by throughput."""
+    labelled, the dominated points grey. ``front`` lists labels of ``points``, by throughput (or, for the
+    cost front, by cost with ``xlabel`` naming it)."""
     points = {k: v for k, v in points.items() if v[0] is not None and v[1] is not None
               and math.isfinite(v[0]) and math.isfinite(v[1])}
     if not points:
@@ -226,7 +227,7 @@ def pareto(points: dict[str, tuple[float, float]], front: list[str], title: str,
                     color="black" if k in on else "dimgrey")
     if slo_ms:
         ax.axhline(slo_ms, color="tab:orange", ls="--", lw=0.8, label="SLO P99")
-    ax.set_xlabel("throughput (capacity, else achieved requests/s)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("P99 latency (ms)")
     ax.legend(fontsize=7)
     return _svg(fig)

@@ -1,4 +1,4 @@
-"""The run report's sections: stages, load figures and plots, preflight, fan-out, rollout, errors.
+"""The run report's sections: stages, load figures and plots, findings, preflight, fan-out, rollout, errors.
 
 Read from the run folder only (stage records, samples and metric files the stages wrote).
 """
@@ -11,11 +11,23 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from deploybench.analyse.findings import ANALYSED_PHASES, run_findings
 from deploybench.engines import profile_name
 from deploybench.fanout.result import FanoutResult
 from deploybench.preflight.model import PreflightResult
-from deploybench.report import plots
-from deploybench.report.html import document, esc, figure, fmt_change, fmt_p, fmt_pct, fmt_util, table
+from deploybench.report import node_windows, plots
+from deploybench.report.findings_html import findings_section
+from deploybench.report.html import (
+    document,
+    esc,
+    figure,
+    fmt_change,
+    fmt_money,
+    fmt_p,
+    fmt_pct,
+    fmt_util,
+    table,
+)
 from deploybench.rollout.base import RolloutResult
 from deploybench.run import STAGES, run_status
 
@@ -76,11 +88,13 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
 
     phases = [p.model_dump(mode="json") for p in ld.ran()]
     parts = ["<h2>Load</h2>", table(
-        ["phase", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "J per output token", "P50 ms",
+        ["phase", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "J per output token",
+         "cost per 1M output tokens", "P50 ms",
          "P90 ms", "P99 ms", "P99.9 ms", "TTFT P99 ms", "errors", "dropped", "SLO"],
         [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), fmt_util(p.get("gpu_util_pct")),
           p.get("output_tps"), "absent" if p.get("energy_per_output_token_j") is None
-          else f"{p['energy_per_output_token_j']:.4g}", p.get("latency_p50_ms"),
+          else f"{p['energy_per_output_token_j']:.4g}",
+          fmt_money(p.get("cost_per_million_output_tokens"), p.get("cost_currency")), p.get("latency_p50_ms"),
           p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"),
           "absent" if p.get("ttft_p99_ms") is None else f"{p['ttft_p99_ms']} (n={p.get('ttft_samples')})",
           fmt_pct(p.get("error_rate", 0)), p.get("dropped_iterations"),
@@ -226,6 +240,9 @@ def render(run: Run, history: History | None = None) -> str:
     ld = run.load_result()
     if ld is not None:
         parts += _load_sections(ld, run.cfg.slo.p99_latency_ms)
+        parts += node_windows.section(node_windows.of_load(ld.phases))
+    judged = ld is not None and any(p in ld.phases and ld.phases[p].result is not None for p in ANALYSED_PHASES)
+    parts.append(findings_section(run_findings(run), analysed=judged))
     if history is not None:
         parts += history_section(history, scope=_history_scope(run))
     pf = run.preflight_result()

@@ -21,7 +21,8 @@ are cached (OpenAI API; a conversation's next turn finds them). Measured side by
 (bench/sim_request_cpu.py), a request with a 2,000-token prompt costs 0.37 ms of CPU with it, 0.25 ms without.
 Faults: ``error_rate`` answers that fraction of inference requests 500 at once (drawn from a
 ``random.Random(seed)``, so a seed repeats the pattern); ``crash_after`` N makes the process
-exit with code 3 right after its N-th answered inference request (200 or injected 500).
+exit with code 3 right after its N-th answered inference request (200 or injected 500); and the knobs of
+``deploybench.sim.faults`` (a throttled clock, a leak, a KV cache too small, no batching), each with its closed form.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (``stream`` with SSE and
 ``stream_options.include_usage``), GET /v1/models, /health, /version, /metrics (vLLM's metric
@@ -48,6 +49,7 @@ from typing import cast
 from deploybench.errors import DeploybenchError
 from deploybench.sim.api import OpenAIApi
 from deploybench.sim.metrics import GPU_MEMORY_MIB, GPU_MEMORY_UTILIZATION, KV_MIB_PER_TOKEN, EngineMetrics
+from deploybench.sim.nvidia_smi import GPU_DIR_ENV
 from deploybench.sim.server import HttpError, Request, error_body, read_request, response
 from deploybench.sim.service_model import (
     BLOCK_TOKENS,
@@ -88,6 +90,8 @@ class EngineOptions:
     triton_custom_metrics: bool = False  # the vLLM backend's REPORT_CUSTOM_METRICS
     prefix_caching: bool = True  # vLLM v1's automatic prefix caching
     kv_cache_tokens: int = 0  # the KV cache's size; 0 = from the GPU's memory (kv_cache_blocks)
+    leak_bytes_per_request: int = 0  # the leak fault (deploybench.sim.faults)
+    dcgm: bool = True  # DCGM's gauges on /metrics; False: a node without DCGM, its GPU read by nvidia-smi
 
 
 class _Job:
@@ -107,8 +111,9 @@ class _Job:
 class Engine:
     """The scheduler task: runs iterations of ``BatchScheduler`` against absolute deadlines."""
 
-    def __init__(self, params: ServiceParams, metrics: EngineMetrics, cache: PrefixCache | None = None) -> None:
-        self.sched = BatchScheduler(params, cache=cache)
+    def __init__(self, params: ServiceParams, metrics: EngineMetrics, cache: PrefixCache | None = None,
+                 kv_blocks: int | None = None) -> None:
+        self.sched = BatchScheduler(params, cache=cache, kv_blocks=kv_blocks)
         self.metrics = metrics
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -167,7 +172,10 @@ class Engine:
             m.batch(sched.running, len(sched.waiting))
             began = time.monotonic()
             caching = sched.cache is not None
+            m.preemptions = sched.preemptions
             for seq in it.admitted:
+                if seq.preempted:  # admitted again after a preemption: counted and queued once already
+                    continue
                 m.prompt_tokens += seq.prompt_tokens
                 if caching:
                     m.prefix_queries += seq.prompt_tokens
@@ -218,16 +226,20 @@ class EngineServer:
         self.opts = opts
         size = model_bytes(opts.model_dir)
         self.kv_blocks = kv_cache_blocks(opts.kv_cache_tokens, size)
-        self.metrics = EngineMetrics(opts.served_model_name, opts.params.max_num_seqs, size, self.kv_blocks)
+        self.metrics = EngineMetrics(opts.served_model_name, opts.params.max_num_seqs, size, self.kv_blocks,
+                                     clock_fraction=opts.params.clock_fraction,
+                                     leak_bytes_per_request=opts.leak_bytes_per_request, dcgm=opts.dcgm)
         self.prefix_caching = opts.prefix_caching
         cache = PrefixCache(self.kv_blocks) if opts.prefix_caching else None
-        self.engine = Engine(opts.params, self.metrics, cache)
+        # one pool, as vLLM's: the blocks that cache prefixes are the blocks the running sequences hold
+        self.engine = Engine(opts.params, self.metrics, cache, kv_blocks=self.kv_blocks or None)
         self._rng = random.Random(opts.seed)
         self._answered = 0
         self._ids = 0
         self._created = int(time.time())
         self._server: asyncio.Server | None = None
         self._metrics_server: asyncio.Server | None = None
+        self._gpu_entry: Path | None = None  # where this engine's GPU is listed for nvidia-smi (register_gpu)
         self.api = OpenAIApi(self)
         self.triton = TritonApi(self) if opts.protocol == "triton" else None
 
@@ -252,7 +264,29 @@ class EngineServer:
         """The bound port (useful with ``port=0``)."""
         return self._server.sockets[0].getsockname()[1] if self._server else self.opts.port
 
+    def register_gpu(self) -> Path | None:
+        """List this engine's simulated GPU where the lab's nvidia-smi stand-in looks (``$GPU_DIR_ENV``, a folder
+        of the node's own: deploybench.sim.nvidia_smi): a file naming its ``/sim/gpu`` URL, written whole then
+        renamed, removed at close. None (nothing listed) without that folder: nvidia-smi then finds no GPU."""
+        folder = os.environ.get(GPU_DIR_ENV)
+        if not folder or not Path(folder).is_dir():
+            return None
+        host = self.opts.host if self.opts.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        entry = Path(folder) / f"gpu-{self.port}.json"
+        tmp = entry.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"url": f"http://{host}:{self.port}/sim/gpu", "pid": os.getpid()}))
+            tmp.replace(entry)
+        except OSError as exc:  # the engine serves all the same; nvidia-smi will not find its GPU
+            log.warning("cannot list the simulated GPU in %s for nvidia-smi: %s", folder, exc)
+            return None
+        self._gpu_entry = entry
+        return entry
+
     async def close(self) -> None:
+        if self._gpu_entry is not None:
+            self._gpu_entry.unlink(missing_ok=True)
         if self._server:
             self._server.close()
         if self._metrics_server:
@@ -269,6 +303,7 @@ class EngineServer:
     def count_answer(self) -> None:
         """Count an answered inference request; the ``crash_after``-th one takes the process down."""
         self._answered += 1
+        self.metrics.answered = self._answered
         if self.opts.crash_after and self._answered >= self.opts.crash_after:
             log.error("crash_after=%d requests reached: the engine exits (code %d)", self.opts.crash_after,
                       CRASH_EXIT_CODE)
@@ -317,6 +352,10 @@ class EngineServer:
 
     async def _dispatch(self, req: Request, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False when the connection must close."""
+        if req.path == "/sim/gpu" and req.method == "GET":  # the simulated GPU's driver, for nvidia-smi's stand-in
+            writer.write(response(200, json.dumps(self.metrics.smi_values()).encode(), keep_alive=req.keep_alive))
+            await writer.drain()
+            return True
         if self.triton is not None:
             return await self._dispatch_triton(self.triton, req, writer)
         route = _ROUTES.get(req.path)
@@ -413,13 +452,16 @@ async def serve(opts: EngineOptions, ready: asyncio.Event | None = None) -> None
     """Run one engine until SIGTERM/SIGINT (or cancellation)."""
     server = EngineServer(opts)
     await server.start()
+    server.register_gpu()
     p = opts.params
     log.info(
         "engine %r ready on http://%s:%d (max_num_seqs=%d queue_limit=%d decode=%.3g+%.3g*n ms prefill=%.3g ms/token "
-        "slowdown=%.3g error_rate=%.3g crash_after=%d seed=%d prefix_caching=%s kv_cache=%d blocks)",
+        "slowdown=%.3g error_rate=%.3g crash_after=%d seed=%d prefix_caching=%s kv_cache=%d blocks "
+        "throttle=%.3g no_batching=%s leak=%d bytes/request)",
         opts.served_model_name, opts.host, server.port, p.max_num_seqs, p.queue_limit, p.decode_base_ms,
         p.decode_per_seq_ms, p.prefill_per_token_ms, p.slowdown, opts.error_rate, opts.crash_after, opts.seed,
-        "on" if opts.prefix_caching else "off", server.kv_blocks,
+        "on" if opts.prefix_caching else "off", server.kv_blocks, p.clock_fraction, p.no_batching,
+        opts.leak_bytes_per_request,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

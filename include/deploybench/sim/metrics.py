@@ -8,7 +8,8 @@ latency is observed per token under both ``vllm:inter_token_latency_seconds`` an
 (vllm/v1/metrics/loggers.py); with prefix caching off they stay 0, as vLLM's do. ``vllm:kv_cache_usage_perc`` is
 the fraction (0-1) of the KV cache's blocks the running sequences hold: the blocks of their prompts and of what
 they generated so far, a prompt block that several share (found in the prefix cache) counted once, as vLLM's
-block pool counts them; the sim does not preempt, so it stops at 1 when they would hold more.
+block pool counts them; the scheduler preempts before they would hold more (a sequence that alone does not fit
+aside), so it stops at 1.
 
 The sim has no GPU, so it exports the gauges NVIDIA's DCGM exporter would, derived from its batch
 occupancy in closed form (what the load stage's GPU figures are tested against):
@@ -24,8 +25,21 @@ occupancy in closed form (what the load stage's GPU figures are tested against):
   mean), and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since the engine started, a counter, as DCGM's is since
   the driver loaded) its exact integral: ``IDLE_W`` x t + (``BUSY_W`` - ``IDLE_W``) x busy slot-seconds /
   max_num_seqs; so the energy of any window is known in closed form from the occupancy;
-* ``DCGM_FI_DEV_GPU_TEMP`` (C) = 35 + 45 x utilisation, ``DCGM_FI_DEV_SM_CLOCK`` (MHz) = ``SM_CLOCK_MHZ``.
-The names and units are dcgm-exporter's (etc/default-counters.csv of NVIDIA/dcgm-exporter).
+* ``DCGM_FI_DEV_GPU_TEMP`` (C) = 35 + 45 x utilisation, ``DCGM_FI_DEV_SM_CLOCK`` (MHz) = ``SM_CLOCK_MHZ`` x the
+  clock's fraction (1, or the throttle fault's), and ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` (a bitmask gauge) 0, or
+  the throttle fault's reason (``deploybench.sim.faults.THROTTLE_REASON``: DCGM's SW thermal slowdown bit).
+The names and units are dcgm-exporter's (etc/default-counters.csv of NVIDIA/dcgm-exporter; the throttle reasons are
+DCGM field 112, DCGM_FI_DEV_CLOCK_THROTTLE_REASONS in NVIDIA/DCGM dcgmlib/dcgm_fields.h, which newer releases also
+name DCGM_FI_DEV_CLOCKS_EVENT_REASONS). An engine started with ``dcgm=False`` (``--no-dcgm``: a node without DCGM)
+leaves them off its page; its GPU is then read as nvidia-smi reads one (``smi_values``, the same figures under
+nvidia-smi's query names, served at the engine's ``/sim/gpu`` for the lab's nvidia-smi stand-in,
+deploybench.sim.nvidia_smi).
+
+Faults (deploybench.sim.faults) show where an operator would look: ``vllm:num_preemptions_total`` (vLLM V1's
+counter, vllm/v1/metrics/loggers.py) counts the scheduler's preemptions (0 on a clean engine), and
+``process_resident_memory_bytes`` (what prometheus_client's process collector exports for vLLM's API server) is
+the process's resident memory when it started plus ``leak_bytes_per_request`` x the requests answered: exactly
+the start's on a clean engine.
 """
 
 from __future__ import annotations
@@ -77,7 +91,19 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default: its sha
 GPU_LABELS = 'gpu="0",UUID="GPU-deploybench-sim",device="nvidia0",modelName="deploybench-sim"'
 IDLE_W = 30.0  # the GB10-class GPU idle with a model loaded
 BUSY_W = 140.0  # and every batch slot busy (DGX Spark's GB10 is a 140 W part)
-SM_CLOCK_MHZ = 2000  # the simulated GPU's SM clock, steady (no throttling simulated yet)
+SM_CLOCK_MHZ = 2000  # the simulated GPU's nominal SM clock (a throttled one runs at a fraction of it)
+FALLBACK_RSS_BYTES = 64 << 20  # the resident memory reported when /proc/self/statm cannot be read
+
+
+def process_rss_bytes() -> int:
+    """This process's resident memory (Linux: /proc/self/statm's second field, in pages)."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return FALLBACK_RSS_BYTES
 
 
 class Occupancy:
@@ -112,8 +138,18 @@ class Occupancy:
 class EngineMetrics:
     """Counters, gauges and histograms of one engine; the scheduler and the handlers update them."""
 
-    def __init__(self, model_name: str, slots: int = 1, model_bytes: int = 0, kv_blocks: int = 0) -> None:
+    def __init__(self, model_name: str, slots: int = 1, model_bytes: int = 0, kv_blocks: int = 0, *,
+                 clock_fraction: float = 1.0, leak_bytes_per_request: int = 0, dcgm: bool = True) -> None:
+        from deploybench.sim.faults import THROTTLE_REASON
+
         self.labels = f'model_name="{model_name}"'
+        self.dcgm = dcgm  # DCGM's gauges on the page (False: a node without DCGM, see the module doc)
+        self.clock_fraction = clock_fraction
+        self.throttle_reasons = THROTTLE_REASON if clock_fraction < 1.0 else 0
+        self.leak_bytes_per_request = leak_bytes_per_request
+        self.base_rss = process_rss_bytes()  # read once: the figure moves only by the leak (a closed form)
+        self.answered = 0  # inference requests answered (200 or injected 500)
+        self.preemptions = 0  # the scheduler's
         self.slots = max(1, slots)
         self.model_mib = model_bytes / 2**20
         self.occupancy = Occupancy(time.monotonic())
@@ -148,6 +184,10 @@ class EngineMetrics:
         self.kv_tokens = sum(s.prompt_tokens + s.generated for s in running)
         self.occupancy.set(self.running, time.monotonic() if now is None else now)
 
+    def resident_bytes(self) -> int:
+        """The resident memory reported: the start's, plus the leak fault's bytes per answered request."""
+        return self.base_rss + self.leak_bytes_per_request * self.answered
+
     def kv_usage(self) -> float:
         """The fraction of the KV cache's blocks the running sequences hold (see the module doc)."""
         if not self.kv_blocks:
@@ -157,15 +197,35 @@ class EngineMetrics:
         own = sum(-(-(s.prompt_tokens + s.generated) // BLOCK_TOKENS) - len(s.blocks) for s in seqs)
         return min(1.0, (len(shared) + own) / self.kv_blocks)
 
-    def gpu_lines(self, now: float | None = None) -> list[str]:
-        """The DCGM-named gauges (see the module doc)."""
+    def gpu_state(self, now: float | None = None) -> tuple[float, int, float, float]:
+        """(utilisation %, memory used MiB, power W, energy mJ since the start) at ``now`` (see the module doc)."""
         now = time.monotonic() if now is None else now
         util = 100.0 * self.occupancy.mean(now, GPU_UTIL_WINDOW_S) / self.slots
         used = round(self.model_mib + KV_MIB_PER_TOKEN * self.kv_tokens)
-        g = GPU_LABELS
         power = IDLE_W + (BUSY_W - IDLE_W) * util / 100.0
         energy_mj = 1000.0 * (IDLE_W * (now - self.started)
                               + (BUSY_W - IDLE_W) * self.occupancy.area(now) / self.slots)
+        return util, used, power, energy_mj
+
+    def smi_values(self, now: float | None = None) -> dict[str, float | str]:
+        """The GPU as nvidia-smi's query fields read it (``nvidia-smi --help-query-gpu``): the same figures as the
+        DCGM gauges, utilisation in whole % and memory in MiB as nvidia-smi prints them, power to 0.01 W."""
+        util, used, power, _ = self.gpu_state(now)
+        return {"utilization.gpu": round(util), "memory.used": used, "memory.total": GPU_MEMORY_MIB,
+                "power.draw": round(power, 2), "clocks.sm": round(SM_CLOCK_MHZ * self.clock_fraction),
+                "temperature.gpu": round(35 + 45 * util / 100.0), "name": "deploybench-sim",
+                "driver_version": "deploybench-sim"}
+
+    def gpu_lines(self, now: float | None = None) -> list[str]:
+        """The DCGM-named gauges (see the module doc); without DCGM only the sim's own busy-slot counter."""
+        now = time.monotonic() if now is None else now
+        busy = ["# HELP deploybench_sim_busy_slot_seconds_total Integral of running sequences over time.",
+                "# TYPE deploybench_sim_busy_slot_seconds_total counter",
+                f"deploybench_sim_busy_slot_seconds_total{{{self.labels}}} {self.occupancy.area(now):.6f}"]
+        if not self.dcgm:
+            return busy
+        util, used, power, energy_mj = self.gpu_state(now)
+        g = GPU_LABELS
         return [
             "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).", "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
             f"DCGM_FI_DEV_POWER_USAGE{{{g}}} {power:.3f}",
@@ -175,16 +235,17 @@ class EngineMetrics:
             "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).", "# TYPE DCGM_FI_DEV_GPU_TEMP gauge",
             f"DCGM_FI_DEV_GPU_TEMP{{{g}}} {35 + 45 * util / 100.0:.0f}",
             "# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).", "# TYPE DCGM_FI_DEV_SM_CLOCK gauge",
-            f"DCGM_FI_DEV_SM_CLOCK{{{g}}} {SM_CLOCK_MHZ}",
+            f"DCGM_FI_DEV_SM_CLOCK{{{g}}} {SM_CLOCK_MHZ * self.clock_fraction:.0f}",
+            "# HELP DCGM_FI_DEV_CLOCK_THROTTLE_REASONS Throttling reasons (bitmask).",
+            "# TYPE DCGM_FI_DEV_CLOCK_THROTTLE_REASONS gauge",
+            f"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{g}}} {self.throttle_reasons}",
             "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
             f"DCGM_FI_DEV_GPU_UTIL{{{g}}} {util:.3f}",
             "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).", "# TYPE DCGM_FI_DEV_FB_USED gauge",
             f"DCGM_FI_DEV_FB_USED{{{g}}} {used}",
             "# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).", "# TYPE DCGM_FI_DEV_FB_FREE gauge",
             f"DCGM_FI_DEV_FB_FREE{{{g}}} {GPU_MEMORY_MIB - used}",
-            "# HELP deploybench_sim_busy_slot_seconds_total Integral of running sequences over time.",
-            "# TYPE deploybench_sim_busy_slot_seconds_total counter",
-            f"deploybench_sim_busy_slot_seconds_total{{{self.labels}}} {self.occupancy.area(now):.6f}",
+            *busy,
         ]
 
     def render(self) -> str:
@@ -214,6 +275,12 @@ class EngineMetrics:
             "# HELP vllm:request_success_total Count of successfully processed requests.",
             "# TYPE vllm:request_success_total counter",
             f'vllm:request_success_total{{finished_reason="length",{lb}}} {self.success}',
+            "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+            "# TYPE vllm:num_preemptions_total counter",
+            f"vllm:num_preemptions_total{{{lb}}} {self.preemptions}",
+            "# HELP process_resident_memory_bytes Resident memory size in bytes.",
+            "# TYPE process_resident_memory_bytes gauge",
+            f"process_resident_memory_bytes {self.resident_bytes()}",
             "# HELP deploybench_sim_requests_refused_total Requests refused with 429 because the queue was full.",
             "# TYPE deploybench_sim_requests_refused_total counter",
             f"deploybench_sim_requests_refused_total{{{lb}}} {self.refused}",

@@ -45,6 +45,7 @@ vocabulary picked by a hash of (seed, prompt, i), so the text can be predicted f
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -233,6 +234,9 @@ def shared_prefix_cached_tokens(
 # -- the scheduler ---------------------------------------------------------------------------------
 
 
+MAX_DRIFT_FACTOR = 1e6  # the drift fault's slowdown stops growing here: a step of 10 ms then lasts ~3 hours
+
+
 @dataclass(frozen=True)
 class ServiceParams:
     """The knobs that decide timing (milliseconds). No defaults here: they live in deploybench.config
@@ -244,6 +248,12 @@ class ServiceParams:
     prefill_per_token_ms: float
     queue_limit: int
     slowdown: float = 1.0
+    # faults (deploybench.sim.faults): the SM clock's fraction of nominal (every time / it), one request per step
+    clock_fraction: float = 1.0
+    no_batching: bool = False
+    # the drift fault: every step of the engine that has answered n requests lasts (1 + drift_per_request) ** n
+    # times longer (``drift_factor``): its throughput falls over a phase, as a leak or a fragmenting cache makes it
+    drift_per_request: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -255,6 +265,28 @@ class ServiceParams:
             )
         if self.queue_limit < 0 or self.slowdown <= 0:
             raise ConfigError(f"queue_limit={self.queue_limit} must be >= 0 and slowdown={self.slowdown} > 0")
+        if not 0 < self.clock_fraction <= 1:
+            raise ConfigError(f"clock_fraction={self.clock_fraction} must be in (0, 1]: the share of the nominal SM "
+                              "clock a throttled GPU keeps (1 = not throttled)")
+        if not 0 <= self.drift_per_request <= 1:
+            raise ConfigError(f"drift_per_request={self.drift_per_request} must be in [0, 1]: the fraction every "
+                              "answered request adds to each later step's time (0 = no drift)")
+
+    @property
+    def time_factor(self) -> float:
+        """What every service time is multiplied by: the slowdown, and a throttled clock's 1 / fraction."""
+        return self.slowdown / self.clock_fraction
+
+    def drift_factor(self, answered: int) -> float:
+        """What the drift fault multiplies a step by once ``answered`` requests were answered (1 without it)."""
+        if not self.drift_per_request:
+            return 1.0
+        return math.exp(min(math.log(MAX_DRIFT_FACTOR), answered * math.log1p(self.drift_per_request)))
+
+    @property
+    def batch_limit(self) -> int:
+        """Sequences that may run in one step: the batch slots, or 1 without batching."""
+        return 1 if self.no_batching else self.max_num_seqs
 
     @classmethod
     def from_config(cls, engine: object) -> ServiceParams:
@@ -267,6 +299,9 @@ class ServiceParams:
             prefill_per_token_ms=sim.prefill_per_token_ms,
             queue_limit=sim.queue_limit,
             slowdown=sim.slowdown,
+            clock_fraction=getattr(sim, "clock_fraction", 1.0),
+            no_batching=getattr(sim, "no_batching", False),
+            drift_per_request=getattr(sim, "drift_per_request", 0.0),
         )
 
 
@@ -280,6 +315,11 @@ class Sequence:
     generated: int = 0
     blocks: tuple[int, ...] = ()  # its prompt's full blocks (block_hashes), for the prefix cache
     cached_tokens: int = 0  # of its prompt, found in the prefix cache at admission
+    preempted: int = 0  # times it was preempted (a small KV cache); re-admitted, it prefills prompt + generated again
+
+    def kv_blocks_next(self) -> int:
+        """The KV blocks it holds once the next step gave it one more token."""
+        return -(-(self.prompt_tokens + self.generated + 1) // BLOCK_TOKENS)
 
 
 @dataclass
@@ -293,12 +333,24 @@ class Iteration:
 class BatchScheduler:
     """Continuous batching as a state machine; whoever owns it keeps the clock (see module doc).
 
-    With a ``cache``, each admitted sequence is looked up in it and prefills only its uncached tokens."""
+    With a ``cache``, each admitted sequence is looked up in it and prefills only its uncached tokens.
+
+    With ``kv_blocks`` (the KV cache's size for the running sequences, in ``BLOCK_TOKENS`` blocks; None: never
+    short), as vLLM V1's scheduler (vllm/v1/core/sched/scheduler.py, ``schedule``: when ``allocate_slots`` fails
+    the lowest-priority running request, the last one admitted, is preempted, its blocks freed, and it goes back
+    to the front of the waiting queue, ``num_preemptions`` counted; it keeps its output tokens and computes its
+    prompt and those again when admitted anew): a step first preempts the newest running sequences until what the
+    others hold after it fits, and admits a waiting one only when it fits beside them. A sequence that alone does
+    not fit runs alone (vLLM would refuse it at once; a lab fault keeps it served). Simplification: a prompt block
+    shared through the prefix cache is counted once per sequence here."""
 
     params: ServiceParams
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)
     cache: PrefixCache | None = None
+    kv_blocks: int | None = None
+    preemptions: int = 0
+    answered: int = 0  # sequences completed (the drift fault's count)
 
     @property
     def busy(self) -> bool:
@@ -321,20 +373,36 @@ class BatchScheduler:
 
     def start_iteration(self) -> Iteration | None:
         """Admit into free slots and return the iteration to run, or None when there is nothing to do."""
-        p, cache = self.params, self.cache
+        p, cache, kv = self.params, self.cache, self.kv_blocks
+        used = 0
+        if kv is not None:
+            used = sum(s.kv_blocks_next() for s in self.running)
+            while used > kv and len(self.running) > 1:
+                seq = self.running.pop()  # the newest: vLLM's lowest priority under FCFS
+                used -= seq.kv_blocks_next()
+                seq.preempted += 1
+                self.preemptions += 1
+                self.waiting.appendleft(seq)
         admitted = []
         uncached = 0
-        while self.waiting and len(self.running) < p.max_num_seqs:
+        limit = p.batch_limit
+        while self.waiting and len(self.running) < limit:
+            if kv is not None and self.running and used + self.waiting[0].kv_blocks_next() > kv:
+                break
             seq = self.waiting.popleft()
+            if kv is not None:
+                used += seq.kv_blocks_next()
             if cache is not None:
                 seq.cached_tokens = cache.lookup(seq.blocks, seq.prompt_tokens)
-            uncached += seq.prompt_tokens - seq.cached_tokens
+            # a preempted sequence computes its prompt and what it generated again (recompute)
+            uncached += seq.prompt_tokens - seq.cached_tokens + (seq.generated if seq.preempted else 0)
             self.running.append(seq)
             admitted.append(seq)
         if not self.running:
             return None
         prefill = p.prefill_per_token_ms * uncached
-        duration = p.slowdown * (prefill + p.decode_base_ms + p.decode_per_seq_ms * len(self.running))
+        duration = p.time_factor * p.drift_factor(self.answered) * (
+            prefill + p.decode_base_ms + p.decode_per_seq_ms * len(self.running))
         return Iteration(duration, admitted, list(self.running))
 
     def finish_iteration(self, it: Iteration) -> list[Sequence]:
@@ -345,6 +413,7 @@ class BatchScheduler:
             if seq.generated >= seq.output_tokens:
                 done.append(seq)
         if done:
+            self.answered += len(done)
             gone = set(map(id, done))
             self.running = [s for s in self.running if id(s) not in gone]
         return done
@@ -388,7 +457,7 @@ def capacity(
             f"output_tokens={output_tokens} must be >= 1, prompt_tokens={prompt_tokens} >= 0 and "
             f"cached_tokens={cached_tokens} within 0..prompt_tokens"
         )
-    p, b, s = params, params.max_num_seqs, params.slowdown
+    p, b, s = params, params.batch_limit, params.time_factor
     P, O = float(prompt_tokens) - float(cached_tokens), float(output_tokens)
     per_request_ms = s * (O * (p.decode_base_ms / b + p.decode_per_seq_ms) + p.prefill_per_token_ms * P)
     lam_per_ms = 1.0 / per_request_ms
@@ -413,6 +482,54 @@ def capacity(
     )
 
 
+def kv_concurrency(prompt_tokens: float, output_tokens: float, kv_blocks: int,
+                   block_tokens: int = BLOCK_TOKENS) -> tuple[int, int]:
+    """How many sequences of ``prompt_tokens`` + ``output_tokens`` a KV cache of ``kv_blocks`` blocks holds: (at
+    their largest, just admitted). At least 1 each: a sequence that does not fit runs alone."""
+    largest = -(-int(prompt_tokens + output_tokens) // block_tokens)
+    admitted = -(-int(prompt_tokens + 1) // block_tokens)
+    return max(1, kv_blocks // largest), max(1, kv_blocks // admitted)
+
+
+def kv_limited_capacity(params: ServiceParams, prompt_tokens: float, output_tokens: float, kv_blocks: int
+                        ) -> tuple[float, float]:
+    """The saturation throughput (requests/s) of an engine whose KV cache holds ``kv_blocks`` blocks, as a bracket
+    (low, high): the KV cache, not the batch slots, bounds the sequences that run together.
+
+    High: as many run as fit just admitted (``kv_concurrency``'s second), none ever preempted. Low: only as many as
+    fit at their largest, each also prefilling once more what a preemption makes it compute again (its prompt and,
+    on average, half its output: a sequence is preempted at most once per step it grows into a new block, and the
+    newest, preempted first, holds the fewest tokens). Exact figures depend on the order of arrivals; the scheduler
+    that serves, on a virtual clock, lands inside (tests/unit/sim/test_faults.py). Without a shortage (the
+    cache holds ``batch_limit`` sequences at their largest) both are ``capacity``'s."""
+    from dataclasses import replace
+
+    low_n, high_n = kv_concurrency(prompt_tokens, output_tokens, kv_blocks)
+    b = params.batch_limit
+    high = capacity(replace(params, max_num_seqs=min(b, high_n)), prompt_tokens, output_tokens).requests_per_s
+    if low_n >= b:
+        return high, high
+    redo = params.time_factor * params.prefill_per_token_ms * (prompt_tokens + output_tokens / 2.0)
+    per_request_ms = 1000.0 / capacity(replace(params, max_num_seqs=low_n), prompt_tokens,
+                                       output_tokens).requests_per_s + redo
+    return 1000.0 / per_request_ms, high
+
+
+def drift_completion_ms(params: ServiceParams, prompt_tokens: float, output_tokens: float, k: int) -> float:
+    """The drift fault's closed form, one request at a time (a batch of one, all queued at 0): when the ``k``-th
+    (from 0) completes. Request j runs after j answered, each of its steps ``drift_factor(j)`` longer, so it takes
+    ``single_e2e_ms x g ** j`` (g = 1 + drift_per_request), and the sum is geometric."""
+    one = capacity(params, prompt_tokens, output_tokens).single_e2e_ms
+    g = 1.0 + params.drift_per_request
+    return one * (k + 1) if g == 1.0 else one * (g ** (k + 1) - 1) / (g - 1)
+
+
+def leaked_bytes(leak_bytes_per_request: int, answered: int) -> int:
+    """The leak fault's closed form: resident memory grows by this over ``answered`` requests (and the throughput is
+    ``capacity``'s: a leak costs memory, not time, until the process runs out)."""
+    return leak_bytes_per_request * answered
+
+
 # -- discrete-event simulation (virtual clock) -----------------------------------------------------
 
 
@@ -425,6 +542,7 @@ class SimResult:
     completions_ms: list[float]
     ttft_ms: list[float]
     e2e_ms: list[float]
+    preemptions: int = 0
 
     def throughput_per_s(self, skip: int = 0) -> float:
         """Completion rate with ``skip`` completions dropped at each end (the fill-up and the drain)."""
@@ -434,14 +552,15 @@ class SimResult:
         return 1000.0 * (len(done) - 1) / (done[-1] - done[0])
 
 
-def simulate(params: ServiceParams, arrivals: Iterable[tuple], cache: PrefixCache | None = None) -> SimResult:
+def simulate(params: ServiceParams, arrivals: Iterable[tuple], cache: PrefixCache | None = None,
+             kv_blocks: int | None = None) -> SimResult:
     """Run ``BatchScheduler`` on a virtual clock: ``arrivals`` are (time_ms, prompt, output tokens), or
     (time_ms, prompt, output tokens, the prompt's ``block_hashes``) for the prefix ``cache``.
 
     Same rules as the server: an idle engine starts an iteration at an arrival, a busy one
     admits at the next iteration start.
     """
-    sched = BatchScheduler(params, cache=cache)
+    sched = BatchScheduler(params, cache=cache, kv_blocks=kv_blocks)
     events = sorted(arrivals)
     i, now, refused = 0, 0.0, 0
     completions, ttft, e2e = [], [], []
@@ -486,4 +605,5 @@ def simulate(params: ServiceParams, arrivals: Iterable[tuple], cache: PrefixCach
         completions_ms=completions,
         ttft_ms=ttft,
         e2e_ms=e2e,
+        preemptions=sched.preemptions,
     )

@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-STAND_INS = {"tritonserver": "deploybench.sim.triton"}  # program -> the module whose main() stands in for it
+# program -> the module whose main() stands in for it
+STAND_INS = {"tritonserver": "deploybench.sim.triton", "nvidia-smi": "deploybench.sim.nvidia_smi"}
 
 
 def take_command_line(argv: list[str]) -> bool:

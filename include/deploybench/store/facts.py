@@ -7,6 +7,7 @@ records, so a renamed field fails at the boundary instead of storing NULLs.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,36 @@ class CapacityStepRow(_Row):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
+class NodeWindowRow(_Row):
+    phase: str
+    step: int = 0
+    node: str
+    metric: str
+    source: str
+    unit: str = ""
+    mean: float | None = None
+    max: float | None = None
+    samples: int = Field(0, ge=0)
+    reason: str | None = None
+
+
+class FindingRow(_Row):
+    """A finding (deploybench.analyse.findings.Finding) as the findings table holds it."""
+
+    rule: str
+    node: str | None = None
+    metric: str
+    phase: str
+    step: int = 0
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    observed: float | None = None
+    expected: float | None = None
+    evidence: str
+    advice: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunFacts(BaseModel):
     """Everything about a run beyond its stages, phases and samples."""
 
@@ -93,4 +124,6 @@ class RunFacts(BaseModel):
     fanout_nodes: list[FanoutNodeRow] = Field(default_factory=list)
     rollout_steps: list[RolloutStepRow] = Field(default_factory=list)
     capacity_steps: list[CapacityStepRow] = Field(default_factory=list)
+    node_windows: list[NodeWindowRow] = Field(default_factory=list)  # issue 29: per node, per window, per source
+    findings: list[FindingRow] = Field(default_factory=list)
     server_metrics: pd.DataFrame | str | Path | None = None  # columns METRIC_COLUMNS (labels, phase optional)

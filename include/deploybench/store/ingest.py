@@ -58,6 +58,8 @@ def phase_records(load: LoadResult) -> list[Any]:
     out = [PhaseRecord(node="*", offered_rps=load.offered_rps, dropped_iterations=load.dropped_iterations,
                        prefix_hit_rate=_hit_rate(list(engine.values())),
                        energy_per_output_token_j=load.energy_per_output_token_j,
+                       cost_per_million_output_tokens=load.cost_per_million_output_tokens,
+                       cost_currency=load.cost_currency,
                        **common, **{k: getattr(load, k) for k in _FIGURES})]
     per_node_offered = load.offered_rps / max(1, len(load.nodes))
     for n in load.nodes:
@@ -91,6 +93,19 @@ def capacity_steps(load: LoadStageResult) -> list[Any]:
             for s in steps]
 
 
+def node_windows(load: LoadStageResult) -> list[Any]:
+    """Every phase's (and probe step's) per node figures, with their source."""
+    from deploybench.store.facts import NodeWindowRow
+
+    rows = {}
+    for name, ph in load.phases.items():
+        for step, figs in ph.node_windows.items():
+            for w in figs:
+                rows[(name, step, w.node, w.metric, w.source)] = NodeWindowRow(phase=name, step=step,
+                                                                               **w.model_dump())
+    return list(rows.values())
+
+
 def _server_metrics(load: LoadStageResult) -> Any:
     import pandas as pd
 
@@ -117,7 +132,7 @@ def samples_source(load: LoadStageResult) -> Any:
     return pd.concat([read_samples(p) for p in paths], ignore_index=True)
 
 
-def run_facts(run: Run, load: LoadStageResult | None) -> Any:
+def run_facts(run: Run, load: LoadStageResult | None, findings: list[Any] | None = None) -> Any:
     """Identities and the facts of every stage, from the typed stage results (deploybench.records): a stage
     skipped (external backend) or reused (a matrix cell on an earlier cell's deployment) has no facts of its
     own here; its identity fields (the model, the engine) still count."""
@@ -130,6 +145,7 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
     from deploybench.rollout.base import RolloutResult
     from deploybench.store.facts import (
         FanoutNodeRow,
+        FindingRow,
         PreflightLinkRow,
         PreflightNodeRow,
         RolloutStepRow,
@@ -166,11 +182,15 @@ def run_facts(run: Run, load: LoadStageResult | None) -> Any:
         rollout_steps=[RolloutStepRow(**{k: v for k, v in asdict(s).items() if k in RolloutStepRow.model_fields})
                        for s in unique(ro.steps if ro else [], "step")],
         capacity_steps=capacity_steps(load) if load else [],
+        node_windows=node_windows(load) if load else [],
+        findings=[FindingRow(**f.model_dump()) for f in findings or []],
         server_metrics=_server_metrics(load) if load else None,
     )
 
 
-def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
+def store_run(run: Run, dsn: str | None = None, findings: list[Any] | None = None) -> dict[str, int]:
+    """The run into the store in one transaction; ``findings`` (deploybench.analyse.findings, which the store stage
+    computes: the analysis is a layer above the store) with it."""
     from deploybench.store import RunRecord, StageRow, write_run
 
     recs = run.stages()
@@ -190,7 +210,7 @@ def store_run(run: Run, dsn: str | None = None) -> dict[str, int]:
     stages = [_stage_row(StageRow, r) for s, r in recs.items() if s in STORED_STAGES]
     phases = [row for p in load.ran() for row in phase_records(p)] if load else []
     samples = samples_source(load) if load else None
-    res = write_run(dsn, record, stages, phases, samples, facts=run_facts(run, load))
+    res = write_run(dsn, record, stages, phases, samples, facts=run_facts(run, load, findings))
     log.info("stored run %s: %d stages, %d phases, %d samples (replaced: %s)", run.key, res.stages, res.phases,
              res.samples, res.replaced)
     return {"stages": res.stages, "phases": res.phases, "samples": res.samples, "replaced": int(res.replaced),

@@ -132,6 +132,9 @@ class LoadPhase(Base):
     # migration 0007: the engine's prefix-cache hit rate and the GPUs' energy per output token (absent: not measured)
     prefix_hit_rate: Mapped[float | None] = mapped_column(Double)
     energy_per_output_token_j: Mapped[float | None] = mapped_column(Double)
+    # migration 0008_cost: the serving nodes' price per million output tokens, in its currency (absent: not priced)
+    cost_per_million_output_tokens: Mapped[float | None] = mapped_column(Double)
+    cost_currency: Mapped[str | None] = mapped_column(Text)
 
 
 class RequestSample(Base):
@@ -306,6 +309,49 @@ class CapacityStep(Base):
     error_rate: Mapped[float | None] = mapped_column(Double)
     dropped_iterations: Mapped[int | None] = mapped_column(BigInteger)
     slo_ok: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    detail: Mapped[dict[str, Any]] = _jsonb()
+
+
+class NodeWindow(Base):
+    """One node's figure over one load window (a phase, or a probe step) from one source (migration 0009):
+    ``mean``/``max`` NULL when absent, ``reason`` says why."""
+
+    __tablename__ = "node_windows"
+    __table_args__ = (UniqueConstraint("run_key", "phase", "step", "node", "metric", "source"),)
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    step: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    node: Mapped[str] = mapped_column(Text, nullable=False)
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    source: Mapped[str] = mapped_column(Text, nullable=False)
+    unit: Mapped[str] = mapped_column(Text, nullable=False, server_default=text("''"))
+    mean: Mapped[float | None] = mapped_column(Double)
+    max: Mapped[float | None] = mapped_column(Double)
+    samples: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Finding(Base):
+    """One finding of a run (migration 0010, deploybench.analyse.findings): a rule that fired, with its evidence."""
+
+    __tablename__ = "findings"
+    __table_args__ = (Index(None, "run_key"), Index(None, "rule", "node"))
+
+    id: Mapped[int] = _id_col()
+    run_key: Mapped[str] = _fk_run()
+    rule: Mapped[str] = mapped_column(Text, nullable=False)
+    node: Mapped[str | None] = mapped_column(Text)  # None: the whole cluster
+    metric: Mapped[str] = mapped_column(Text, nullable=False)
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    step: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    window_start: Mapped[datetime | None] = _ts(nullable=True)
+    window_end: Mapped[datetime | None] = _ts(nullable=True)
+    observed: Mapped[float | None] = mapped_column(Double)
+    expected: Mapped[float | None] = mapped_column(Double)
+    evidence: Mapped[str] = mapped_column(Text, nullable=False)
+    advice: Mapped[str] = mapped_column(Text, nullable=False)
     detail: Mapped[dict[str, Any]] = _jsonb()
 
 

@@ -15,12 +15,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from deploybench.store.db import open_store, redact
 from deploybench.store.errors import StoreError
-from deploybench.store.models import LoadPhase, RequestSample, Run, Series, StageResult
+from deploybench.store.facts import FindingRow, NodeWindowRow
+from deploybench.store.models import Finding, LoadPhase, NodeWindow, RequestSample, Run, Series, StageResult
 from deploybench.store.rows import SAMPLE_COLUMNS, PhaseRecord, RunRecord, StageRow, StoredRun
 
 _RUN_FIELDS = tuple(RunRecord.model_fields)
 _STAGE_FIELDS = tuple(StageRow.model_fields)
 _PHASE_FIELDS = tuple(PhaseRecord.model_fields)
+_FINDING_FIELDS = tuple(FindingRow.model_fields)
 
 
 def _cols(model: Any, names: tuple[str, ...]) -> list[Any]:
@@ -58,6 +60,13 @@ def load_run(target: Engine | str | None, run_key: str) -> StoredRun | None:
             n = conn.execute(
                 select(func.count()).select_from(RequestSample).where(RequestSample.run_key == run_key)
             ).scalar_one()
+            windows = conn.execute(
+                select(*_cols(NodeWindow, tuple(NodeWindowRow.model_fields))).where(NodeWindow.run_key == run_key)
+                .order_by(NodeWindow.phase, NodeWindow.step, NodeWindow.node, NodeWindow.metric, NodeWindow.source)
+            ).mappings().all()
+            found = conn.execute(
+                select(*_cols(Finding, _FINDING_FIELDS)).where(Finding.run_key == run_key).order_by(Finding.id)
+            ).mappings().all()
     except SQLAlchemyError as exc:
         raise _fail(engine, f"run {run_key!r}", exc) from exc
     return StoredRun(
@@ -71,6 +80,8 @@ def load_run(target: Engine | str | None, run_key: str) -> StoredRun | None:
         series_fingerprint=row["series_fingerprint"],
         excluded=row["excluded"],
         exclude_reason=row["exclude_reason"],
+        node_windows=[NodeWindowRow(**dict(w)) for w in windows],
+        findings=[FindingRow(**dict(f)) for f in found],
     )
 
 

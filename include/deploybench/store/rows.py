@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from deploybench.store.facts import FindingRow, NodeWindowRow
+
 RunStatus = Literal["success", "failed", "running"]
 StageStatus = Literal["success", "failed", "skipped", "running"]
 
@@ -113,12 +115,18 @@ class PhaseRecord(_Record):
     started_at: AwareDatetime
     prefix_hit_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # the engine's, None: not counted
     energy_per_output_token_j: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: power not measured
+    # the serving nodes' price over the window per million output tokens (migration 0008); None: no price or no token
+    cost_per_million_output_tokens: float | None = Field(None, ge=0, allow_inf_nan=False)
+    cost_currency: str | None = Field(None, pattern=r"^[A-Z]{3}$")
 
     @model_validator(mode="after")
     def _coherent(self) -> PhaseRecord:
         where = f"phase {self.phase!r} node {self.node!r}"
         if self.errors > self.requests:
             raise ValueError(f"{where}: errors={self.errors} is more than requests={self.requests}")
+        if self.cost_per_million_output_tokens is not None and self.cost_currency is None:
+            raise ValueError(f"{where}: cost_per_million_output_tokens={self.cost_per_million_output_tokens} has no "
+                             "currency; set cost_currency (e.g. 'USD')")
         pct = [self.latency_p50_ms, self.latency_p90_ms, self.latency_p99_ms, self.latency_p999_ms]
         if any(p is None for p in pct) and not all(p is None for p in pct):
             raise ValueError(f"{where}: latency percentiles must be all set or all None, got {pct}")
@@ -147,3 +155,5 @@ class StoredRun(_Record):
     series_fingerprint: str | None = None
     excluded: bool = False
     exclude_reason: str | None = None
+    node_windows: list[NodeWindowRow] = Field(default_factory=list)  # per node, per window, per source (0008)
+    findings: list[FindingRow] = []  # migration 0010 (deploybench.analyse.findings)

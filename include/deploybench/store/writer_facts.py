@@ -24,7 +24,9 @@ from deploybench.store.models import (
     CapacityStep,
     Cluster,
     FanoutNode,
+    Finding,
     ModelArtifact,
+    NodeWindow,
     PreflightLink,
     PreflightNode,
     RolloutStep,
@@ -36,7 +38,8 @@ from deploybench.store.models import (
     Workload,
 )
 
-FACT_MODELS = (PreflightNode, PreflightLink, FanoutNode, RolloutStep, CapacityStep, ServerMetric)
+FACT_MODELS = (PreflightNode, PreflightLink, FanoutNode, RolloutStep, CapacityStep, NodeWindow, ServerMetric,
+               Finding)
 _IDENTITY_MODELS: dict[str, type[Cluster | Software | ModelArtifact | ServingConfig | Workload]] = {
     "cluster": Cluster, "software": Software, "model": ModelArtifact, "serving": ServingConfig, "workload": Workload,
 }
@@ -45,9 +48,9 @@ _SERIES_COLUMNS = {"cluster": "cluster_id", "software": "software_id", "model": 
 _COPY_SQL = (f"COPY {ServerMetric.__tablename__} (run_key, {', '.join(METRIC_COLUMNS)}) "
              "FROM STDIN WITH (FORMAT binary)")
 _COPY_TYPES = ("text", "timestamptz", "text", "text", "text", "text", "float8")
-_FACT_LISTS: dict[str, type[PreflightNode | PreflightLink | FanoutNode | RolloutStep | CapacityStep]] = {
+_FACT_LISTS: dict[str, type[PreflightNode | PreflightLink | FanoutNode | RolloutStep | CapacityStep | Finding]] = {
     "preflight_nodes": PreflightNode, "preflight_links": PreflightLink, "fanout_nodes": FanoutNode,
-    "rollout_steps": RolloutStep, "capacity_steps": CapacityStep,
+    "rollout_steps": RolloutStep, "capacity_steps": CapacityStep, "findings": Finding,
 }
 
 
@@ -137,6 +140,7 @@ def write_facts(conn: Connection, run_key: str, facts: RunFacts | None, metrics:
         if rows:
             conn.execute(insert(model), [{"run_key": run_key, **r.model_dump()} for r in rows])
         counts[attr] = len(rows)
+    counts["node_windows"] = upsert_node_windows(conn, run_key, facts.node_windows)
     if metrics is not None and len(metrics):
         raw = conn.connection.driver_connection
         if not isinstance(raw, psycopg.Connection):  # COPY is psycopg 3's (open_store's postgresql+psycopg)
@@ -148,6 +152,20 @@ def write_facts(conn: Connection, run_key: str, facts: RunFacts | None, metrics:
                 copy.write_row((run_key, *row))
     counts["server_metrics"] = 0 if metrics is None else len(metrics)
     return counts
+
+
+def upsert_node_windows(conn: Connection, run_key: str, rows: list[Any]) -> int:
+    """UPSERT the run's per node, per window figures on (run, phase, step, node, metric, source): a retried store
+    replaces a figure, never adds a second one."""
+    if not rows:
+        return 0
+    stmt = pg_insert(NodeWindow).values([{"run_key": run_key, **r.model_dump()} for r in rows])
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[NodeWindow.run_key, NodeWindow.phase, NodeWindow.step, NodeWindow.node, NodeWindow.metric,
+                        NodeWindow.source],
+        set_={c: stmt.excluded[c] for c in ("unit", "mean", "max", "samples", "reason")})
+    conn.execute(stmt)
+    return len(rows)
 
 
 def dumps(obj: Any) -> str:

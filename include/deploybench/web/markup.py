@@ -15,7 +15,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import quote, urlencode
 
-from deploybench.report.html import Html, document, esc, fmt_ms, fmt_num, fmt_pct, fmt_time, fmt_util, table
+from deploybench.analyse.findings import ANALYSED_PHASES
+from deploybench.report import node_windows
+from deploybench.report.findings_html import findings_section
+from deploybench.report.html import (
+    Html,
+    document,
+    esc,
+    fmt_money,
+    fmt_ms,
+    fmt_num,
+    fmt_pct,
+    fmt_time,
+    fmt_util,
+    table,
+)
 from deploybench.store.rows import CLUSTER, RunStatus
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -140,7 +154,7 @@ LIST_COLUMNS = ["compare", "baseline", "run", "DAG", "status", "started", "nodes
                 "achieved req/s", "P99 ms", "error rate"]
 PHASE_COLUMNS = ["phase", "node", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "requests", "errors",
                  "error rate", "dropped", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "TTFT P50 ms", "TTFT P99 ms",
-                 "prefix hit rate", "J per output token", "seconds"]
+                 "prefix hit rate", "J per output token", "cost per 1M output tokens", "seconds"]
 
 
 def render_run_list(
@@ -249,6 +263,7 @@ def _phase_rows(phases: list[PhaseRecord], gpu: dict[tuple[str, str], float | No
             # the engine's and the GPUs' own figures: absent when not measured (no prefix cache, no power reading)
             fmt_pct(p.prefix_hit_rate, 1, missing="absent"),
             "absent" if p.energy_per_output_token_j is None else f"{p.energy_per_output_token_j:.4g}",
+            fmt_money(p.cost_per_million_output_tokens, p.cost_currency),  # the cluster row's; absent when not priced
             fmt_num(p.duration_s, 1),
         ]
         for p in ordered
@@ -316,6 +331,8 @@ def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str
         f"<h1>Run <code>{esc(r.run_key)}</code></h1><p>{' &middot; '.join(links)}</p>"
         "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
         f"<h2>Stages</h2>{stages}<h2>Load phases</h2>{phases}"
+        + "".join(node_windows.section(stored.node_windows, level=2)) +
+        f"{findings_section(stored.findings, analysed=any(p.phase in ANALYSED_PHASES for p in stored.phases))}"
         f"<h2>Configuration</h2><details><summary>RunConfig</summary>"
         f"<pre>{esc(json.dumps(r.config, indent=1, sort_keys=True))}</pre></details>"
     )

@@ -51,3 +51,26 @@ def test_cli_registers_up_down_status():
     assert (defaults.name, defaults.nodes, defaults.link_mbit, defaults.mode) == ("demo", 16, 500.0, "auto")
     assert parser.parse_args(["lab", "down", "--purge"]).purge
     assert callable(parser.parse_args(["lab", "status"]).func)
+
+
+@pytest.mark.parametrize("missing", [("prometheus",), ("prometheus-node-exporter", "node_exporter"),
+                                     ("prometheus", "prometheus-node-exporter", "node_exporter")])
+def test_without_the_prometheus_packages_the_lab_says_it_runs_without_prometheus(monkeypatch, tmp_path, caplog,
+                                                                                 missing):
+    import shutil
+
+    from deploybench.lab.naming import NetnsNames
+    from deploybench.lab.state import LabFiles, LabState
+
+    monkeypatch.setenv("DEPLOYBENCH_HOME", str(tmp_path))
+    real = shutil.which
+    monkeypatch.setattr(cluster.shutil, "which", lambda b, *a, **k: None if b in missing else real(b) or f"/bin/{b}")
+    started = []
+    monkeypatch.setattr(cluster.netns, "start_detached", lambda *a, **k: started.append(a))
+    state = LabState(name="t1", mode=Mode.NETNS, subnet="10.200.1.0/24", node_count=2, link_mbit=100,
+                     model_name="m", model_mb=1)
+    with caplog.at_level("WARNING"):
+        assert cluster._start_telemetry(NetnsNames.of("t1"), LabFiles("t1"), state) is None
+    assert not started
+    assert "lab t1 runs without Prometheus" in caplog.text and missing[0] in caplog.text
+    assert "apt-get install prometheus prometheus-node-exporter" in caplog.text

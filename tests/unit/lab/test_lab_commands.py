@@ -75,3 +75,24 @@ def test_known_hosts_line():
     pub = "ssh-ed25519 AAAAC3Nza demo-n01\n"
     assert commands.known_hosts_line("10.1.2.11", pub) == "10.1.2.11 ssh-ed25519 AAAAC3Nza"
     assert commands.known_hosts_line("10.1.2.11", pub, port=2222) == "[10.1.2.11]:2222 ssh-ed25519 AAAAC3Nza"
+
+
+def test_the_labs_prometheus_scrapes_every_nodes_exporter_and_engine_labelled_with_the_node():
+    import json
+
+    conf = json.loads(commands.prometheus_config({"n01": "10.1.2.11", "n02": "10.1.2.12"}))
+    assert conf["global"]["scrape_interval"] == "1s" == conf["global"]["scrape_timeout"]
+    jobs = {j["job_name"]: j["static_configs"] for j in conf["scrape_configs"]}
+    assert jobs["node"] == [{"targets": ["10.1.2.11:9100"], "labels": {"node": "n01"}},
+                            {"targets": ["10.1.2.12:9100"], "labels": {"node": "n02"}}]
+    assert [c["targets"] for c in jobs["engine"]] == [["10.1.2.11:8000"], ["10.1.2.12:8000"]]
+
+
+def test_exporters_and_prometheus_listen_on_lab_addresses_only():
+    argv = commands.node_exporter_argv("/usr/bin/prometheus-node-exporter", "db-x-n01", "10.1.2.11", "/lab/n01/tf")
+    assert argv[:5] == ["ip", "netns", "exec", "db-x-n01", "/usr/bin/prometheus-node-exporter"]
+    assert "--web.listen-address=10.1.2.11:9100" in argv and "--collector.disable-defaults" in argv
+    assert "--collector.textfile.directory=/lab/n01/tf" in argv
+    p = commands.prometheus_argv("prometheus", "/lab/prometheus/p.yml", "/lab/prometheus/data", "10.1.2.1")
+    assert "--web.listen-address=10.1.2.1:9090" in p and "--web.enable-remote-write-receiver" in p
+    assert "--storage.tsdb.path=/lab/prometheus/data" in p

@@ -25,25 +25,40 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 # -- nvidia-smi, read strictly ------------------------------------------------------------------------
 def test_parse_smi_reads_every_gpu_and_keeps_na_absent():
-    rows = gpu.parse_smi("87, 61234, 81559\n 3 ,512,81559\n\n[N/A], [N/A], [N/A]\n")
-    assert rows == [(87.0, 61234.0, 81559.0), (3.0, 512.0, 81559.0), (None, None, None)]
-    pts = gpu.smi_points("50, 100, 400\n", {"ts": T0.isoformat(), "node": "n1", "phase": "p", "step": 0})
-    assert {(p["metric"], p["value"]) for p in pts} == {(gpu.UTIL, 50.0), (gpu.FB_USED, 100.0), (gpu.FB_FREE, 300.0)}
+    rows = gpu.parse_smi("87, 61234, 81559, 243.17\n 3 ,512,81559,71.5\n\n[N/A], [N/A], [N/A], [N/A]\n"
+                         "40, [N/A], [N/A], [Not Supported]\n")
+    assert rows == [(87.0, 61234.0, 81559.0, 243.17), (3.0, 512.0, 81559.0, 71.5), (None, None, None, None),
+                    (40.0, None, None, None)]
+    pts = gpu.smi_points("50, 100, 400, 99.5\n", {"ts": T0.isoformat(), "node": "n1", "phase": "p", "step": 0})
+    assert {(p["metric"], p["value"]) for p in pts} == {(gpu.UTIL, 50.0), (gpu.FB_USED, 100.0), (gpu.FB_FREE, 300.0),
+                                                        (gpu.POWER, 99.5)}
     assert all(p["labels"] == {"gpu": "0", "source": "nvidia-smi"} for p in pts)
+    # power not available: no power point, not a 0 W one
+    pts = gpu.smi_points("50, 100, 400, [N/A]\n", {"ts": T0.isoformat(), "node": "n1", "phase": "p", "step": 0})
+    assert gpu.POWER not in {p["metric"] for p in pts} and len(pts) == 3
+    assert gpu.SMI_COMMAND[1] == "--query-gpu=utilization.gpu,memory.used,memory.total,power.draw"
 
 
 @pytest.mark.parametrize("text, words", [
     ("", "no GPU"),
     ("87, 100\n", "2 columns"),
-    ("87, 100, 200, 5\n", "4 columns"),
-    ("87 %, 100, 200\n", "not a number"),
-    ("101, 100, 200\n", r"outside \[0, 100\]"),
-    ("-1, 100, 200\n", "outside"),
-    ("nan, 100, 200\n", "outside"),
-    ("50, 300, 200\n", "above memory.total"),
-    ("50, 100, 200; rm -rf /\n", "not a number"),
-    ("50, 1e30, 2e30\n", "outside"),
-    ("1, 1, 1\n" * 65, "more than 64 GPUs"),
+    ("87, 100, 200\n", "3 columns, expected 4"),  # an nvidia-smi that ignored the power column
+    ("87, 100, 200, 5, 6\n", "5 columns"),
+    ("87 %, 100, 200, 5\n", "not a number"),
+    ("101, 100, 200, 5\n", r"outside \[0, 100\]"),
+    ("-1, 100, 200, 5\n", "outside"),
+    ("nan, 100, 200, 5\n", "outside"),
+    ("50, 300, 200, 5\n", "above memory.total"),
+    ("50, 100, 200, 5; rm -rf /\n", "not a number"),
+    ("50, 1e30, 2e30, 5\n", "outside"),
+    ("1, 1, 1, 1\n" * 65, "more than 64 GPUs"),
+    # the power column, hostile: units left in, negative, past any GPU, NaN, infinity, a number in hex
+    ("50, 100, 200, 243.17 W\n", "power.draw '243.17 W' is not a number"),
+    ("50, 100, 200, -3\n", r"power.draw '-3' is outside \[0, 5000\]"),
+    ("50, 100, 200, 1e9\n", r"power.draw '1e9' is outside \[0, 5000\]"),
+    ("50, 100, 200, NaN\n", "power.draw 'NaN' is outside"),
+    ("50, 100, 200, inf\n", "power.draw 'inf' is outside"),
+    ("50, 100, 200, 0x40\n", "power.draw '0x40' is not a number"),
 ])
 def test_parse_smi_refuses_what_was_not_asked_for(text, words):
     with pytest.raises(gpu.GpuReadError, match=words):
@@ -59,12 +74,14 @@ def test_out_of_range_gpu_readings_are_left_out_of_the_figures_with_a_warning(ca
     base = {"ts": (T0 + timedelta(seconds=1)).isoformat(), "node": "n1", "phase": "p", "step": 0}
     pts = gpu.dcgm_points(page, base, "dcgm-exporter")
     assert [(p["metric"], p["labels"]["gpu"], p["value"]) for p in pts] == [
-        (gpu.UTIL, "0", 42.0), (gpu.UTIL, "1", 250.0), (gpu.FB_USED, "0", -5.0), (gpu.FB_FREE, "0", 1000.0)]
+        (gpu.UTIL, "0", 42.0), (gpu.UTIL, "1", 250.0), (gpu.FB_USED, "0", -5.0), (gpu.FB_FREE, "0", 1000.0),
+        (gpu.SM_CLOCK, "0", 1500.0)]  # the SM clock is kept too since the findings (issue 29)
     bad = [{**base, "node": "n2", "metric": gpu.UTIL, "labels": {"gpu": "0"}, "value": v} for v in (1e9, -1.0)]
     with caplog.at_level("WARNING", "deploybench"):
         figs = gpu.gpu_figures(pts + bad, ["n1", "n2"], T0, T0 + timedelta(seconds=2))
     assert figs["n1"].util_mean_pct == 42.0 and figs["n1"].gpus == 1  # GPU 1's 250 % left out, not averaged in
     assert figs["n1"].mem_used_mib_mean is None and figs["n1"].mem_total_mib is None  # -5 MiB: absent, not 0
+    assert figs["n1"].sm_clock_mhz_mean == 1500.0 and figs["n1"].throttle_reasons is None  # reasons not reported
     assert figs["n2"].source is None and figs["n2"].util_mean_pct is None
     assert "outside their range" in figs["n2"].reason and "e.g. 1e+09" in figs["n2"].reason
     assert "not measured" in gpu.gpu_verdict(figs, SLO(min_gpu_util_pct=10))[0]  # n2: not measured, not met
@@ -209,8 +226,8 @@ def _fake_smi(tmp_path: Path, monkeypatch, body: str) -> None:
 
 
 def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_path, monkeypatch):
-    _fake_smi(tmp_path, monkeypatch, "[ \"$1\" = --query-gpu=utilization.gpu,memory.used,memory.total ] || exit 9\n"
-                                     "echo '41, 1000, 4000'\necho '59, 3000, 4000'\n")
+    _fake_smi(tmp_path, monkeypatch, "[ \"$1\" = --query-gpu=utilization.gpu,memory.used,memory.total,power.draw ] "
+                                     "|| exit 9\necho '41, 1000, 4000, 60.25'\necho '59, 3000, 4000, [N/A]'\n")
     dead = f"http://127.0.0.1:{_closed_port()}"
     eps = [Endpoint("a", dead, "m"), Endpoint("b", dead, "m"), Endpoint("c", dead, "m")]
     local_b = {"b": LocalTransport(Node(name="b", address="127.0.0.1", link_mbit=1000))}
@@ -230,6 +247,8 @@ def test_sampler_takes_the_exporter_then_nvidia_smi_else_absent(exporter, tmp_pa
     figs = gpu.gpu_figures(pts, ["a", "b", "c"], t0, datetime.now(UTC), sampler.why)
     assert figs["b"].source == "nvidia-smi" and figs["b"].gpus == 2 and figs["b"].util_mean_pct == 50.0
     assert figs["b"].mem_used_mib_mean == 4000.0 and figs["b"].mem_total_mib == 8000.0 and figs["b"].samples >= 2
+    # power: only GPU 0 has it (GPU 1 printed [N/A]): the node's power is absent, not GPU 0's with 0 W for GPU 1
+    assert figs["b"].power_mean_w is None and figs["b"].energy_j is None and figs["b"].power_source is None
     assert figs["a"].source is None and "no transport to run nvidia-smi" in figs["a"].reason
     # a plan made before (the first step of a probe) is kept: no node is asked again
     again = gpu.GpuSampler(eps[:1], 0.2, "probe", 2, dcgm_port=exporter, plan={"a": "absent"},
@@ -408,3 +427,21 @@ def test_report_shows_the_engines_own_figures_by_the_roles_its_profile_maps(tmp_
     assert "<th>queue mean ms</th>" in html and "<th>batch (mean)</th>" in html and "<td>287.50</td>" in html
     assert "<th>KV cache use max</th>" not in html  # no node's profile maps it
     assert "<td>absent</td>" in html  # n1's TTFT: mapped, not on its page
+
+
+def test_the_sm_clock_and_the_throttle_reasons_of_a_window_and_a_reason_that_is_no_bitmask_left_out():
+    """Issue 29: the SM clock's mean and lowest, and every throttle reason seen (the OR of the samples, under either
+    of DCGM's names); a reason that is not a whole number in range is no bitmask: left out, never OR-ed in."""
+    pts = []
+    for i, (clock, reason, name) in enumerate([(1000, 0x20, gpu.THROTTLE[0]), (2000, 0x8, gpu.THROTTLE[1]),
+                                               (1500, 2.5, gpu.THROTTLE[0]), (1500, 2.0**40, gpu.THROTTLE[0])]):
+        ts = (T0 + timedelta(seconds=i + 1)).isoformat()
+        pts += [{"ts": ts, "node": "n1", "metric": gpu.UTIL, "labels": {"gpu": "0"}, "value": 50.0},
+                {"ts": ts, "node": "n1", "metric": gpu.SM_CLOCK, "labels": {"gpu": "0"}, "value": clock},
+                {"ts": ts, "node": "n1", "metric": name, "labels": {"gpu": "0"}, "value": reason}]
+    figs = gpu.gpu_figures(pts, ["n1"], T0, T0 + timedelta(seconds=10))
+    assert figs["n1"].sm_clock_mhz_mean == 1500.0 and figs["n1"].sm_clock_mhz_min == 1000.0
+    assert figs["n1"].throttle_reasons == 0x28
+    clean = gpu.gpu_figures([{**p, "value": 0.0} if p["metric"] in gpu.THROTTLE else p for p in pts[:3]], ["n1"],
+                            T0, T0 + timedelta(seconds=10))
+    assert clean["n1"].throttle_reasons == 0  # reported and clear: 0, not absent

@@ -136,3 +136,26 @@ def test_scraped_series_file_is_read_as_written(tmp_path):
 ])
 def test_trigger_from_the_airflow_run_id(meta, expected):
     assert trigger_of(meta) == expected
+
+
+def test_every_probe_steps_and_phases_node_windows_become_rows_with_their_step():
+    from deploybench.report.node_windows import of_load
+    from deploybench.store.ingest import node_windows
+
+    def fig(node: str, src: str, mean: float | None) -> dict:
+        return {"node": node, "metric": "cpu_busy_pct", "source": src, "unit": "%", "mean": mean, "max": mean,
+                "samples": 5 if mean is not None else 0, "reason": None if mean is not None else "absent: why"}
+
+    load = LoadStageResult.model_validate({
+        "phases": {"probe": {"phase": "probe", "status": "success",
+                             "node_windows": {"1": [fig("n1", "prometheus", 10.0)],
+                                              "2": [fig("n1", "prometheus", 20.0), fig("n2", "prometheus", None)]}},
+                   "sustained": {"phase": "sustained", "status": "failed", "error": "x",
+                                 "node_windows": {"0": [fig("n1", "scrape", 5.0)]}}},
+        "capacity": {"capacity_rps": None, "reason": "x"}, "series": []})
+    rows = node_windows(load)
+    assert sorted((r.phase, r.step, r.node, r.source, r.mean) for r in rows) == [
+        ("probe", 1, "n1", "prometheus", 10.0), ("probe", 2, "n1", "prometheus", 20.0),
+        ("probe", 2, "n2", "prometheus", None), ("sustained", 0, "n1", "scrape", 5.0)]
+    assert sorted((r["phase"], r["step"], r["node"]) for r in of_load(load.phases)) == [
+        ("probe", 1, "n1"), ("probe", 2, "n1"), ("probe", 2, "n2"), ("sustained", 0, "n1")]
