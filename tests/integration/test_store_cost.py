@@ -87,3 +87,23 @@ def test_a_comparison_names_the_cheapest_configuration_meeting_the_slo(dsn):
     html = render(cmp)
     assert "Cheapest configuration meeting the SLO (P99 within 2000 ms)" in html and "3 USD per million" in html
     assert "<th>cost per 1M output tokens</th>" in html and "<td>9 USD</td>" in html
+
+
+def test_the_energy_per_request_round_trips_beside_the_energy_per_token_and_absent_stays_null(dsn):
+    """Migration 0011: the GPUs' energy per request answered is stored with the phase (the cluster row) and read back;
+    a phase whose power was not measured keeps NULL, never 0."""
+    cfg = fx.config(max_num_seqs=8)
+    frame = fx.samples(200, 300.0, np.random.default_rng(7), start=fx.T0 + timedelta(hours=9))
+    measured = [p.model_copy(update={"energy_per_output_token_j": 0.2875, "energy_per_request_j": 18.4})
+                for p in fx.phase_from(frame, 10)]
+    key = "deploybench_run/manual__energy_rt"
+    write_run(dsn, fx.run_record(key, cfg, fx.T0 + timedelta(hours=9)), [], measured, frame, facts=fx.facts(cfg))
+    (phase,) = load_run(dsn, key).phases
+    assert (phase.energy_per_output_token_j, phase.energy_per_request_j) == (0.2875, 18.4)
+    bare_key = "deploybench_run/manual__energy_none"
+    write_run(dsn, fx.run_record(bare_key, cfg, fx.T0 + timedelta(hours=10)), [], fx.phase_from(frame, 10), frame,
+              facts=fx.facts(cfg))
+    with db.get_engine(dsn).connect() as conn:
+        stored = conn.execute(text("SELECT energy_per_request_j IS NULL FROM load_phases WHERE run_key = :k"),
+                              {"k": bare_key}).scalar_one()
+    assert stored is True

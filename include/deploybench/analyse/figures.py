@@ -21,7 +21,7 @@ MAIN_PHASES = ("sustained", "load", "probe", "overload")
 FIGURES = ("capacity_rps", "goodput_rps", "achieved_rps", "output_tps", "latency_p50_ms", "latency_p99_ms",
            "ttft_p99_ms", "error_rate")
 # what the engine and the GPUs said of the main phase, shown beside the figures (no rank test: one value per run)
-ENGINE_FIGURES = ("prefix_hit_rate", "energy_per_output_token_j")
+ENGINE_FIGURES = ("prefix_hit_rate", "energy_per_output_token_j", "energy_per_request_j")
 # what the main phase cost per million output tokens (the inventory's prices), in ``cost_currency``
 COST_FIGURES = ("cost_per_million_output_tokens",)
 # figures where higher is better (the others: lower is better)

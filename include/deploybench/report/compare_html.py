@@ -18,9 +18,11 @@ FIGURE_LABELS = {
     "capacity_rps": "capacity req/s", "goodput_rps": "goodput req/s", "achieved_rps": "achieved req/s",
     "output_tps": "output tok/s", "latency_p50_ms": "P50 ms", "latency_p99_ms": "P99 e2e ms",
     "ttft_p99_ms": "P99 TTFT ms", "error_rate": "error rate", "prefix_hit_rate": "prefix hit rate",
-    "energy_per_output_token_j": "J per output token", "cost_per_million_output_tokens": "cost per 1M output tokens",
+    "energy_per_output_token_j": "J per output token", "energy_per_request_j": "J per request",
+    "cost_per_million_output_tokens": "cost per 1M output tokens",
 }
-_ABSENT_NOT_ZERO = ("prefix_hit_rate", "energy_per_output_token_j", "cost_per_million_output_tokens")
+_ABSENT_NOT_ZERO = ("prefix_hit_rate", "energy_per_output_token_j", "energy_per_request_j",
+                    "cost_per_million_output_tokens")
 
 
 def _shown(figure: str, v: Any, currency: Any = None) -> Any:

@@ -89,11 +89,12 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
     phases = [p.model_dump(mode="json") for p in ld.ran()]
     parts = ["<h2>Load</h2>", table(
         ["phase", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "J per output token",
-         "cost per 1M output tokens", "P50 ms",
+         "J per request", "cost per 1M output tokens", "P50 ms",
          "P90 ms", "P99 ms", "P99.9 ms", "TTFT P99 ms", "errors", "dropped", "SLO"],
         [[p.get("phase"), p.get("offered_rps"), p.get("achieved_rps"), fmt_util(p.get("gpu_util_pct")),
           p.get("output_tps"), "absent" if p.get("energy_per_output_token_j") is None
           else f"{p['energy_per_output_token_j']:.4g}",
+          "absent" if p.get("energy_per_request_j") is None else f"{p['energy_per_request_j']:.4g}",
           fmt_money(p.get("cost_per_million_output_tokens"), p.get("cost_currency")), p.get("latency_p50_ms"),
           p.get("latency_p90_ms"), p.get("latency_p99_ms"), p.get("latency_p999_ms"),
           "absent" if p.get("ttft_p99_ms") is None else f"{p['ttft_p99_ms']} (n={p.get('ttft_samples')})",

@@ -58,6 +58,7 @@ def phase_records(load: LoadResult) -> list[Any]:
     out = [PhaseRecord(node="*", offered_rps=load.offered_rps, dropped_iterations=load.dropped_iterations,
                        prefix_hit_rate=_hit_rate(list(engine.values())),
                        energy_per_output_token_j=load.energy_per_output_token_j,
+                       energy_per_request_j=load.energy_per_request_j,
                        cost_per_million_output_tokens=load.cost_per_million_output_tokens,
                        cost_currency=load.cost_currency,
                        **common, **{k: getattr(load, k) for k in _FIGURES})]

@@ -132,6 +132,7 @@ class LoadPhase(Base):
     # migration 0007: the engine's prefix-cache hit rate and the GPUs' energy per output token (absent: not measured)
     prefix_hit_rate: Mapped[float | None] = mapped_column(Double)
     energy_per_output_token_j: Mapped[float | None] = mapped_column(Double)
+    energy_per_request_j: Mapped[float | None] = mapped_column(Double)  # migration 0011: the same energy per answer
     # migration 0008_cost: the serving nodes' price per million output tokens, in its currency (absent: not priced)
     cost_per_million_output_tokens: Mapped[float | None] = mapped_column(Double)
     cost_currency: Mapped[str | None] = mapped_column(Text)

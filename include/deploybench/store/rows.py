@@ -115,6 +115,7 @@ class PhaseRecord(_Record):
     started_at: AwareDatetime
     prefix_hit_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # the engine's, None: not counted
     energy_per_output_token_j: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: power not measured
+    energy_per_request_j: float | None = Field(None, ge=0, allow_inf_nan=False)  # migration 0011; None: as above
     # the serving nodes' price over the window per million output tokens (migration 0008); None: no price or no token
     cost_per_million_output_tokens: float | None = Field(None, ge=0, allow_inf_nan=False)
     cost_currency: str | None = Field(None, pattern=r"^[A-Z]{3}$")

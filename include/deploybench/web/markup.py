@@ -154,7 +154,8 @@ LIST_COLUMNS = ["compare", "baseline", "run", "DAG", "status", "started", "nodes
                 "achieved req/s", "P99 ms", "error rate"]
 PHASE_COLUMNS = ["phase", "node", "offered req/s", "achieved req/s", "GPU util %", "output tok/s", "requests", "errors",
                  "error rate", "dropped", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "TTFT P50 ms", "TTFT P99 ms",
-                 "prefix hit rate", "J per output token", "cost per 1M output tokens", "seconds"]
+                 "prefix hit rate", "J per output token", "J per request", "cost per 1M output tokens",
+                 "seconds"]
 
 
 def render_run_list(
@@ -263,6 +264,7 @@ def _phase_rows(phases: list[PhaseRecord], gpu: dict[tuple[str, str], float | No
             # the engine's and the GPUs' own figures: absent when not measured (no prefix cache, no power reading)
             fmt_pct(p.prefix_hit_rate, 1, missing="absent"),
             "absent" if p.energy_per_output_token_j is None else f"{p.energy_per_output_token_j:.4g}",
+            "absent" if p.energy_per_request_j is None else f"{p.energy_per_request_j:.4g}",
             fmt_money(p.cost_per_million_output_tokens, p.cost_currency),  # the cluster row's; absent when not priced
             fmt_num(p.duration_s, 1),
         ]
