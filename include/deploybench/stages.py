@@ -57,6 +57,31 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _check_session_rates(cfg: Any, scale: float) -> None:
+    """A workload rated in sessions offers its rates x its mean turns in requests/s (load.phases.in_requests): the
+    bounds the form's rates were checked against (config: the k6 VUs one generator holds, the rates' maximum) hold
+    for what it will offer, not only for what was typed."""
+    from deploybench.config import K6_VU_HEADROOM, MAX_K6_VUS
+    from deploybench.errors import ConfigError
+
+    if scale == 1.0:
+        return
+    peak, knob = cfg.load.peak_rate()
+    name = knob.split()[0]
+    if peak * scale > MAX_RATE:
+        raise ConfigError(f"{knob}={peak:g} sessions/s of workload {cfg.load.workload!r} ({scale:.2f} turns each) "
+                          f"offers {peak * scale:g} requests/s, past the {MAX_RATE:g} a run may offer; lower {name}")
+    vus = peak * scale * cfg.slo.p99_latency_ms / 1000 * K6_VU_HEADROOM
+    if not cfg.load.max_vus and vus > MAX_K6_VUS:
+        raise ConfigError(f"{knob}={peak:g} sessions/s of workload {cfg.load.workload!r} ({scale:.2f} turns each, "
+                          f"{peak * scale:g} requests/s) with slo_p99_latency_ms={cfg.slo.p99_latency_ms:g} sizes k6 "
+                          f"at {vus:.0f} virtual users, past the {MAX_K6_VUS} one load generator holds in memory; "
+                          f"lower {name}, or set k6_max_vus (at most {MAX_K6_VUS}) to cap them")
+
+
+MAX_RATE = 100_000.0  # requests/s: the form's rate fields' own bound (config.LoadSpec), for what a run offers
+
+
 def _rate_unit(name: str) -> str:
     """The unit of a run's rates: sessions/s for a conversation workload rated in sessions, else req/s."""
     from deploybench import workloads
@@ -475,6 +500,7 @@ class Validate(Stage):
         work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
         work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
                         cfg.engine.max_model_len, [p.value for p in cfg.load.phases])
+        _check_session_rates(cfg, work.rate_scale())
         write_json(paths.run_dir(ctx.run_key) / "run.json", {
             "run_key": ctx.run_key, "config": cfg.model_dump(mode="json"), "nodes": names,
             "meta": {**(ctx.meta or {}), "started_at": now()}, "fingerprint": cfg.fingerprint(),

@@ -129,6 +129,10 @@ def test_the_monitoring_profile_loads_the_shipped_rules_config_and_dashboard():
     used = {p["datasource"]["type"] for p in board["panels"]} | {
         a["datasource"]["type"] for a in board["annotations"]["list"]}
     assert used <= {d["type"] for d in sources}  # every datasource the dashboard asks for is provisioned
+    # Grafana gets its own password file, not the secrets folder (which holds the nodes' SSH key)
+    secret_mounts = [h for h in _mounts(grafana).values() if "SECRETS_DIR" in h or "secrets" in h]
+    assert secret_mounts == ["${DEPLOYBENCH_SECRETS_DIR:-./secrets}/grafana-admin-password"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana-admin-password"
 
 
 @pytest.mark.skipif(not shutil.which("docker-compose"),

@@ -249,3 +249,22 @@ def test_a_conversation_workload_counts_its_rates_in_sessions_unless_its_file_sa
     assert slo is not None and slo.min_rps == 12
     same, slo2, one = in_requests(spec.model_copy(update={"workload": "talk-req"}), SLO(min_rps=4))
     assert one == 1.0 and same.rate == 5 and slo2 is not None and slo2.min_rps == 4
+
+
+def test_the_bounds_of_the_forms_rates_hold_for_what_a_sessions_rated_workload_offers():
+    """Validate checks the k6 VUs and the rates' maximum on rate x mean turns, not only on the rate typed."""
+    from types import SimpleNamespace
+
+    from deploybench.config import SLO, LoadSpec
+    from deploybench.stages import _check_session_rates
+
+    def cfg(**load):
+        return SimpleNamespace(load=LoadSpec(workload="multi-turn", **load), slo=SLO(p99_latency_ms=2000))
+
+    _check_session_rates(cfg(rate=200), 4.0)  # 800 req/s x 2 s x 4 = 6,400 VUs: within 10,000
+    with pytest.raises(ConfigError, match=r"load_rate=400 sessions/s .* 1600 requests/s .* 12800 virtual users"):
+        _check_session_rates(cfg(rate=400), 4.0)  # typed 400: alone it would size 3,200 VUs and pass
+    _check_session_rates(cfg(rate=400, max_vus=5000), 4.0)  # capped VUs: the operator's cap holds
+    with pytest.raises(ConfigError, match=r"offers 120000 requests/s, past the 100000"):
+        _check_session_rates(cfg(rate=30000, max_vus=5000), 4.0)
+    _check_session_rates(cfg(rate=400), 1.0)  # not rated in sessions: config's own check is the one

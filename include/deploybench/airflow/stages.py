@@ -130,10 +130,14 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
             given["kube"] = kube(key)
         if "dsn" in stage.needs:
             given["dsn"] = _dsn()
-        if "prometheus" in stage.needs:  # the team's Prometheus (optional): a malformed connection fails validate
+        if "prometheus" in stage.needs:  # the team's Prometheus (optional): a malformed connection fails the task
             from deploybench.airflow.connections import prometheus_source
+            from deploybench.errors import ConfigError
 
-            given["prometheus"] = prometheus_source()
+            try:
+                given["prometheus"] = prometheus_source()
+            except ConfigError as exc:  # the operator's connection, not the node's or the network's: no retry
+                raise AirflowFailException(f"ConfigError: {exc}") from exc
         if "params" in stage.needs:  # the DAG run's params (the trigger form), or a benchmark's or a cell's conf
             ctx = get_current_context()
             given["params"] = dict(ctx["params"]) if conf is None else conf

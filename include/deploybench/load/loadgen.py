@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import logging
 import re
 import shlex
@@ -275,7 +276,7 @@ def _stop(gens: Generators, remotes: list[_Remote], why: str) -> None:
         try:
             warn_left_alone(gens.cluster[r.name].run(stop_script(r.pid_path, grace_s=2.0, argv=r.argv), timeout=20))
             r.stopped = True
-        except DeploybenchError as exc:
+        except Exception as exc:  # noqa: BLE001 - a machine out of reach: logged, the phase already fails for why
             LOG.error("load generator %s: could not stop its k6 (%s) after %s", r.name, exc, why)
 
     _parallel(lambda name: one(next(r for r in remotes if r.name == name)), [r.name for r in remotes])
@@ -349,10 +350,11 @@ def _watch(gens: Generators, remotes: list[_Remote], deadline: float) -> None:
             try:
                 res = gens.cluster[r.name].run(status_script(r), timeout=STATUS_TIMEOUT_S)
             except Exception as exc:  # a transport error, or paramiko's own (a channel that cannot open)
-                r.stopped = True  # out of reach: nothing to stop there through it
+                # a status check that timed out on a busy machine leaves its k6 running: _stop tries it too (the
+                # transport reconnects), and logs it when the machine is really gone
                 raise GeneratorFailed(f"load generator {r.name} ({r.segment} of the phase): its session dropped "
-                                      f"mid-phase ({type(exc).__name__}: {exc}); the other generators were stopped"
-                                      ) from exc
+                                      f"mid-phase ({type(exc).__name__}: {exc}); every generator's k6 was stopped "
+                                      "(or, where the machine could not be reached, logged)") from exc
             state, rc = parse_status(res.stdout)
             if state == "done" and rc is not None:
                 r.done = rc
@@ -415,8 +417,9 @@ def merge_summaries(summaries: Mapping[str, dict]) -> dict:
             if not isinstance(body, dict):
                 continue
             into = metrics.setdefault(name, {})
-            if isinstance(body.get("count"), int | float):
-                into["count"] = into.get("count", 0) + body["count"]
+            c = body.get("count")  # a generator's file: only a finite, non-negative count is a count
+            if isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and 0 <= c <= 1e15:
+                into["count"] = into.get("count", 0) + c
             for expr, failed in (body.get("thresholds") or {}).items():
                 into.setdefault("thresholds", {})[expr] = bool(into.get("thresholds", {}).get(expr)) or bool(failed)
     return {"metrics": metrics, "generators": dict(summaries)}

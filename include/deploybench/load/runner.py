@@ -557,7 +557,9 @@ def run_load(
         if generators and generators.names:
             from deploybench.load import loadgen
 
-            k6_env = {**env_db, **{k: v for k, v in env.items() if k in ("GOGC", "GOMEMLIMIT", "GOMAXPROCS")}}
+            # the Go runtime's settings only where the operator set them: k6_process_env's GOMEMLIMIT is a share of
+            # this machine's memory, not the generator's (GOGC=off there could run a small generator out of memory)
+            k6_env = {**env_db, **{k: os.environ[k] for k in ("GOGC", "GOMEMLIMIT", "GOMAXPROCS") if k in os.environ}}
             outputs = loadgen.run_split(generators, k6_env, stem=stem, out_dir=out_dir, plan=plan_path,
                                         timeout_s=timeout_s, n_endpoints=len(endpoints))
             rc = EXIT_THRESHOLDS if any(o.rc == EXIT_THRESHOLDS for o in outputs) else EXIT_OK

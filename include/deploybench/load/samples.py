@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -28,34 +29,55 @@ SAMPLE_COLUMNS = [
 EXTRA_COLUMNS = ["warmup", "lag_ms", "itl_ms", "turn"]
 
 
+MAX_K6_LINE = 1 << 20  # characters of one line of k6's JSON output: a Point is a few hundred
+MAX_K6_LINES = 50_000_000  # lines read of one output: past it, not a k6 run deploybench started (a load generator's
+# file is a remote machine's output: hostile input, however it was fetched)
+
+
+def _finite(v: object) -> float:
+    f = float(v)  # type: ignore[arg-type]
+    if not math.isfinite(f):
+        raise ValueError(f"not a finite number: {v!r}")
+    return f
+
+
 def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
     """Parse k6's ``--out json`` file: (samples, times of dropped iterations: k6's own, of the arrival-rate
     executors, and run.js's ``db_dropped``, of a timed plan's requests no VU was free for).
 
     The samples have SAMPLE_COLUMNS plus ``warmup`` (bool: the request started in the warm-up),
-    ``lag_ms`` and ``itl_ms`` (empty: k6 cannot see tokens)."""
+    ``lag_ms`` and ``itl_ms`` (empty: k6 cannot see tokens). Read as hostile input (a load generator's output comes
+    from another machine): lines up to ``MAX_K6_LINE``, at most ``MAX_K6_LINES``, finite numbers, string tags."""
     rows, dropped = [], []
     opener = gzip.open if str(path).endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
+            for n in range(MAX_K6_LINES + 1):
+                line = fh.readline(MAX_K6_LINE + 1)
+                if not line:
+                    break
+                if n == MAX_K6_LINES or (len(line) > MAX_K6_LINE and not line.endswith("\n")):
+                    raise ValueError(f"line {n + 1} longer than {MAX_K6_LINE} characters, or more than "
+                                     f"{MAX_K6_LINES} lines")
                 if '"type":"Point"' not in line:
                     continue
                 if f'"metric":"{SAMPLE_METRIC}"' in line:
                     data = json.loads(line)["data"]
                     tags, md = data["tags"], data.get("metadata") or {}
+                    if not isinstance(tags, dict) or not isinstance(md, dict) or not isinstance(tags["node"], str):
+                        raise ValueError(f"line {n + 1}: tags and metadata are not what k6 writes")
                     rows.append({
                         "ts": int(md["t0"]),
-                        "phase": tags.get("phase", ""),
+                        "phase": str(tags.get("phase", "")),
                         "node": tags["node"],
                         "status": int(tags.get("status") or 0),
-                        "error_kind": tags.get("error_kind") or None,
-                        "latency_ms": float(data["value"]),
+                        "error_kind": str(tags["error_kind"]) if tags.get("error_kind") else None,
+                        "latency_ms": _finite(data["value"]),
                         "ttft_ms": None,
                         "prompt_tokens": int(md.get("prompt_tokens", 0)),
                         "output_tokens": int(md.get("output_tokens", 0)),
                         "warmup": tags.get("window") == "warmup",
-                        "lag_ms": float(md["lag_ms"]) if "lag_ms" in md else None,
+                        "lag_ms": _finite(md["lag_ms"]) if "lag_ms" in md else None,
                         "itl_ms": None,
                         # a conversation's turn (0 first); None outside a conversation workload's plan
                         "turn": int(md["turn"]) if "turn" in md else None,
@@ -64,7 +86,7 @@ def read_k6_json(path: Path) -> tuple[pd.DataFrame, list[pd.Timestamp]]:
                     })
                 elif '"metric":"dropped_iterations"' in line or '"metric":"db_dropped"' in line:
                     dropped.append(pd.Timestamp(json.loads(line)["data"]["time"]))
-    except (OSError, EOFError, ValueError, KeyError) as exc:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise LoadError(f"{path}: cannot read k6's JSON output ({exc!r}); see the k6 log beside it") from exc
     df = pd.DataFrame(rows, columns=[*SAMPLE_COLUMNS, *EXTRA_COLUMNS, "iteration"])
     df["iteration"] = pd.to_numeric(df["iteration"], errors="coerce").astype("float64")

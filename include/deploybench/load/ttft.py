@@ -173,7 +173,7 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
     row = {"ts": ts, "node": ep.node, "status": 0, "error_kind": None, "latency_ms": None, "ttft_ms": None,
            "prompt_tokens": prompt_tokens, "output_tokens": 0, "itl_ms": None}
     url = urlsplit(ep.url)
-    prefix = url.path.rstrip("/")
+    base = url.path.rstrip("/")  # an endpoint behind a path (a load balancer's /lb): the API's paths go under it
     path, body = request_body(api, ep.model, text, max_tokens, prefix, history)
     kept = 0
     writer, keep = None, False
@@ -183,14 +183,14 @@ async def stream_once(ep: Endpoint, api: str, text: str, prompt_tokens: int, max
             while pool:  # an idle connection may have been closed by the server meanwhile: then a new one
                 reader, writer = pool.pop()
                 try:
-                    head = await _send(reader, writer, url.netloc, prefix + path, body)
+                    head = await _send(reader, writer, url.netloc, base + path, body)
                     break
                 except (ConnectionError, asyncio.IncompleteReadError):
                     writer.close()
                     writer = None
             if head is None:
                 reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=MAX_HEAD)
-                head = await _send(reader, writer, url.netloc, prefix + path, body)
+                head = await _send(reader, writer, url.netloc, base + path, body)
             status = row["status"] = int(head[0].split(" ")[1])
             headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
             if not 200 <= status < 300:

@@ -154,17 +154,20 @@ def write_facts(conn: Connection, run_key: str, facts: RunFacts | None, metrics:
     return counts
 
 
+UPSERT_BATCH = 2000  # rows per INSERT ... ON CONFLICT: 12 parameters each, 24,000 per statement
+
+
 def upsert_node_windows(conn: Connection, run_key: str, rows: list[Any]) -> int:
     """UPSERT the run's per node, per window figures on (run, phase, step, node, metric, source): a retried store
     replaces a figure, never adds a second one."""
-    if not rows:
-        return 0
-    stmt = pg_insert(NodeWindow).values([{"run_key": run_key, **r.model_dump()} for r in rows])
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[NodeWindow.run_key, NodeWindow.phase, NodeWindow.step, NodeWindow.node, NodeWindow.metric,
-                        NodeWindow.source],
-        set_={c: stmt.excluded[c] for c in ("unit", "mean", "max", "samples", "reason")})
-    conn.execute(stmt)
+    values = [{"run_key": run_key, **r.model_dump()} for r in rows]
+    for i in range(0, len(values), UPSERT_BATCH):  # one statement's parameters stay under PostgreSQL's 65,535
+        stmt = pg_insert(NodeWindow).values(values[i:i + UPSERT_BATCH])
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[NodeWindow.run_key, NodeWindow.phase, NodeWindow.step, NodeWindow.node,
+                            NodeWindow.metric, NodeWindow.source],
+            set_={c: stmt.excluded[c] for c in ("unit", "mean", "max", "samples", "reason")})
+        conn.execute(stmt)
     return len(rows)
 
 
