@@ -160,6 +160,25 @@ def test_the_streaming_sampler_sends_whole_conversations_with_their_history(loca
     assert later >= len(convs)  # most conversations got past their first turn within the 4 s
 
 
+def test_the_streaming_sampler_sends_the_workloads_shared_prefix(local_engines):
+    """The sampler's requests are the workload's: each with its group's system prompt (the engine counts prefix +
+    own words), not the endpoint's URL path in its place."""
+    from deploybench.load.ttft import TtftSampler
+
+    eps = local_engines.start(1)
+    plan = workloads.make_plan(workloads.workload("shared-prefix"), rate=8, duration_s=2, warmup_s=0, seed=5,
+                               output_tokens=4)
+    assert any(g >= 0 for g in plan.group)
+    sampler = TtftSampler(eps, LoadSpec(workload="shared-prefix", request_timeout_s=10), "chat", rate=4,
+                          duration_s=2, plan=plan)
+    sampler.start()
+    time.sleep(2)
+    rows = sampler.stop()
+    assert rows and all(r["error_kind"] is None for r in rows)
+    want = sorted(plan.prompt_tokens(len(plan) - 1 - k) for k in range(len(rows)))
+    assert sorted(r["prompt_tokens"] for r in rows) == want  # prefix (512 tokens where a group has one) + own
+
+
 def test_the_sampler_takes_enough_of_the_rate_to_quote_its_p99_and_reports_ttft_by_turn(local_engines, workload_dir,
                                                                                           tmp_path):
     """Left to itself (``ttft_sample_rps`` unset) the sampler sends 100 requests over the measured window, at least
