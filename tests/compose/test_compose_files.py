@@ -130,8 +130,9 @@ def test_the_monitoring_profile_loads_the_shipped_rules_config_and_dashboard():
         a["datasource"]["type"] for a in board["annotations"]["list"]}
     assert used <= {d["type"] for d in sources}  # every datasource the dashboard asks for is provisioned
     # Grafana gets its own password file, not the secrets folder (which holds the nodes' SSH key)
-    secret_mounts = [h for h in _mounts(grafana).values() if "SECRETS_DIR" in h or "secrets" in h]
-    assert secret_mounts == ["${DEPLOYBENCH_SECRETS_DIR:-./secrets}/grafana-admin-password"]
+    secret_mounts = [m for m in grafana["volumes"] if "SECRETS_DIR" in m or "secrets" in m]
+    assert secret_mounts == ["${DEPLOYBENCH_SECRETS_DIR:-./secrets}/grafana-admin-password:"
+                             "/run/secrets/grafana-admin-password:ro"]
     assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana-admin-password"
 
 

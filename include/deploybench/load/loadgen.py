@@ -32,8 +32,8 @@ from __future__ import annotations
 import base64
 import io
 import json
-import math
 import logging
+import math
 import re
 import shlex
 import tarfile
