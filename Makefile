@@ -34,10 +34,12 @@ demo: setup-run
 ## measured here, the parallel part took 629 s at 4 workers (cores 50 % busy) and 479 s at 6 (66 %); beyond that it is
 ## bound by CPU (bench/suite.py --workers 4,6 compares them)
 TEST_WORKERS ?= 6
+## each part ends with its TEST_DURATIONS slowest tests (setup, call and teardown apart): where the suite's time goes
+TEST_DURATIONS ?= 20
 test: setup-test
 	@rc=0; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not quiet" tests || rc=$$?; \
-	$(BIN)/python -m pytest -q -m quiet tests || rc=$$((rc ? rc : $$?)); \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not quiet" --durations=$(TEST_DURATIONS) tests || rc=$$?; \
+	$(BIN)/python -m pytest -q -m quiet --durations=$(TEST_DURATIONS) tests || rc=$$((rc ? rc : $$?)); \
 	exit $$rc
 
 test-unit: setup-test
