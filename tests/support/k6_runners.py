@@ -7,8 +7,8 @@ written side by side in a folder (the operator mounts them at /test), and runner
 --paused --tag instance_id=<i> --tag testrun_name=<name>`` (pkg/resources/jobs/runner.go) with the TestRun's runner
 env; once all answer on their REST API, the "starter" resumes them one after the other with the PATCH of
 pkg/resources/containers/curl_start.go. Two things differ from a pod, both named here: the folder is not /test, and
-the REST API listens on a loopback port, not 0.0.0.0:6565. Each runner's stdout and stderr go to one pipe, as a
-container's two streams go to one pod log. Every wait is bounded."""
+the REST API listens on a loopback port, not 0.0.0.0:6565. Each runner's stdout and stderr lines go to one log, as
+a container's two streams go to one pod log (whole lines of each). Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -70,21 +70,24 @@ def run_testrun(testrun: dict[str, Any], configmap: dict[str, Any], folder: Path
         for i in range(1, n + 1):
             port = _free_port()
             proc = subprocess.Popen(runner_command(k6, testrun, i, folder, f"127.0.0.1:{port}"), env=env,
-                                    cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             buf = bytearray()
-
-            def read(p: subprocess.Popen = proc, b: bytearray = buf) -> None:
-                assert p.stdout is not None
-                for chunk in iter(lambda: p.stdout.read(65536), b""):
-                    if len(b) < max_log:
-                        b += chunk
-            t = threading.Thread(target=read, daemon=True)
-            t.start()
+            lock = threading.Lock()
+            # the container runtime reads a container's stdout and stderr apart and writes whole lines of each to
+            # the one log file: lines of the two streams interleave, a line is never torn
+            for stream in (proc.stdout, proc.stderr):
+                def read(f: Any = stream, b: bytearray = buf, lk: threading.Lock = lock) -> None:
+                    for line in iter(f.readline, b""):
+                        with lk:
+                            if len(b) < max_log:
+                                b += line if line.endswith(b"\n") else line + b"\n"
+                t = threading.Thread(target=read, daemon=True)
+                t.start()
+                readers.append(t)
             procs.append(proc)
             logs.append(buf)
             ports.append(port)
-            readers.append(t)
         deadline = time.monotonic() + START_WAIT_S
         for i, port in enumerate(ports):  # the operator waits until every runner's status answers
             while True:
