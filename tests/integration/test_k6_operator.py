@@ -127,6 +127,21 @@ def test_a_runner_that_fails_fails_the_phase_naming_it_and_the_objects_are_delet
         _nothing_left(fake)
 
 
+def test_a_testrun_the_operator_puts_in_error_with_no_runner_failed_fails_naming_the_stage(tmp_path):
+    with FakeApiServer(["k1"]) as srv:
+        fake = srv.cluster
+        fake.testrun_hook = lambda tr, cm: ("error", [])  # the runners never ended: the operator gave up on it
+        plan = tmp_path / "p.plan.json"
+        plan.write_text('{"requests": []}')
+        gens = KubeLoad(KubeClients.from_api_client(srv.api_client()), NS, K6OperatorSpec(parallelism=2),
+                        run_key="run-error", poll_s=0.1)
+        env = {"DB_RATE": "1.0", "DB_WARMUP_S": "0.0", "DB_DURATION_S": "1.0", "DB_STAGES": "[]", "DB_PLAN": "x"}
+        with pytest.raises(op.OperatorRunFailed, match=r"TestRun deploybench/dbk6-.*-sustained is in stage 'error' "
+                                                       r".*no runner pod failed"):
+            gens.run_split(env, stem="sustained", out_dir=tmp_path, plan=plan, timeout_s=5.0)
+        _nothing_left(fake)
+
+
 def test_a_testrun_that_never_finishes_fails_within_its_budget_and_is_deleted(tmp_path):
     release = threading.Event()
     with FakeApiServer(["k1"]) as srv:
@@ -188,7 +203,8 @@ def _forge(log: bytes) -> bytes:
 
 
 CASES = {
-    "cut": (_cut, r"runner 2 \(.*\): its log holds \d+ request samples but its own summary counts \d+: the log was cut"),
+    "cut": (_cut, r"runner 2 \(.*\): its log holds \d+ request samples but its own summary counts \d+: the log "
+                  r"was cut"),
     "not UTF-8": (lambda log: log[:5000] + b"\xff\xfe" + log[5000:], r"runner 2 \(.*\): its log is not UTF-8"),
     "no summary": (lambda log: log[:log.rindex(b"\n{\n")], r"runner 2 \(.*\): its log has no complete summary export"),
     "oversized": (lambda log: log + b"x" * (1 << 20), r"runner 2 \(.*\): its log holds more than 1,048,576 bytes"),

@@ -140,7 +140,8 @@ def config_map_files(plan: Path) -> dict[str, str]:
     files = {SCRIPT: flat}
     for js in sorted((root / "lib").glob("*.js")):
         if js.name in (SCRIPT, PLAN):
-            raise ConfigError(f"k6/lib/{js.name} would overwrite {js.name} in the k6-operator's flat ConfigMap; rename it")
+            raise ConfigError(f"k6/lib/{js.name} would overwrite {js.name} in the k6-operator's flat ConfigMap; "
+                              "rename it")
         files[js.name] = js.read_text()
     files[PLAN] = Path(plan).read_text()
     return files
@@ -184,8 +185,8 @@ def test_run(name: str, namespace: str, labels: Mapping[str, str], spec: K6Opera
     ConfigMap of the same name, ``separate: false`` (several runners may share a node: a runner is small), the env
     as given (``runner_env``), and k6's outputs on stdout (``RUNNER_ARGUMENTS``)."""
     if spec.parallelism < 1:
-        raise ConfigError(f"rollout.kubernetes.k6_operator.parallelism={spec.parallelism}: a TestRun needs at least one "
-                          "runner (0 means: no TestRun, the controller's k6 sends the phase)")
+        raise ConfigError(f"rollout.kubernetes.k6_operator.parallelism={spec.parallelism}: a TestRun needs at least "
+                          "one runner (0 means: no TestRun, the controller's k6 sends the phase)")
     res: dict[str, dict[str, str]] = {}
     for key, value in (("cpu", spec.cpu), ("memory", spec.memory)):
         if value:  # requested and limited alike: a runner starved of CPU would send late, and say so only as lag

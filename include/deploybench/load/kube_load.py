@@ -95,7 +95,7 @@ class KubeLoad:
         got = self._json(self.kube.custom.get_namespaced_custom_object(
             op.GROUP, op.VERSION, self.namespace, op.PLURAL, name, _preload_content=False,
             _request_timeout=API_TIMEOUT_S))
-        status = got.get("status") if isinstance(got.get("status"), dict) else {}
+        status = _dict(got.get("status"))
         stage = status.get("stage", "")
         return (stage if isinstance(stage, str) else repr(stage)[:40]), status
 
@@ -216,15 +216,15 @@ class KubeLoad:
                                            f"{_labels(p).get('job-name')!r}), or a second pod of one")
             by_index[index] = p
         for i in range(1, n + 1):
-            p = by_index.get(i)
-            code = _exit_code(p) if p else None
-            if p is not None and code in (EXIT_OK, EXIT_THRESHOLDS):
+            pod = by_index.get(i)
+            code = _exit_code(pod) if pod else None
+            if pod is not None and code in (EXIT_OK, EXIT_THRESHOLDS):
                 continue
-            if stage != "finished" and p is not None and code is None:
-                continue  # stage error with this runner still running: the failing one is named below, if any
-            what = ("has no pod" if p is None else f"pod {_pod_name(p)} ended without an exit code "
-                    f"({_pod_phase(p)})" if code is None else f"pod {_pod_name(p)}: k6 exited with code {code}")
-            tail = self._tail(_pod_name(p)) if p is not None else ""
+            if stage != "finished" and (pod is None or code is None):
+                continue  # stage error, this runner without a pod or still running: another one failed, or none
+            what = ("has no pod" if pod is None else f"pod {_pod_name(pod)} ended without an exit code "
+                    f"({_pod_phase(pod)})" if code is None else f"pod {_pod_name(pod)}: k6 exited with code {code}")
+            tail = self._tail(_pod_name(pod)) if pod is not None else ""
             raise op.OperatorRunFailed(f"k6-operator runner {i} of {n} ({name}-{i}, segment "
                                        f"{op.runner_segment(i, n)}) failed, TestRun stage {stage!r}: {what}"
                                        + (f"; last lines of its log:\n{tail}" if tail else ""))
@@ -273,15 +273,16 @@ def _requests_of(env: Mapping[str, str]) -> int:
     return int(rate * (warm + dur)) + 1
 
 
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
 def _labels(p: dict[str, Any]) -> dict[str, Any]:
-    meta = p.get("metadata") if isinstance(p.get("metadata"), dict) else {}
-    labels = meta.get("labels")
-    return labels if isinstance(labels, dict) else {}
+    return _dict(_dict(p.get("metadata")).get("labels"))
 
 
 def _pod_name(p: dict[str, Any]) -> str:
-    meta = p.get("metadata") if isinstance(p.get("metadata"), dict) else {}
-    name = meta.get("name")
+    name = _dict(p.get("metadata")).get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
         raise op.OperatorRunFailed(f"k6-operator: a runner pod's name {str(name)[:80]!r} is not a Kubernetes name")
     return name
@@ -295,16 +296,14 @@ def _runner_index(p: dict[str, Any], testrun: str) -> int | None:
 
 
 def _pod_phase(p: dict[str, Any]) -> str:
-    st = p.get("status") if isinstance(p.get("status"), dict) else {}
-    return str(st.get("phase", "unknown"))[:40]
+    return str(_dict(p.get("status")).get("phase", "unknown"))[:40]
 
 
 def _exit_code(p: dict[str, Any] | None) -> int | None:
     """The k6 container's exit code, when it terminated (the container is named "k6": runner.go)."""
-    st = (p or {}).get("status") if isinstance((p or {}).get("status"), dict) else {}
-    for cs in st.get("containerStatuses") or []:
+    statuses = _dict(_dict(p).get("status")).get("containerStatuses")
+    for cs in statuses if isinstance(statuses, list) else []:
         if isinstance(cs, dict) and cs.get("name") == "k6":
-            term = (cs.get("state") or {}).get("terminated") if isinstance(cs.get("state"), dict) else None
-            code = term.get("exitCode") if isinstance(term, dict) else None
+            code = _dict(_dict(cs.get("state")).get("terminated")).get("exitCode")
             return code if isinstance(code, int) and not isinstance(code, bool) else None
     return None

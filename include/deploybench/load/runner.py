@@ -502,7 +502,8 @@ def run_load(
     is the phase's own, used when the workload keeps one seed) and saved as ``<stem>.plan.json``; a conversation
     stops before the turn that would not fit ``max_model_len``. ``generators`` (the inventory's load-generator
     machines) split k6's share of the phase by execution segments (``loadgen.run_split``), or a ``KubeLoad`` sends it
-    as a k6-operator TestRun (``kube_load``); None or empty: k6 runs here, on the controller. ``remote_write``: a Prometheus remote-write URL k6 also sends its own metrics to (the
+    as a k6-operator TestRun (``kube_load``); None or empty: k6 runs here, on the controller. ``remote_write``: a
+    Prometheus remote-write URL k6 also sends its own metrics to (the
     team's Prometheus, when its connection allows it; the controller's k6 only, not the load generators').
     """
     rate = float(rate if rate is not None else spec.rate)

@@ -272,7 +272,7 @@ def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[
              ("configmap", kube.core.list_namespaced_config_map, kube.core.delete_namespaced_config_map),
              ("poddisruptionbudget", kube.policy.list_namespaced_pod_disruption_budget,
               kube.policy.delete_namespaced_pod_disruption_budget)]
-    if kube.custom is not None:  # a load phase's k6-operator TestRun left by a run that died (deploybench.load.kube_load)
+    if kube.custom is not None:  # a load phase's k6-operator TestRun left by a dead run (deploybench.load.kube_load)
         from deploybench.load import k6_operator as op
 
         kinds.insert(0, ("testrun",
