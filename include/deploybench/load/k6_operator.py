@@ -22,7 +22,7 @@ What the operator does, read from its source (grafana/k6-operator at commit e2c9
   before the pods are scheduled could pass before an image is pulled. k6 runs setup() after the resume, so each
   runner's schedule starts at its own resume plus its readiness checks: the runners' shares start apart by the
   starter's sequential requests and their setups (measured with the stand-ins of tests/support/k6_runners.py, three
-  runners on this 2-core machine, three runs: up to 13, 45 and 45 ms between the first and the last start). Each
+  runners on this 2-core machine, three runs: 43, 28 and 45 ms between the first and the last start). Each
   runner's send lag is against its own start; that spread is not in the figures (a known limit: write down the
   starts if it matters).
 * ``internal/controller/k6_finish.go``: the stage turns ``finished`` once every runner Job is done, failed or not
