@@ -70,10 +70,11 @@ CONFIGMAP_MAX_BYTES = 1 << 20
 RUNNER_ARGUMENTS = "--no-color --out json=- --summary-export=/dev/stdout"
 MAX_LOG_TEXT = 1 << 20  # what is kept of a runner's own log lines (its k6 messages), from the end
 # Bytes of a runner's log per request it sends (k6's JSON lines for the request's built-in and own metrics), measured
-# with three runners of a 20 req/s phase of 180 requests on the simulated engine (6,223 to 6,234 bytes per request,
-# the runner's summary included: tests/support/k6_runners.py, as tests/integration/test_k6_operator.py runs it) and
-# rounded up: a phase is refused before anything is applied when a runner's share would not fit
-# ``K6OperatorSpec.log_max_bytes``. At the kubelet's default 10 MiB that is about 1,500 requests per runner.
+# with three runners of a 20 req/s phase on the simulated engine (6,223 to 6,234 bytes per request with the synthetic
+# workload, 6,430 with shared-prefix; the runner's summary included; tests/support/k6_runners.py's runners, as
+# tests/integration/test_k6_operator.py runs them) and rounded up: a phase is refused before anything is applied
+# when a runner's share would not fit ``K6OperatorSpec.log_max_bytes``. At the kubelet's default 10 MiB that is about
+# 1,500 requests per runner.
 LOG_BYTES_PER_REQUEST = 7000
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "rollout" / "schemas" / "k6.io_testruns.v1alpha1.json"
 
