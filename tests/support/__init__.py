@@ -7,7 +7,8 @@ tests/conftest.py), and helper modules that build what several test folders need
 - ``load_records``, ``run_folders``: the load stage's records and a whole run folder, as the pipeline writes them
 - ``airflow_python``: code run in a fresh interpreter with Airflow's test environment and this checkout's plugins
 - ``tiny_gguf``: a tiny Llama GGUF model for llama.cpp, written without a download
-- ``k8s_api``: a FAKE Kubernetes API server (apps/v1, core/v1) for the kubernetes rollout's tests
+- ``k8s_api``: a FAKE Kubernetes API server (apps/v1, core/v1, k6-operator TestRuns) for the kubernetes tests
+- ``k6_runners``: a k6-operator TestRun's runner pods and starter, as real k6 processes on this machine
 
 The repository's root is on ``sys.path`` (pyproject.toml: pytest's ``pythonpath``), so ``tests`` is a
 namespace package and this one of its packages; the test folders are not packages.

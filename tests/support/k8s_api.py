@@ -16,6 +16,14 @@ A pod turns Ready ``ready_after_s`` after it was created, unless its node is in 
 then restarting). Deployment status follows the controller's fields (observedGeneration,
 replicas, updatedReplicas, readyReplicas, availableReplicas) and a Progressing condition
 that turns ProgressDeadlineExceeded after ``progressDeadlineSeconds * deadline_scale``.
+
+k6-operator TestRuns (k6.io/v1alpha1, custom objects: apply, GET, list, DELETE) get a stand-in of the operator's
+reconciler: an applied TestRun's ``status.stage`` moves initialization -> created (its N runner pods appear, labelled as
+the operator's pkg/resources/jobs/runner.go labels them: app=k6, k6_cr=<name>, runner=true, job-name=<name>-<i>) ->
+started -> finished (or what ``testrun_hook`` says), and each stage it passed is recorded in ``stages``. What the
+runners do is ``testrun_hook(testrun, configmap)``: the tests run REAL k6 there (tests/support/k6_runners.py) and
+return each runner's exit code and log, which become the pods' terminated states and their logs (served with
+``limitBytes``). Deleting a TestRun deletes its pods, as its Jobs' garbage collection would.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -43,6 +52,13 @@ class FakeCluster:
         self.calls: list[tuple[str, str, str]] = []  # (method, path, content-type)
         self.lock = threading.Lock()
         self._seq = 0
+        # k6-operator: (testrun, its configmap) -> (final stage, [(runner index, exit code, log bytes)])
+        self.testrun_hook: Callable[[dict, dict | None], tuple[str, list[tuple[int, int, bytes]]]] | None = None
+        self.stages: dict[str, list[str]] = {}  # testrun name -> every stage it was in, in order
+        self.pod_logs: dict[tuple[str, str], bytes] = {}
+        self.applied: list[tuple[str, str, str]] = []  # (kind, ns, name) of every apply
+        self.deleted: list[tuple[str, str, str]] = []
+        self.hook_errors: list[BaseException] = []
 
     # -- the controller -------------------------------------------------------------------------
     def _allowed(self, dep: dict) -> list[str]:
@@ -133,8 +149,64 @@ class FakeCluster:
                   conditions=[{"type": "Progressing", "status": "False" if reason == "ProgressDeadlineExceeded"
                                else "True", "reason": reason, "message": f"{ready}/{want} available"}])
 
+    # -- the k6-operator stand-in ----------------------------------------------------------------
+    def _set_stage(self, ns: str, name: str, stage: str) -> bool:
+        with self.lock:
+            tr = self.objects.get(("TestRun", ns, name))
+            if tr is None:
+                return False  # deleted meanwhile
+            tr["status"] = {"stage": stage}
+            self.stages.setdefault(name, []).append(stage)
+            return True
+
+    def start_testrun(self, ns: str, name: str) -> None:
+        threading.Thread(target=self._operate, args=(ns, name), daemon=True).start()
+
+    def _operate(self, ns: str, name: str) -> None:
+        try:
+            with self.lock:
+                tr = json.loads(json.dumps(_public(self.objects[("TestRun", ns, name)])))
+                cm_name = tr["spec"]["script"]["configMap"]["name"]
+                cm = self.objects.get(("ConfigMap", ns, cm_name))
+                cm = json.loads(json.dumps(_public(cm))) if cm else None
+            n = int(tr["spec"]["parallelism"])
+            if not self._set_stage(ns, name, "initialized"):
+                return
+            with self.lock:
+                for i in range(1, n + 1):
+                    self._seq += 1
+                    pname = f"{name}-{i}-{self._seq:05d}"
+                    self.pods[(ns, pname)] = {
+                        "_owner": f"testrun:{name}", "_testrun": name, "_seq": self._seq, "_created": time.monotonic(),
+                        "metadata": {"name": pname, "namespace": ns, "labels": {
+                            "app": "k6", "k6_cr": name, "runner": "true", "job-name": f"{name}-{i}"}},
+                        "spec": {"nodeName": self.nodes[i % len(self.nodes)]},
+                        "status": {"phase": "Running", "containerStatuses": [
+                            {"name": "k6", "ready": True, "restartCount": 0, "state": {"running": {}}}]}}
+            if not self._set_stage(ns, name, "created") or not self._set_stage(ns, name, "started"):
+                return
+            stage, runs = self.testrun_hook(tr, cm) if self.testrun_hook else ("finished", [])
+            with self.lock:
+                for index, code, log in runs:
+                    key = next((k for k, p in self.pods.items() if p.get("_testrun") == name
+                                and p["metadata"]["labels"]["job-name"] == f"{name}-{index}"), None)
+                    if key is None:
+                        continue
+                    self.pods[key]["status"] = {
+                        "phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [
+                            {"name": "k6", "ready": False, "restartCount": 0,
+                             "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
+                                                      else "Error"}}}]}
+                    self.pod_logs[key] = log
+            self._set_stage(ns, name, stage)
+        except BaseException as exc:  # noqa: BLE001 - kept for the test to see
+            self.hook_errors.append(exc)
+            self._set_stage(ns, name, "error")
+
     # -- REST ---------------------------------------------------------------------------------
     def pod_log(self, ns: str, name: str, tail: int) -> str:
+        if (ns, name) in self.pod_logs:
+            return self.pod_logs[(ns, name)].decode(errors="replace")
         p = self.pods.get((ns, name))
         if p is None:
             return ""
@@ -160,6 +232,8 @@ _ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$"), "ConfigMap", "list"),
     (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets/([^/]+)$"), "PodDisruptionBudget", "obj"),
     (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "PodDisruptionBudget", "list"),
+    (re.compile(r"^/apis/k6.io/v1alpha1/namespaces/([^/]+)/testruns/([^/]+)$"), "TestRun", "obj"),
+    (re.compile(r"^/apis/k6.io/v1alpha1/namespaces/([^/]+)/testruns$"), "TestRun", "list"),
 ]
 
 
@@ -173,7 +247,8 @@ def _handler(fake: FakeCluster):
             pass
 
         def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
-            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            data = (body if isinstance(body, bytes) else body.encode() if isinstance(body, str)
+                    else json.dumps(body).encode())
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
@@ -212,6 +287,13 @@ def _handler(fake: FakeCluster):
                              and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
                     return self._send(200, {"kind": f"{kind}List", "apiVersion": "v1", "items": items})
                 if what == "log":
+                    if (ns, name) in fake.pod_logs:  # a runner's log: whole (or its tail), at most limitBytes
+                        data = fake.pod_logs[(ns, name)]
+                        if "tailLines" in q:
+                            data = b"\n".join(data.splitlines()[-int(q["tailLines"][0]):])
+                        if "limitBytes" in q:
+                            data = data[:int(q["limitBytes"][0])]
+                        return self._send(200, data, "text/plain")
                     return self._send(200, fake.pod_log(ns, name, int(q.get("tailLines", ["50"])[0])), "text/plain")
                 obj = fake.objects.get((kind, ns, name))
                 if obj is None:
@@ -251,12 +333,17 @@ def _handler(fake: FakeCluster):
                 if body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
                     return self._status(400, "BadRequest", "kind/name of the body do not match the URL")
                 old = fake.objects.get(key)
+                fake.applied.append(key)
                 if old is None:
                     obj = {**body, "metadata": {**body["metadata"], "generation": 1, "uid": f"uid-{name}",
                                                 "managedFields": [{"manager": q["fieldManager"][0],
                                                                    "operation": "Apply"}]}}
                     fake.objects[key] = obj
                     code = 201
+                    if kind == "TestRun":
+                        obj["status"] = {"stage": "initialization"}
+                        fake.stages[name] = ["initialization"]
+                        fake.start_testrun(ns, name)
                 else:
                     obj, code = old, 200
                     spec = body.get("spec", body.get("data"))
@@ -278,8 +365,12 @@ def _handler(fake: FakeCluster):
                 obj = fake.objects.pop((kind, ns, name), None)
                 if obj is None:
                     return self._status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+                fake.deleted.append((kind, ns, name))
                 if kind == "Deployment":
                     for key in [k for k, p in fake.pods.items() if k[0] == ns and p["_owner"] == name]:
+                        del fake.pods[key]
+                if kind == "TestRun":  # its Jobs, and their pods, are garbage-collected with it
+                    for key in [k for k, p in fake.pods.items() if k[0] == ns and p.get("_testrun") == name]:
                         del fake.pods[key]
                 return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 

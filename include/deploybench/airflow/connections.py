@@ -90,7 +90,8 @@ def prometheus_source(conn_id: str | None = None) -> Any:
 
 
 def kube_clients(conn_id: str | None) -> KubeClients | None:
-    """Kubernetes API clients (apps/v1, core/v1, policy/v1) from the cncf.kubernetes provider's KubernetesHook."""
+    """Kubernetes API clients (apps/v1, core/v1, policy/v1, custom objects) from the cncf.kubernetes provider's
+    KubernetesHook."""
     if not conn_id:
         return None
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook

@@ -98,8 +98,8 @@ class GeneratorOutput:
     segment: str
     rc: int
     cpu_s: float | None
-    offset_ms: float
-    rtt_ms: float
+    offset_ms: float | None  # None: not measured (a k6-operator runner pod: the operator starts it)
+    rtt_ms: float | None
     json_out: Path
     summary_out: Path
     log_out: Path

@@ -30,6 +30,7 @@ from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.workloads import MAX_TOKENS
 
 if TYPE_CHECKING:
+    from deploybench.load.kube_load import KubeLoad
     from deploybench.load.loadgen import Generators
 
 DROP_S = 0.001  # the step down to the recovery rate (k6 stages need a duration)
@@ -120,7 +121,8 @@ def shape(capacity_rps: float, spec: LoadSpec) -> tuple[float, list[tuple[float,
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
-        max_model_len: int = MAX_TOKENS, generators: Generators | None = None, remote_write: str | None = None
+        max_model_len: int = MAX_TOKENS, generators: Generators | KubeLoad | None = None,
+        remote_write: str | None = None
         ) -> tuple[LoadResult, OverloadAnalysis]:
     start, stages = shape(capacity_rps, spec)
     # windows short enough to place the break on the ramp (ten over it), long enough to count (1 s)

@@ -50,6 +50,7 @@ from deploybench.policy import POLICY_ENV, TARGETS_ENV, current
 from deploybench.workloads import MAX_TOKENS
 
 if TYPE_CHECKING:
+    from deploybench.load.kube_load import KubeLoad
     from deploybench.load.loadgen import Generators
 
 LOG = logging.getLogger(__name__)
@@ -294,7 +295,7 @@ def _series(res: LoadResult) -> list[str]:
 def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, *,
               tags: dict | None = None, api: ApiFlavour | None = None, transports: Mapping[str, Any] | None = None,
               search: str = "ramp", metrics: Metrics | None = None, max_model_len: int | None = None,
-              generators: Generators | None = None, prices: Mapping[str, Any] | None = None,
+              generators: Generators | KubeLoad | None = None, prices: Mapping[str, Any] | None = None,
               prometheus: prom.PromSource | None = None) -> dict:
     """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
 

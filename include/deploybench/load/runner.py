@@ -61,6 +61,7 @@ from deploybench.paths import k6_dir
 from deploybench.workloads import Workload
 
 if TYPE_CHECKING:
+    from deploybench.load.kube_load import KubeLoad
     from deploybench.load.loadgen import GeneratorOutput, Generators
 
 LOG = logging.getLogger(__name__)
@@ -486,7 +487,7 @@ def run_load(
     metrics: Metrics | None = None,
     workload: Workload | None = None,
     max_model_len: int = workloads.MAX_TOKENS,
-    generators: Generators | None = None,
+    generators: Generators | KubeLoad | None = None,
     remote_write: str | None = None,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
@@ -500,8 +501,9 @@ def run_load(
     file): its plan for this run is drawn from a seed of its own per phase and step (``Workload.seed_for``; ``seed``
     is the phase's own, used when the workload keeps one seed) and saved as ``<stem>.plan.json``; a conversation
     stops before the turn that would not fit ``max_model_len``. ``generators`` (the inventory's load-generator
-    machines) split k6's share of the phase by execution segments (``loadgen.run_split``); None or empty: k6 runs
-    here, on the controller. ``remote_write``: a Prometheus remote-write URL k6 also sends its own metrics to (the
+    machines) split k6's share of the phase by execution segments (``loadgen.run_split``), or a ``KubeLoad`` sends it
+    as a k6-operator TestRun (``kube_load``); None or empty: k6 runs here, on the controller. ``remote_write``: a
+    Prometheus remote-write URL k6 also sends its own metrics to (the
     team's Prometheus, when its connection allows it; the controller's k6 only, not the load generators').
     """
     rate = float(rate if rate is not None else spec.rate)
@@ -560,8 +562,12 @@ def run_load(
             # the Go runtime's settings only where the operator set them: k6_process_env's GOMEMLIMIT is a share of
             # this machine's memory, not the generator's (GOGC=off there could run a small generator out of memory)
             k6_env = {**env_db, **{k: os.environ[k] for k in ("GOGC", "GOMEMLIMIT", "GOMAXPROCS") if k in os.environ}}
-            outputs = loadgen.run_split(generators, k6_env, stem=stem, out_dir=out_dir, plan=plan_path,
-                                        timeout_s=timeout_s, n_endpoints=len(endpoints))
+            if isinstance(generators, loadgen.Generators):
+                outputs = loadgen.run_split(generators, k6_env, stem=stem, out_dir=out_dir, plan=plan_path,
+                                            timeout_s=timeout_s, n_endpoints=len(endpoints))
+            else:  # a k6-operator TestRun on the run's Kubernetes cluster (deploybench.load.kube_load)
+                outputs = generators.run_split(k6_env, stem=stem, out_dir=out_dir, plan=plan_path,
+                                               timeout_s=timeout_s, n_endpoints=len(endpoints))
             rc = EXIT_THRESHOLDS if any(o.rc == EXIT_THRESHOLDS for o in outputs) else EXIT_OK
             cpu_s = sum(o.cpu_s or 0.0 for o in outputs)
         else:

@@ -22,6 +22,7 @@ from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.workloads import MAX_TOKENS
 
 if TYPE_CHECKING:
+    from deploybench.load.kube_load import KubeLoad
     from deploybench.load.loadgen import Generators
 
 
@@ -72,7 +73,7 @@ def drift(windows: list[WindowFigures], threshold: float) -> Drift:
 def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capacity_rps: float, *,
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
-        max_model_len: int = MAX_TOKENS, generators: Generators | None = None,
+        max_model_len: int = MAX_TOKENS, generators: Generators | KubeLoad | None = None,
         remote_write: str | None = None) -> tuple[LoadResult, Drift]:
     res = run_load(endpoints, spec, slo, out_dir, phase="sustained", tags=tags,
                    rate=spec.sustained_fraction * capacity_rps, duration_s=spec.duration_s, api=api, seed=seed,

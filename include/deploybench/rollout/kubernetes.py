@@ -39,12 +39,14 @@ class KubeClients:
     apps: Any  # kubernetes.client.AppsV1Api
     core: Any  # kubernetes.client.CoreV1Api
     policy: Any  # kubernetes.client.PolicyV1Api (the engine pods' PodDisruptionBudget)
+    custom: Any = None  # kubernetes.client.CustomObjectsApi (k6-operator TestRuns: deploybench.load.kube_load)
 
     @classmethod
     def from_api_client(cls, api_client: Any) -> KubeClients:
         from kubernetes import client
 
-        return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.PolicyV1Api(api_client))
+        return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.PolicyV1Api(api_client),
+                   client.CustomObjectsApi(api_client))
 
 
 def rollout_status(dep: dict[str, Any]) -> tuple[bool, bool, str]:
@@ -261,7 +263,8 @@ class KubernetesDeployer(Deployer):
 
 
 def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[str, str]:
-    """Delete every Deployment, Service, ConfigMap and PodDisruptionBudget in ``namespace`` labelled with ``run_key``
+    """Delete every Deployment, Service, ConfigMap, PodDisruptionBudget (and k6-operator TestRun, when the clients have
+    the custom objects API) in ``namespace`` labelled with ``run_key``
     (``deploybench/run``): ``{"deployment/<name>": "deleted" | "error: ..."}``; nothing found = ``{}``."""
     selector = f"{manifests.RUN}={manifests.run_label(run_key)}"
     kinds = [("deployment", kube.apps.list_namespaced_deployment, kube.apps.delete_namespaced_deployment),
@@ -269,12 +272,22 @@ def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[
              ("configmap", kube.core.list_namespaced_config_map, kube.core.delete_namespaced_config_map),
              ("poddisruptionbudget", kube.policy.list_namespaced_pod_disruption_budget,
               kube.policy.delete_namespaced_pod_disruption_budget)]
+    if kube.custom is not None:  # a load phase's k6-operator TestRun left by a dead run (deploybench.load.kube_load)
+        from deploybench.load import k6_operator as op
+
+        kinds.insert(0, ("testrun",
+                         lambda ns, **kw: kube.custom.list_namespaced_custom_object(op.GROUP, op.VERSION, ns, op.PLURAL,
+                                                                                    **kw),
+                         lambda name, ns, **kw: kube.custom.delete_namespaced_custom_object(
+                             op.GROUP, op.VERSION, ns, op.PLURAL, name, **kw)))
     out: dict[str, str] = {}
     for kind, list_fn, delete_fn in kinds:
         try:
             items = KubernetesDeployer._json(list_fn(namespace, label_selector=selector,
                                                      _preload_content=False)).get("items", [])
         except Exception as exc:  # noqa: BLE001 - ApiException, connection errors
+            if kind == "testrun" and getattr(exc, "status", None) == 404:
+                continue  # no k6-operator on this cluster (its CRD is not installed): no TestRun to delete
             out[f"{kind}s"] = f"error: listing {kind}s labelled {selector} in {namespace!r} failed: {exc}"
             continue
         for item in items:
