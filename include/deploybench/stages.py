@@ -484,6 +484,7 @@ class Validate(Stage):
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import params as form
         from deploybench import policy, rollout, workloads
+        from deploybench.errors import ConfigError
         from deploybench.inventory import Inventory
         from deploybench.load import prom
         from deploybench.matrix import planned
@@ -497,6 +498,10 @@ class Validate(Stage):
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
+        if cfg.load.scale_up and not rollout.capabilities(cfg).deploys:
+            raise ConfigError(f"scale_up=true starts engines under load, but the {cfg.rollout.backend.value} backend "
+                              "measures engines it did not start (it cannot add any); use the ssh or kubernetes "
+                              "backend, or set scale_up=false")
         work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
         work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
                         cfg.engine.max_model_len, [p.value for p in cfg.load.phases])

@@ -115,6 +115,7 @@ def build_env(
     plan: Path | None = None,
     planned: int = 0,
     vu_scale: float = 1.0,
+    targets_url: str | None = None,
 ) -> dict[str, str]:
     """The DB_* variables k6/run.js reads (k6/lib/config.js documents each). ``plan`` is the workload's plan file;
     ``planned`` > 0 makes it timed (its requests sent at their own times, ``planned`` of them); ``vu_scale`` (at
@@ -150,6 +151,8 @@ def build_env(
         "DB_SLO_P99_MS": repr(float(slo.p99_latency_ms)),
         "DB_SLO_MAX_ERROR_RATE": repr(float(slo.max_error_rate)),
     }
+    if targets_url:  # targets that grow mid-run (deploybench.load.scale_up): run.js re-reads them from this page
+        env["DB_TARGETS_URL"] = targets_url
     if plan is not None:
         env["DB_PLAN"] = str(Path(plan).resolve())
         if planned:
@@ -488,6 +491,8 @@ def run_load(
     max_model_len: int = workloads.MAX_TOKENS,
     generators: Generators | None = None,
     remote_write: str | None = None,
+    targets_url: str | None = None,
+    more_nodes: list[str] | None = None,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
@@ -503,6 +508,8 @@ def run_load(
     machines) split k6's share of the phase by execution segments (``loadgen.run_split``); None or empty: k6 runs
     here, on the controller. ``remote_write``: a Prometheus remote-write URL k6 also sends its own metrics to (the
     team's Prometheus, when its connection allows it; the controller's k6 only, not the load generators').
+    ``targets_url``: a page listing the targets as they grow during the run (``endpoints`` are those at its start;
+    deploybench.load.scale_up), ``more_nodes`` the nodes that may join them (they get figures of their own too).
     """
     rate = float(rate if rate is not None else spec.rate)
     stages = [(float(t), float(s)) for t, s in stages or []]
@@ -533,7 +540,7 @@ def run_load(
     env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
                        api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s, plan=plan_path,
                        planned=len(plan) if plan.arrivals_ms is not None else 0,
-                       vu_scale=workloads.vu_scale(plan, work, slo.p99_latency_ms))
+                       vu_scale=workloads.vu_scale(plan, work, slo.p99_latency_ms), targets_url=targets_url)
 
     cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out, remote_write=bool(remote_write))
     env = k6_process_env(os.environ)
@@ -624,7 +631,8 @@ def run_load(
         dropped_iterations=sum(1 for t in dropped if t >= warmup_end),
         slo_ok=verdict.passed,
         slo=verdict,
-        nodes=node_figures(samples, duration_s, [e.node for e in endpoints], start=warmup_end, slo=slo),
+        nodes=node_figures(samples, duration_s, [e.node for e in endpoints] + list(more_nodes or []),
+                           start=warmup_end, slo=slo),
         samples_path=str(samples_path),
         warmup_samples_path=str(warmup_path) if warmup_path else None,
         summary_path=str(summary_out),
