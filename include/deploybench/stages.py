@@ -380,13 +380,40 @@ class Load(Stage):
         # is made unless a node needs it)
         # the inventory's load generators split each k6 run by execution segments; none: the controller sends it all
         gens = loadgen.Generators(cluster, run.inventory.loadgen_names) if run.inventory.loadgens else None
-        phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
-                         transports={n: cluster[n] for n in {e.node for e in eps}},
-                         api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
-                         max_model_len=run.cfg.engine.max_model_len, generators=gens,
-                         prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
-                         prometheus=prom.parse_source(ctx.prometheus))
+        grow, first = (self._scale_down(ctx, cluster, eps) if phase == LoadPhase.SPIKE.value and run.cfg.load.scale_up
+                       else (None, eps))
+        out = phases.run_phase(phase, first, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
+                               transports={n: cluster[n] for n in {e.node for e in first}},
+                               api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
+                               max_model_len=run.cfg.engine.max_model_len, generators=gens,
+                               prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
+                               prometheus=prom.parse_source(ctx.prometheus), grow=grow)
+        up = (out.get("analysis") or {}).get("scale_up") or {}
+        bad = [f"{a['node']}: {a['error']}" for a in up.get("added") or [] if a.get("error")]
+        if bad:  # the phase's figures are written; the engines the later phases expect are not all there
+            raise StageFailed(f"load spike: scale-up under load could not add every engine ({'; '.join(bad)[:2000]}); "
+                              "the recovery and the other figures are in the phase's record")
         return self._assembled(ctx)
+
+    @staticmethod
+    def _scale_down(ctx: Context, cluster: Cluster, eps: list) -> tuple[Any, list]:
+        """Scale-up under load (deploybench.load.scale_up): stop the engines past ``scale_up_from`` through the run's
+        deployer (the rollout's own), and the ScaleUp that starts them again at the spike's start."""
+        from deploybench import rollout
+        from deploybench.engines import ready_timeout_s
+        from deploybench.load.scale_up import ScaleUp
+
+        cfg = ctx.run.cfg
+        nodes = [e.node for e in eps]
+        keep = nodes[:cfg.load.scale_up_from]
+        if len(keep) >= len(nodes):
+            raise StageFailed(f"load spike: scale_up_from={cfg.load.scale_up_from} leaves none of the {len(nodes)} "
+                              f"serving nodes ({', '.join(nodes)}) to add; lower scale_up_from")
+        dep = rollout.deployer(cluster, list(ctx.run.nodes), cfg)
+        dep.serving = list(nodes)  # type: ignore[attr-defined]  # the rollout's engines, this run's own
+        dep.rollback(keep)
+        log.info("load spike: serving on %s; %s start when the spike does", keep, nodes[len(keep):])
+        return ScaleUp(dep, keep, eps, ready_timeout_s(cfg)), [e for e in eps if e.node in keep]
 
     def _assembled(self, ctx: Context) -> LoadStageResult:
         from deploybench.load import phases
@@ -500,8 +527,12 @@ class Validate(Stage):
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
         if cfg.load.scale_up and not rollout.capabilities(cfg).deploys:
             raise ConfigError(f"scale_up=true starts engines under load, but the {cfg.rollout.backend.value} backend "
-                              "measures engines it did not start (it cannot add any); use the ssh or kubernetes "
-                              "backend, or set scale_up=false")
+                              "measures engines it did not start (it cannot add any); use the ssh backend, or set "
+                              "scale_up=false")
+        if cfg.load.scale_up and cfg.rollout.backend.value != "ssh":
+            raise ConfigError(f"scale_up=true runs on the ssh backend; on {cfg.rollout.backend.value} the scale-up is "
+                              "the cluster's HorizontalPodAutoscaler (`deploybench.rollout.manifests.hpa` renders one "
+                              "from this run's config, for the operator to apply); set scale_up=false here")
         work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
         work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
                         cfg.engine.max_model_len, [p.value for p in cfg.load.phases])
