@@ -200,12 +200,15 @@ def _waiting(res: LoadResult, metrics: Metrics | None, start: pd.Timestamp) -> t
     if not res.metrics_path:
         return {}, "the engines' /metrics were not scraped (scrape_interval_s=0)"
     peak: dict[str, float] = {}
-    t0 = start.timestamp()
     for p in read_series(res.metrics_path):
         v = p.get("value")
         if p.get("metric") != name or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             continue  # hostile or absent: a NaN or negative gauge is not a queue
-        if float(p.get("ts", 0)) >= t0:
+        try:
+            at = pd.Timestamp(p.get("ts"))
+        except (TypeError, ValueError):
+            continue
+        if at.tzinfo is not None and at >= start:
             peak[str(p.get("node"))] = max(peak.get(str(p.get("node")), 0.0), float(v))
     return peak, None if peak else f"no {name} values scraped during the spike"
 
@@ -276,7 +279,7 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
     try:
         res = run_load(endpoints, spec, slo, out_dir, phase="spike", tags=tags, rate=start, stages=stages, api=api,
                        seed=seed, scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len,
-                       generators=generators, remote_write=remote_write, **extra)
+                       generators=generators, remote_write=remote_write, preallocate=True, **extra)
     finally:
         grown = grow.finish() if grow is not None else None
     samples = load_samples(res.samples_path) if res.samples_path else pd.DataFrame(
