@@ -77,7 +77,7 @@ def test_scale_up_under_load_adds_engines_that_serve(lab):
     ssh deployer starts the other two, which k6 reaches once healthy: they serve before the SLO holds again."""
     base = round(MU / 2, 2)
     out = _run("spike-up", lab, nodes=3, canary_nodes=3, load_rate=base, spike_factor=3, spike_hold_s=6,
-               spike_recovery_s=12, slo_p99_latency_ms=800, scale_up=True, scale_up_from=1)
+               spike_recovery_s=12, slo_p99_latency_ms=400, scale_up=True, scale_up_from=1)
     assert out["status"] == "success", out["error"]
     an = out["analysis"]
     up = an["scale_up"]
@@ -88,7 +88,8 @@ def test_scale_up_under_load_adds_engines_that_serve(lab):
         # it served: k6 sent it requests, the first after its health check passed
         assert a["requests"] > 0 and a["first_request_s"] >= a["serving_s"] - 0.05, a
     assert up["all_serving_s"] == max(a["serving_s"] for a in up["added"])
-    assert an["recovered"] and up["slo_again_s"] is not None
-    assert up["all_serving_s"] < up["slo_again_s"], up  # engines serving, then the SLO holding
+    # one engine alone is over its capacity (1.5 x): the SLO broke, and held again only once the others served
+    assert an["slo_broken"] and an["peak_p99_ms"] > 400 and up["slo_again_s"] is not None, (an, up)
+    assert up["all_serving_s"] < up["slo_again_s"] < 6.0, up  # engines serving, then the SLO holding, within the hold
     per_node = {n["node"]: n["requests"] for n in out["result"]["nodes"]}
     assert per_node["n01"] > per_node["n02"] > 0 and per_node["n03"] > 0, per_node

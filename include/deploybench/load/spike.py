@@ -31,7 +31,9 @@ window is healthy about when its first request is answered in time.
 With ``scale_up`` (``scale_up.ScaleUp``) the phase starts on fewer engines; when the spike starts the deployer
 starts engines on the others, and k6's targets grow to include each once it is healthy (run.js re-reads the
 target list from ``DB_TARGETS_URL``, a loopback page served here). The analysis then gives each added engine's
-time from the spike's start to its health check passing, and to the SLO holding again (``slo_again_s``).
+time from the spike's start to its health check passing, and the time from the spike's start to the SLO holding
+again (``slo_again_s``: the recovery measure above, its windows starting at the spike's start instead of its end; 0
+when the SLO never broke).
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ def sliding(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, slo: 
 
 
 def recovery(samples: pd.DataFrame, spike_end: pd.Timestamp, window_end: pd.Timestamp, slo: SLO,
-             width_s: float = RECOVERY_WINDOW_S, step_s: float = RECOVERY_STEP_S) -> Recovery:
+             width_s: float = RECOVERY_WINDOW_S, step_s: float = RECOVERY_STEP_S, since: str = "the spike's end"
+             ) -> Recovery:
     """The recovery time after ``spike_end`` (module doc): ``samples`` need ``ts`` (send time, UTC), ``latency_ms``
     and ``error_kind`` (None: a success); measured (not warm-up) requests only."""
     wins = sliding(samples, spike_end, window_end, slo, width_s, step_s)
@@ -161,13 +164,13 @@ def recovery(samples: pd.DataFrame, spike_end: pd.Timestamp, window_end: pd.Time
     span = (window_end - spike_end).total_seconds()
     if not wins:
         return Recovery(recovered=False, recovery_s=None, **common,
-                        reason=f"no requests sent in the {span:g} s after the spike (no window of {width_s:g} s to "
+                        reason=f"no requests sent in the {span:g} s after {since} (no window of {width_s:g} s to "
                                "judge): the recovery is not measured")
     last = wins[-1]
     if not last[1]:
         p99 = "none answered" if last[2] is None else f"{last[2]:.0f} ms"
         return Recovery(recovered=False, recovery_s=None, **common,
-                        reason=f"not back under the SLO within the {span:g} s after the spike: the last window "
+                        reason=f"not back under the SLO within the {span:g} s after {since}: the last window "
                                f"({last[0]:g}-{last[0] + width_s:g} s) had P99 {p99} (limit {slo.p99_latency_ms:g} ms) "
                                f"and {100 * last[3]:.1f} % errors (limit {100 * slo.max_error_rate:g} %); lengthen "
                                "spike_recovery_s, lower spike_factor or spike_hold_s, or add capacity")
@@ -175,8 +178,8 @@ def recovery(samples: pd.DataFrame, spike_end: pd.Timestamp, window_end: pd.Time
     while first_good > 0 and wins[first_good - 1][1]:
         first_good -= 1
     at = wins[first_good][0]
-    why = ("the SLO held in every window from the spike's end" if first_good == 0 else
-           f"P99 and errors under the SLO in every window of {width_s:g} s from {at:g} s after the spike's end on "
+    why = (f"the SLO held in every window from {since}" if first_good == 0 else
+           f"P99 and errors under the SLO in every window of {width_s:g} s from {at:g} s after {since} on "
            f"({bad} window(s) over it before)")
     return Recovery(recovered=True, recovery_s=round(at, 3), reason=why, **common)
 
@@ -231,12 +234,9 @@ def analyse(res: LoadResult, samples: pd.DataFrame, capacity_rps: float, base_rp
     ok_lead = lead.loc[lead["error_kind"].isna(), "latency_ms"]
     scale = None
     if grown is not None:
-        again = None
-        if rec.recovery_s is not None:
-            again = round(s1 - s0 + rec.recovery_s, 3)
-        scale = {**grown, "slo_again_s": again,
-                 "slo_again_reason": "from the spike's start to the SLO holding again (recovery time + the spike's "
-                                     "length)" if again is not None else rec.reason}
+        # the same measure from the spike's start: the added engines may bring the SLO back before the spike ends
+        again = recovery(samples, at(s0), at(total), slo, since="the spike's start")
+        scale = {**grown, "slo_again_s": again.recovery_s, "slo_again_reason": again.reason}
     return SpikeAnalysis(
         base_rps=round(base_rps, 6), peak_rps=round(spec.spike_factor * base_rps, 6), factor=spec.spike_factor,
         capacity_rps=capacity_rps, spike_start_s=s0, spike_end_s=round(s1, 6), hold_s=spec.spike_hold_s,
