@@ -7,6 +7,7 @@ little of this 2-core machine and the queue a spike builds is long enough to be 
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -26,7 +27,7 @@ MU = capacity(ServiceParams.from_config(ENGINE), PROMPT, OUTPUT).requests_per_s 
 
 
 @pytest.fixture(scope="module")
-def lab(netns_lab):
+def lab(dsn, netns_lab):  # the database first: its server outlives the lab
     """3 nodes, each with its own copy of the model (copied host-side: this test is not about fan-out)."""
     got = netns_lab("spk", nodes=3, link_mbit=1000, model_mb=1)
     src = got.files.models(got.inv.nodes[0].name) / "sim-model"
@@ -38,7 +39,7 @@ def lab(netns_lab):
 
 
 def _run(key: str, lab, **conf) -> dict:
-    """validate, rollout, the spike phase, teardown; the spike phase's outcome."""
+    """validate, rollout, the spike phase, teardown, the report; the spike phase's outcome."""
     flat = {"inventory": str(paths.lab_dir(lab.name) / "inventory.json"), "gate_rate_per_node": 2,
             "gate_duration_s": 2, "gate_min_requests": 3, "warmup_s": 1, "prompt_tokens": PROMPT,
             "output_tokens": OUTPUT, "ready_timeout_s": 30, "load_phases": ["spike"], "ttft_sample_rps": 0,
@@ -49,6 +50,7 @@ def _run(key: str, lab, **conf) -> dict:
         pipeline.run_stage("load", key, phase="spike")
     finally:
         pipeline.run_stage("teardown", key)
+    pipeline.run_stage("report", key)
     return Run.open(key).result("load")["phases"]["spike"]
 
 
@@ -72,7 +74,7 @@ def test_the_recovery_time_matches_the_closed_form(lab):
     assert res["stages"][1][0] == pytest.approx(3 * base)  # k6's own ramp: the step to the peak
 
 
-def test_scale_up_under_load_adds_engines_that_serve(lab):
+def test_scale_up_under_load_adds_engines_that_serve(lab, dsn):
     """One engine of three serves at half its capacity; the spike (3 x) is over its capacity, and at its start the
     ssh deployer starts the other two, which k6 reaches once healthy: they serve before the SLO holds again."""
     base = round(MU / 2, 2)
@@ -93,3 +95,22 @@ def test_scale_up_under_load_adds_engines_that_serve(lab):
     assert up["all_serving_s"] < up["slo_again_s"] < 6.0, up  # engines serving, then the SLO holding, within the hold
     per_node = {n["node"]: n["requests"] for n in out["result"]["nodes"]}
     assert per_node["n01"] > per_node["n02"] > 0 and per_node["n03"] > 0, per_node
+
+    # the times in the text report, the HTML report, the store and the run page
+    from deploybench import report
+    from deploybench.store.reader import load_run
+    from deploybench.web.markup import render_run_page
+
+    run = Run.open("spike-up")
+    text = report.summary_text(run)
+    assert re.search(rf"added engines serving +{up['all_serving_s']:g} s after the spike's start", text), text
+    assert re.search(rf"SLO holding again +{up['slo_again_s']:g} s after the spike's start", text), text
+    html = report.run_html.render(run)
+    assert "Spike and recovery" in html and f"{up['slo_again_s']:g} s after the spike" in html
+    pipeline.run_stage("store", "spike-up", dsn=dsn)
+    stored = load_run(dsn, "spike-up")
+    row = next(p for p in stored.phases if p.phase == "spike" and p.node == "*")
+    assert (row.spike_recovery_s, row.scale_up_serving_s, row.scale_up_slo_s) == (
+        an["recovery_s"], up["all_serving_s"], up["slo_again_s"])
+    page = render_run_page(stored, "", None)
+    assert "<h3>Spike</h3>" in page and f"{up['all_serving_s']:g} s after the spike" in page
