@@ -525,14 +525,14 @@ class Validate(Stage):
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
-        if cfg.load.scale_up and not rollout.capabilities(cfg).deploys:
-            raise ConfigError(f"scale_up=true starts engines under load, but the {cfg.rollout.backend.value} backend "
-                              "measures engines it did not start (it cannot add any); use the ssh backend, or set "
+        caps = rollout.capabilities(cfg)
+        if cfg.load.scale_up and not caps.scales_under_load:
+            how = ("measures engines it did not start (it cannot add any)" if not caps.deploys else
+                   "scales through the cluster's HorizontalPodAutoscaler: `deploybench.rollout.manifests.hpa` renders "
+                   "one from this run's config, for the operator to apply")
+            raise ConfigError(f"scale_up=true starts engines while the spike runs, which the "
+                              f"{cfg.rollout.backend.value} backend does not: it {how}; use the ssh backend, or set "
                               "scale_up=false")
-        if cfg.load.scale_up and cfg.rollout.backend.value != "ssh":
-            raise ConfigError(f"scale_up=true runs on the ssh backend; on {cfg.rollout.backend.value} the scale-up is "
-                              "the cluster's HorizontalPodAutoscaler (`deploybench.rollout.manifests.hpa` renders one "
-                              "from this run's config, for the operator to apply); set scale_up=false here")
         work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
         work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
                         cfg.engine.max_model_len, [p.value for p in cfg.load.phases])
