@@ -208,7 +208,7 @@ def _waiting(res: LoadResult, metrics: Metrics | None, start: pd.Timestamp) -> t
         if p.get("metric") != name or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             continue  # hostile or absent: a NaN or negative gauge is not a queue
         try:
-            at = pd.Timestamp(p.get("ts"))
+            at = pd.Timestamp(str(p.get("ts")))
         except (TypeError, ValueError):
             continue
         if at.tzinfo is not None and at >= start:

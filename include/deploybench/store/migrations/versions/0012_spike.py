@@ -21,8 +21,9 @@ down_revision = "0011_energy_per_request"
 branch_labels = None
 depends_on = None
 
-COLUMNS = (("spike_recovery_s", sa.Double()), ("spike_recovery_reason", sa.Text()),
-           ("scale_up_serving_s", sa.Double()), ("scale_up_slo_s", sa.Double()))
+COLUMNS: tuple[tuple[str, sa.types.TypeEngine], ...] = (
+    ("spike_recovery_s", sa.Double()), ("spike_recovery_reason", sa.Text()),
+    ("scale_up_serving_s", sa.Double()), ("scale_up_slo_s", sa.Double()))
 
 
 def upgrade() -> None:
