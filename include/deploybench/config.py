@@ -449,6 +449,9 @@ _LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args", "profile_fil
 LATER_SIM_FIELDS = ("prefix_caching", "kv_cache_tokens")
 
 
+SPIKE_LEAD_S = 2.0  # the spike phase's measured lead at the base rate, before the step (deploybench.load.spike)
+
+
 class LoadPhase(str, Enum):
     PROBE = "probe"
     SUSTAINED = "sustained"

@@ -37,8 +37,8 @@ def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
         return steps * per_step + MARGIN_S
     if task == "teardown":
         return r.stop_grace_s + MARGIN_S
+    from deploybench.config import SPIKE_LEAD_S
     from deploybench.engines import ready_timeout_s
-    from deploybench.load.spike import SPIKE_LEAD_S
 
     phase_s = {
         LoadPhase.PROBE.value: ld.probe_max_steps * (ld.probe_warmup_s + ld.probe_step_s + ld.request_timeout_s + 15),

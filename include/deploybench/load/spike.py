@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pydantic import BaseModel
 
-from deploybench.config import SLO, LoadSpec
+from deploybench.config import SLO, SPIKE_LEAD_S, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.load.results import Endpoint, LoadResult
 from deploybench.load.runner import ApiFlavour, run_load
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from deploybench.load.loadgen import Generators
     from deploybench.load.scale_up import ScaleUp
 
-SPIKE_LEAD_S = 2.0  # at the base rate before the step, measured: the P99 the spike is compared with
+# SPIKE_LEAD_S (deploybench.config, for the phase's time budget): at the base rate before the step, measured
 STEP_S = 0.001  # the step up and the step down (k6 stages need a duration): well within one second
 RECOVERY_WINDOW_S = 1.0  # the sliding windows the recovery is judged over (see the module doc) ...
 RECOVERY_STEP_S = 0.1  # ... and how far apart they start: the recovery time's resolution
