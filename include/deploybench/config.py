@@ -598,6 +598,10 @@ class LoadSpec(_Strict):
                                  f"spike_recovery_s={self.spike_recovery_s:g}: the queue a spike builds in its hold "
                                  "takes about as long to drain at the sustained rate, so the recovery could not be "
                                  "seen; shorten spike_hold_s or lengthen spike_recovery_s")
+            if self.scale_up and self.target_url:
+                raise ValueError(f"load.scale_up=true adds engines to k6's targets as they become healthy, but "
+                                 f"target_url={self.target_url[:200]!r} sends every request through one load balancer "
+                                 "that decides itself; leave target_url empty or set scale_up=false")
         elif self.scale_up:
             raise ValueError("load.scale_up=true scales up during the spike phase, which load.phases="
                              f"{[p.value for p in self.phases]} does not run; add 'spike' to load_phases or set "

@@ -382,12 +382,16 @@ class Load(Stage):
         gens = loadgen.Generators(cluster, run.inventory.loadgen_names) if run.inventory.loadgens else None
         grow, first = (self._scale_down(ctx, cluster, eps) if phase == LoadPhase.SPIKE.value and run.cfg.load.scale_up
                        else (None, eps))
-        out = phases.run_phase(phase, first, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
-                               transports={n: cluster[n] for n in {e.node for e in first}},
-                               api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
-                               max_model_len=run.cfg.engine.max_model_len, generators=gens,
-                               prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
-                               prometheus=prom.parse_source(ctx.prometheus), grow=grow)
+        try:
+            out = phases.run_phase(phase, first, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
+                                   transports={n: cluster[n] for n in {e.node for e in first}},
+                                   api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
+                                   max_model_len=run.cfg.engine.max_model_len, generators=gens,
+                                   prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
+                                   prometheus=prom.parse_source(ctx.prometheus), grow=grow)
+        finally:
+            if grow is not None:
+                grow.restore()  # the phase failed before the spike: the engines it stopped serve again
         up = (out.get("analysis") or {}).get("scale_up") or {}
         bad = [f"{a['node']}: {a['error']}" for a in up.get("added") or [] if a.get("error")]
         if bad:  # the phase's figures are written; the engines the later phases expect are not all there
@@ -525,6 +529,11 @@ class Validate(Stage):
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
+        if cfg.load.scale_up and inv.loadgens:
+            raise ConfigError(f"scale_up=true runs the spike phase's k6 on the controller (it re-reads its targets from "
+                              f"a page on the controller's loopback), but inventory {cfg.inventory!r} lists load "
+                              f"generators ({', '.join(inv.loadgen_names)}); use an inventory without them for this "
+                              "run, or set scale_up=false")
         caps = rollout.capabilities(cfg)
         if cfg.load.scale_up and not caps.scales_under_load:
             how = ("measures engines it did not start (it cannot add any)" if not caps.deploys else

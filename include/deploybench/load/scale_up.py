@@ -150,3 +150,12 @@ class ScaleUp:
                 "deployer_asked_s": rel(self._asked_at), "added": added,
                 "all_serving_s": max(ok) if len(ok) == len(added) and ok else None,
                 "all_serving_reason": None if len(ok) == len(added) else "an added engine never served (its error)"}
+
+    def restore(self) -> None:
+        """Every engine serving again when the spike never asked for them (the phase failed before it: k6 did not
+        start, or aborted); a no-op once the spike started. Raises the deployer's error, naming the node."""
+        if self._first_read is not None:
+            return
+        LOG.warning("scale-up: the spike never started; starting the engines it stopped again: %s", self.added)
+        self.deployer.scale([*self.first, *self.added])
+        self.deployer.wait_ready(self.added, self.ready_timeout_s)

@@ -4,7 +4,9 @@ the value and the way out, before anything touches a node."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,8 @@ def test_the_fields_come_from_runconfig_in_a_closed_section():
     (SPIKE | {"scale_up": True, "nodes": 1, "canary_nodes": 1}, ["scale_up=true", "nodes=1", "nodes >= 2"]),
     (SPIKE | {"scale_up": True, "nodes": 3, "scale_up_from": 3}, ["scale_up_from=3", "between 1 and 2"]),
     ({"load_phases": ["sustained"], "scale_up": True}, ["scale_up=true", "add 'spike'"]),
+    (SPIKE | {"scale_up": True, "target_url": "http://lb.example:8000"}, ["target_url='http://lb.example:8000'",
+                                                                         "leave target_url empty"]),
 ])
 def test_bad_values_are_refused_naming_the_value_and_the_way_out(flat, words):
     with pytest.raises(ConfigError) as exc:
@@ -79,6 +83,15 @@ def test_validate_refuses_scale_up_on_one_node_and_on_the_external_backend(inven
             "inventory": inventory(2), "rollout_backend": "external",
             "external_endpoints": ["n1=http://127.0.0.1:18001", "n2=http://127.0.0.2:18001"]})
     assert "external backend" in str(exc.value) and "set scale_up=false" in str(exc.value)
+    # load generators: k6 would not reach the target page on the controller's loopback
+    gens = inventory(2)
+    path = Path(os.environ["DEPLOYBENCH_INVENTORIES"]) / f"{gens}.json"
+    doc = json.loads(path.read_text())
+    path.with_name("gens.json").write_text(json.dumps({**doc, "name": "gens", "loadgens": [
+        {"name": "g1", "address": "127.0.0.9"}]}))
+    with pytest.raises(ConfigError) as exc:
+        pipeline.validate("deploybench_run__spike_gens", conf | {"inventory": "gens"})
+    assert "lists load generators (g1)" in str(exc.value) and "set scale_up=false" in str(exc.value)
     # the same conf on the ssh backend with two nodes passes validate
     got = pipeline.validate("deploybench_run__spike_ok", conf | {"inventory": inventory(2)})
     assert got["nodes"] == ["n1", "n2"]
