@@ -530,8 +530,8 @@ class Validate(Stage):
         names = cfg.resolve_nodes(inv.names)
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
         if cfg.load.scale_up and inv.loadgens:
-            raise ConfigError(f"scale_up=true runs the spike phase's k6 on the controller (it re-reads its targets from "
-                              f"a page on the controller's loopback), but inventory {cfg.inventory!r} lists load "
+            raise ConfigError(f"scale_up=true runs the spike phase's k6 on the controller (it re-reads its targets "
+                              f"from a page on the controller's loopback), but inventory {cfg.inventory!r} lists load "
                               f"generators ({', '.join(inv.loadgen_names)}); use an inventory without them for this "
                               "run, or set scale_up=false")
         caps = rollout.capabilities(cfg)
