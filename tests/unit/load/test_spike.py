@@ -127,3 +127,23 @@ def test_the_closed_form_is_zero_within_capacity_and_refuses_a_base_above_it():
 
     with pytest.raises(ConfigError, match="at or above the capacity"):
         spike_recovery(params, 32, 8, 1, mu, 2 * mu, 2, 600)
+
+
+def test_the_reports_say_absent_with_the_reason_never_zero():
+    from deploybench.report.spike import facts, stored_facts
+
+    an = {"base_rps": 10, "peak_rps": 30, "factor": 3, "hold_s": 4, "recovery_window_s": 10, "recovery_s": None,
+          "recovery_reason": "not back under the SLO within the 10 s after the spike's end", "peak_p99_ms": 4000.0,
+          "p99_before_ms": 200.0, "requests_spike": 120, "failed_spike": 3, "errors_by_kind_spike": {"http_429": 3},
+          "failed_recovery": 0, "in_flight_peak": 40, "waiting_peak": {}, "waiting_reason": "not scraped",
+          "scale_up": {"nodes_before": ["n1"], "nodes_after": ["n1"], "all_serving_s": None,
+                       "all_serving_reason": "an added engine never served (its error)", "slo_again_s": None,
+                       "slo_again_reason": "not back", "added": [{"node": "n2", "serving_s": None, "error": "boom"}]}}
+    got = dict(facts(an))
+    assert got["recovery time"] == "absent (not back under the SLO within the 10 s after the spike's end)"
+    assert got["added engines serving"].startswith("absent (an added engine never served")
+    assert "n2 NOT serving: boom" in got["scale-up"] and "waiting gauge absent (not scraped)" in got["queued"]
+    assert "3 failed {'http_429': 3}" in got["during the spike"]
+    assert dict(stored_facts(None, "not back", None, None, False)) == {"recovery time": "absent (not back)"}
+    back = dict(stored_facts(2.5, "ok", 1.25, 3.0, True))
+    assert back["recovery time"] == "2.5 s" and back["SLO holding again"] == "3 s after the spike's start"
