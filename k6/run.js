@@ -88,10 +88,28 @@ export function setup() {
   }
 }
 
+// The targets as they are now: DB_ENDPOINTS, or (DB_TARGETS_URL) the list the page gives, re-read at most every
+// DB_TARGETS_EVERY_MS by each VU. k6 cannot re-read a file after its init stage, hence a page (on loopback). A page
+// that does not answer or answers nonsense leaves the list as it was.
+let targets = cfg.endpoints;
+let targetsReadAt = -Infinity;
+function currentTargets() {
+  if (!cfg.targetsUrl || Date.now() - targetsReadAt < cfg.targetsEveryMs) return targets;
+  targetsReadAt = Date.now();
+  const res = http.get(cfg.targetsUrl, { timeout: '2s', tags: { name: 'targets' } });
+  if (res.status !== 200) return targets;
+  try {
+    const got = JSON.parse(res.body);
+    if (Array.isArray(got) && got.length > 0 && got.every((e) => e && e.node && e.url && e.model)) targets = got;
+  } catch (e) { /* keep the list as it was */ }
+  return targets;
+}
+
 export default function () {
   const i = exec.scenario.iterationInTest;
-  const n = cfg.endpoints.length;
-  const endpoint = cfg.endpoints[i % n]; // a conversation stays on one endpoint (and its prefix cache)
+  const now = currentTargets();
+  const n = now.length;
+  const endpoint = now[i % n]; // a conversation stays on one endpoint (and its prefix cache)
   let dueMs;
   if (cfg.timed) {
     if (i >= planned.length) return;

@@ -477,9 +477,13 @@ _LATER_ENGINE_FIELDS = ("triton", "runtime", "image", "extra_args", "profile_fil
 LATER_SIM_FIELDS = ("prefix_caching", "kv_cache_tokens")
 
 
+SPIKE_LEAD_S = 2.0  # the spike phase's measured lead at the base rate, before the step (deploybench.load.spike)
+
+
 class LoadPhase(str, Enum):
     PROBE = "probe"
     SUSTAINED = "sustained"
+    SPIKE = "spike"  # opt-in: a step to spike_factor x the sustained rate, held, then the recovery watched
     OVERLOAD = "overload"
 
 
@@ -551,6 +555,22 @@ class LoadSpec(_Strict):
                                    description="Length of the overload ramp.")
     recovery_s: float = Field(30.0, gt=0, le=86400, title="Overload: recovery (s)",
                               description="Time at half the capacity after the ramp.")
+    # the spike phase (deploybench.load.spike): opt-in, after sustained and before overload
+    spike_factor: float = Field(3.0, gt=0, le=50, title="Spike: factor",
+                                description="The spike steps (within a second) from the sustained rate to this "
+                                            "multiple of it; must be above 1.")
+    spike_hold_s: float = Field(10.0, gt=0, le=3600, title="Spike: hold (s)",
+                                description="How long the spike is held before the rate steps back down.")
+    spike_recovery_s: float = Field(30.0, gt=0, le=86400, title="Spike: recovery window (s)",
+                                    description="Time at the sustained rate after the spike, in which P99 latency and "
+                                                "the error rate must come back under the SLO (the recovery time).")
+    scale_up: bool = Field(False, title="Spike: scale up under load",
+                           description="The spike phase starts serving on scale_up_from nodes only and, when the "
+                                       "spike starts, the rollout starts engines on the others; the load reaches each "
+                                       "once it is healthy (ssh backend; the kubernetes backend renders an HPA).")
+    scale_up_from: int = Field(1, ge=1, le=MAX_NODES, title="Spike: nodes before scaling up",
+                               description="Nodes serving when the spike starts (scale_up); at most the run's nodes "
+                                           "less one.")
     ttft_sample_rps: float | None = Field(None, ge=0, le=1000, title="TTFT sampler (req/s)",
                                           description="Streamed requests/s sent by the client-side TTFT/ITL sampler "
                                                       "(part of the offered rate); empty = enough for 100 samples "
@@ -585,6 +605,8 @@ class LoadSpec(_Strict):
             peaks.append((self.probe_max_rps, "probe_max_rps"))
         if LoadPhase.OVERLOAD in self.phases:
             peaks.append((self.rate * self.overload_factor, "load_rate x overload_factor"))
+        if LoadPhase.SPIKE in self.phases:
+            peaks.append((self.rate * self.spike_factor, "load_rate x spike_factor"))
         return max(peaks)
 
     @model_validator(mode="after")
@@ -594,7 +616,24 @@ class LoadSpec(_Strict):
                              f"{self.probe_start_rps}")
         if len(set(self.phases)) != len(self.phases) or not self.phases:
             raise ValueError(f"load.phases={[p.value for p in self.phases]} must name each phase at most once, "
-                             "at least one of probe, sustained, overload")
+                             "at least one of probe, sustained, spike, overload")
+        if LoadPhase.SPIKE in self.phases:
+            if self.spike_factor <= 1:
+                raise ValueError(f"load.spike_factor={self.spike_factor:g} must be above 1: the spike offers "
+                                 "spike_factor x the sustained rate; set e.g. spike_factor=3")
+            if self.spike_hold_s > self.spike_recovery_s:
+                raise ValueError(f"load.spike_hold_s={self.spike_hold_s:g} is longer than the phase's recovery window "
+                                 f"spike_recovery_s={self.spike_recovery_s:g}: the queue a spike builds in its hold "
+                                 "takes about as long to drain at the sustained rate, so the recovery could not be "
+                                 "seen; shorten spike_hold_s or lengthen spike_recovery_s")
+            if self.scale_up and self.target_url:
+                raise ValueError(f"load.scale_up=true adds engines to k6's targets as they become healthy, but "
+                                 f"target_url={self.target_url[:200]!r} sends every request through one load balancer "
+                                 "that decides itself; leave target_url empty or set scale_up=false")
+        elif self.scale_up:
+            raise ValueError("load.scale_up=true scales up during the spike phase, which load.phases="
+                             f"{[p.value for p in self.phases]} does not run; add 'spike' to load_phases or set "
+                             "scale_up=false")
         return self
 
 
@@ -669,6 +708,7 @@ LOAD_SHAPE_FIELDS = {
     "phases", "probe_start_rps", "probe_max_rps", "probe_step_s", "probe_warmup_s", "probe_tolerance",
     "probe_max_steps", "min_achieved_ratio", "sustained_fraction", "drift_threshold", "window_s",
     "overload_factor", "overload_ramp_s", "recovery_s", "ttft_sample_rps", "scrape_interval_s", "target_url",
+    "spike_factor", "spike_hold_s", "spike_recovery_s", "scale_up", "scale_up_from",
 }
 
 
@@ -728,6 +768,12 @@ class RunConfig(_Strict):
             raise ValueError(f"rollout.scale_steps={steps} must be increasing positive node counts, e.g. [2, 4, 8, 16]")
         if self.nodes and steps and steps[-1] > self.nodes:
             raise ValueError(f"rollout.scale_steps={steps} goes past nodes={self.nodes}")
+        if self.load.scale_up and self.nodes == 1:
+            raise ValueError("load.scale_up=true needs at least 2 nodes (it starts on scale_up_from of them and adds "
+                             "the others under load); nodes=1 has none to add: choose nodes >= 2 or set scale_up=false")
+        if self.load.scale_up and self.nodes and self.load.scale_up_from >= self.nodes:
+            raise ValueError(f"load.scale_up_from={self.load.scale_up_from} leaves none of nodes={self.nodes} to add; "
+                             f"choose scale_up_from between 1 and {self.nodes - 1}")
         if self.preflight.min_nodes > (self.nodes or self.preflight.min_nodes):
             raise ValueError(f"preflight.min_nodes={self.preflight.min_nodes} is larger than nodes={self.nodes}")
         return self
@@ -774,6 +820,12 @@ class RunConfig(_Strict):
         if self.preflight.min_nodes > count:
             raise ConfigError(f"preflight.min_nodes={self.preflight.min_nodes} is larger than the {count} nodes "
                               "of this run")
+        if self.load.scale_up and count < 2:
+            raise ConfigError(f"scale_up=true needs at least 2 nodes to grow from fewer to more; this run has {count} "
+                              f"({', '.join(names)}); choose nodes >= 2 or set scale_up=false")
+        if self.load.scale_up and self.load.scale_up_from >= count:
+            raise ConfigError(f"scale_up_from={self.load.scale_up_from} leaves no node to add among the {count} nodes "
+                              f"of this run; choose scale_up_from between 1 and {count - 1}")
         return names
 
     def scale_plan(self, healthy: int) -> list[int]:

@@ -386,13 +386,44 @@ class Load(Stage):
 
             # opt-in: a k6-operator TestRun on the run's cluster sends each phase (deploybench.load.kube_load)
             gens = KubeLoad(ctx.kube, k8s.namespace, k8s.k6_operator, run.key)
-        phases.run_phase(phase, eps, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
-                         transports={n: cluster[n] for n in {e.node for e in eps}},
-                         api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
-                         max_model_len=run.cfg.engine.max_model_len, generators=gens,
-                         prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
-                         prometheus=prom.parse_source(ctx.prometheus))
+        grow, first = (self._scale_down(ctx, cluster, eps) if phase == LoadPhase.SPIKE.value and run.cfg.load.scale_up
+                       else (None, eps))
+        try:
+            out = phases.run_phase(phase, first, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
+                                   transports={n: cluster[n] for n in {e.node for e in first}},
+                                   api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
+                                   max_model_len=run.cfg.engine.max_model_len, generators=gens,
+                                   prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
+                                   prometheus=prom.parse_source(ctx.prometheus), grow=grow)
+        finally:
+            if grow is not None:
+                grow.restore()  # the phase failed before the spike: the engines it stopped serve again
+        up = (out.get("analysis") or {}).get("scale_up") or {}
+        bad = [f"{a['node']}: {a['error']}" for a in up.get("added") or [] if a.get("error")]
+        if bad:  # the phase's figures are written; the engines the later phases expect are not all there
+            raise StageFailed(f"load spike: scale-up under load could not add every engine ({'; '.join(bad)[:2000]}); "
+                              "the recovery and the other figures are in the phase's record")
         return self._assembled(ctx)
+
+    @staticmethod
+    def _scale_down(ctx: Context, cluster: Cluster, eps: list) -> tuple[Any, list]:
+        """Scale-up under load (deploybench.load.scale_up): stop the engines past ``scale_up_from`` through the run's
+        deployer (the rollout's own), and the ScaleUp that starts them again at the spike's start."""
+        from deploybench import rollout
+        from deploybench.engines import ready_timeout_s
+        from deploybench.load.scale_up import ScaleUp
+
+        cfg = ctx.run.cfg
+        nodes = [e.node for e in eps]
+        keep = nodes[:cfg.load.scale_up_from]
+        if len(keep) >= len(nodes):
+            raise StageFailed(f"load spike: scale_up_from={cfg.load.scale_up_from} leaves none of the {len(nodes)} "
+                              f"serving nodes ({', '.join(nodes)}) to add; lower scale_up_from")
+        dep = rollout.deployer(cluster, list(ctx.run.nodes), cfg)
+        dep.serving = list(nodes)  # type: ignore[attr-defined]  # the rollout's engines, this run's own
+        dep.rollback(keep)
+        log.info("load spike: serving on %s; %s start when the spike does", keep, nodes[len(keep):])
+        return ScaleUp(dep, keep, eps, ready_timeout_s(cfg)), [e for e in eps if e.node in keep]
 
     def _assembled(self, ctx: Context) -> LoadStageResult:
         from deploybench.load import phases
@@ -490,6 +521,7 @@ class Validate(Stage):
     def run(self, ctx: Context, cluster: Cluster) -> Any:
         from deploybench import params as form
         from deploybench import policy, rollout, workloads
+        from deploybench.errors import ConfigError
         from deploybench.inventory import Inventory
         from deploybench.load import prom
         from deploybench.matrix import planned
@@ -503,6 +535,19 @@ class Validate(Stage):
         inv = Inventory.load(cfg.inventory)
         names = cfg.resolve_nodes(inv.names)
         rollout.backend(cfg).validate_config(cfg, names)  # what the backend cannot run, before any node is touched
+        if cfg.load.scale_up and inv.loadgens:
+            raise ConfigError(f"scale_up=true runs the spike phase's k6 on the controller (it re-reads its targets "
+                              f"from a page on the controller's loopback), but inventory {cfg.inventory!r} lists load "
+                              f"generators ({', '.join(inv.loadgen_names)}); use an inventory without them for this "
+                              "run, or set scale_up=false")
+        caps = rollout.capabilities(cfg)
+        if cfg.load.scale_up and not caps.scales_under_load:
+            how = ("measures engines it did not start (it cannot add any)" if not caps.deploys else
+                   "scales through the cluster's HorizontalPodAutoscaler: `deploybench.rollout.manifests.hpa` renders "
+                   "one from this run's config, for the operator to apply")
+            raise ConfigError(f"scale_up=true starts engines while the spike runs, which the "
+                              f"{cfg.rollout.backend.value} backend does not: it {how}; use the ssh backend, or set "
+                              "scale_up=false")
         work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
         work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
                         cfg.engine.max_model_len, [p.value for p in cfg.load.phases])

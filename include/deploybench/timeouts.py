@@ -37,9 +37,15 @@ def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
         return steps * per_step + MARGIN_S
     if task == "teardown":
         return r.stop_grace_s + MARGIN_S
+    from deploybench.config import SPIKE_LEAD_S
+    from deploybench.engines import ready_timeout_s
+
     phase_s = {
         LoadPhase.PROBE.value: ld.probe_max_steps * (ld.probe_warmup_s + ld.probe_step_s + ld.request_timeout_s + 15),
         LoadPhase.SUSTAINED.value: ld.warmup_s + ld.duration_s + ld.request_timeout_s + 60,
+        # + the engines started under load (scale_up) becoming ready
+        LoadPhase.SPIKE.value: ld.warmup_s + SPIKE_LEAD_S + ld.spike_hold_s + ld.spike_recovery_s + ld.request_timeout_s
+        + 60 + (ready_timeout_s(cfg) if ld.scale_up else 0),
         LoadPhase.OVERLOAD.value: ld.warmup_s + ld.overload_ramp_s + ld.recovery_s + ld.request_timeout_s + 60,
     }
     if task in phase_s:

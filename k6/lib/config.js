@@ -95,6 +95,10 @@ export function loadConfig(env) {
     // a multiple of it: k6 splits shared-iterations' iterations as it splits their VUs)
     startAtMs: num(env, 'DB_START_AT_MS', 0),
     generators: num(env, 'DB_GENERATORS', 1),
+    // targets that grow during the run (scale-up under load, deploybench.load.scale_up): a page listing them as
+    // DB_ENDPOINTS does, re-read by each VU at most every DB_TARGETS_EVERY_MS; empty = DB_ENDPOINTS throughout
+    targetsUrl: str(env, 'DB_TARGETS_URL', ''),
+    targetsEveryMs: num(env, 'DB_TARGETS_EVERY_MS', 250),
   };
   if (cfg.rate <= 0) throw new Error(`DB_RATE=${cfg.rate} must be > 0 requests/s`);
   if (cfg.durationS <= 0) throw new Error(`DB_DURATION_S=${cfg.durationS} must be > 0`);

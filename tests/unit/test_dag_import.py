@@ -24,8 +24,8 @@ def test_stages_are_task_groups_in_order():
     for group in ("preflight", "fanout", "rollout", "load", "store", "report"):
         assert any(t.startswith(group + ".") for t in ids), group
     order = ["validate", "lease.acquire", "preflight.nodes_and_links", "fanout.copy_and_verify",
-             "rollout.canary_then_scale", "load.probe", "load.sustained", "load.overload", "teardown", "lease.release",
-             "store.write_results", "report.render", "finish"]
+             "rollout.canary_then_scale", "load.probe", "load.sustained", "load.spike", "load.overload", "teardown",
+             "lease.release", "store.write_results", "report.render", "finish"]
     for a, b in zip(order, order[1:]):
         assert b in dag.get_task(a).get_flat_relative_ids(upstream=False), f"{a} must come before {b}"
 
@@ -47,7 +47,7 @@ def test_rollout_is_the_setup_of_the_engine_teardown_and_phases_can_be_skipped()
     assert take.is_setup and release.is_teardown and "lease.acquire" in release.upstream_task_ids
     assert "teardown" in release.upstream_task_ids  # the cluster is released only after the engines stopped
     assert dag.get_task("load.probe").trigger_rule == "all_success"  # Airflow's rule right after a setup
-    for phase in ("load.sustained", "load.overload"):
+    for phase in ("load.sustained", "load.spike", "load.overload"):
         assert dag.get_task(phase).trigger_rule == "none_failed", phase  # a skipped phase does not skip the next
     for tid in ("store.write_results", "report.render"):
         t = dag.get_task(tid)
@@ -125,8 +125,8 @@ def test_a_stage_added_to_the_registry_is_a_task_in_its_place(monkeypatch):
     monkeypatch.setattr(stages, "REGISTRY", {s.name: s for s in [*order[:at], Warm(), *order[at:], Notify()]})
     with DAG("registry_probe", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
         run_stages()
-    chain = ["rollout.canary_then_scale", "warm.caches", "load.probe", "load.sustained", "load.overload", "teardown",
-             "lease.release", "store.write_results", "report.render", "notify", "finish"]
+    chain = ["rollout.canary_then_scale", "warm.caches", "load.probe", "load.sustained", "load.spike", "load.overload",
+             "teardown", "lease.release", "store.write_results", "report.render", "notify", "finish"]
     for a, b in zip(chain, chain[1:]):
         assert b in dag.get_task(a).downstream_task_ids, f"{a} must come right before {b}"
     assert dag.get_task("load.probe").trigger_rule == "all_success"  # still right after the stage before it

@@ -105,7 +105,8 @@ def test_optional_text_fields_are_nullable_and_default_to_null():
 def test_choices_are_selects_and_phases_a_multi_select():
     by = {f.name: f.schema for f in params.FIELDS}
     assert by["engine_runtime"]["enum"] == ["process", "docker", "podman"]
-    assert by["load_phases"]["type"] == "array" and by["load_phases"]["examples"] == ["probe", "sustained", "overload"]
+    assert by["load_phases"]["type"] == "array"
+    assert by["load_phases"]["examples"] == ["probe", "sustained", "spike", "overload"]
 
 
 def test_empty_string_from_an_older_conf_means_not_set():

@@ -42,7 +42,7 @@ from deploybench import workloads
 from deploybench.config import SLO, LoadPhase, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.errors import ConfigError
-from deploybench.load import cost, gpu, overload, probe, prom, sustained
+from deploybench.load import cost, gpu, overload, probe, prom, spike, sustained
 from deploybench.load.results import Endpoint, GpuFigures, LoadError, LoadResult, SloVerdict
 from deploybench.load.runner import ApiFlavour, run_load
 from deploybench.load.scrape import read_series, save_series
@@ -52,9 +52,10 @@ from deploybench.workloads import MAX_TOKENS
 if TYPE_CHECKING:
     from deploybench.load.kube_load import KubeLoad
     from deploybench.load.loadgen import Generators
+    from deploybench.load.scale_up import ScaleUp
 
 LOG = logging.getLogger(__name__)
-ORDER = tuple(p.value for p in LoadPhase)  # probe -> sustained -> overload, as config.LoadPhase declares
+ORDER = tuple(p.value for p in LoadPhase)  # probe -> sustained -> spike -> overload, as config.LoadPhase declares
 LB_NODE = "lb"
 
 
@@ -296,7 +297,7 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
               tags: dict | None = None, api: ApiFlavour | None = None, transports: Mapping[str, Any] | None = None,
               search: str = "ramp", metrics: Metrics | None = None, max_model_len: int | None = None,
               generators: Generators | KubeLoad | None = None, prices: Mapping[str, Any] | None = None,
-              prometheus: prom.PromSource | None = None) -> dict:
+              prometheus: prom.PromSource | None = None, grow: ScaleUp | None = None) -> dict:
     """Run one phase and record its outcome (also when it fails: then LoadError/ConfigError propagate).
 
     ``transports`` (node -> deploybench.transport.Transport) let nodes without DCGM report their GPUs
@@ -306,7 +307,8 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
     inventory's load generators) split every k6 run of the phase by execution segments (deploybench.load.loadgen).
     ``prices`` (node -> the inventory's Price or None) give each result its cost per million output tokens
     (deploybench.load.cost). ``prometheus``: the team's Prometheus, asked for every node's figures over each k6
-    run's window (``with_prometheus``); with ``remote_write`` it also receives k6's own metrics."""
+    run's window (``with_prometheus``); with ``remote_write`` it also receives k6's own metrics. ``grow``: the spike
+    phase scales up under load (deploybench.load.scale_up; ``endpoints`` are then those serving before the spike)."""
     ctx_len = max_model_len or MAX_TOKENS
     spec, judged, scale = in_requests(spec, slo)
     assert judged is not None
@@ -350,14 +352,15 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
         else:
             cap, source = capacity_of(out_dir, spec)
             shaped = phase_spec(spec, source)
-            mod = sustained if phase == "sustained" else overload
+            mod: Any = {"sustained": sustained, "spike": spike}.get(phase, overload)
             done: dict[str, Any] = {}
+            more = {"grow": grow} if phase == "spike" and grow is not None else {}
 
             def run() -> LoadResult:
                 done["res"], done["analysis"] = mod.run(load_eps, shaped, slo, out_dir, cap, tags=tags, api=api,
                                                         scrape_endpoints=scrape_eps, metrics=metrics,
                                                         max_model_len=ctx_len, generators=generators,
-                                                        remote_write=rw)
+                                                        remote_write=rw, **more)
                 return done["res"]
 
             res = cost.attach(with_gpu(run, scrape_eps, spec, out_dir, phase, 0, transports, prometheus=prometheus,
@@ -391,6 +394,25 @@ def assemble(out_dir: Path, spec: LoadSpec) -> dict:
             "series": [s for p in got.values() for s in p.get("series") or []]}
 
 
+def spike_summary(an: dict) -> str:
+    """The spike phase in one line: its recovery time (or why it is absent) and, scaling up, its times."""
+    rec = (f"recovered in {an['recovery_s']:g} s" if an.get("recovery_s") is not None
+           else f"recovery ABSENT ({(an.get('recovery_reason') or '')[:120]})")
+    peak = an.get("peak_p99_ms")
+    line = (f"spike: {an.get('base_rps', 0):.2f} -> {an.get('peak_rps', 0):.2f} req/s for {an.get('hold_s', 0):g} s, "
+            f"peak P99 {peak:.0f} ms, " if peak is not None else
+            f"spike: {an.get('base_rps', 0):.2f} -> {an.get('peak_rps', 0):.2f} req/s, peak P99 absent, ")
+    line += f"{an.get('failed_spike', 0)} failed in the spike, {rec}"
+    up = an.get("scale_up")
+    if up:
+        serving = up.get("all_serving_s")
+        line += (f"; scale-up {len(up.get('nodes_before') or [])} -> {len(up.get('nodes_after') or [])} engines, "
+                 + (f"all serving {serving:g} s" if serving is not None else "NOT all serving")
+                 + (f", SLO again {up['slo_again_s']:g} s" if up.get("slo_again_s") is not None else
+                    ", SLO not again") + " after the spike's start")
+    return line
+
+
 def summary(data: dict) -> str:
     """One line per phase for the stage record."""
     parts = []
@@ -411,6 +433,8 @@ def summary(data: dict) -> str:
                          + (f"{util:.0f} %" if util is not None else "not measured")
                          + f", SLO {'met' if res.get('slo_ok') else 'not met'}"
                          + (", DRIFT " + "; ".join(an.get("reasons") or []) if an.get("drifted") else ""))
+        elif name == "spike":
+            parts.append(spike_summary(an))
         else:
             broke = {k: round(v["rate"], 2) for k, v in (an.get("broke_at") or {}).items() if v}
             parts.append(f"overload: broke at {broke or 'nothing'}, "

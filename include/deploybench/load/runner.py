@@ -116,6 +116,8 @@ def build_env(
     plan: Path | None = None,
     planned: int = 0,
     vu_scale: float = 1.0,
+    targets_url: str | None = None,
+    preallocate: bool = False,
 ) -> dict[str, str]:
     """The DB_* variables k6/run.js reads (k6/lib/config.js documents each). ``plan`` is the workload's plan file;
     ``planned`` > 0 makes it timed (its requests sent at their own times, ``planned`` of them); ``vu_scale`` (at
@@ -130,6 +132,8 @@ def build_env(
         raise ConfigError(f"tags {bad} are set by the load script itself; rename them (e.g. run_{bad[0]})")
     peak = max([rate, *(t for t, _ in stages or [])])
     pre, top = size_vus(peak * max(1.0, vu_scale), spec, slo)
+    if preallocate:  # a step past the capacity: k6 would start VUs mid-run, late, and drop iterations meanwhile
+        pre = top
     env = {
         "DB_ENDPOINTS": json.dumps([{"node": e.node, "url": e.url, "model": e.model} for e in endpoints]),
         "DB_API": api or spec.api.value,
@@ -151,6 +155,8 @@ def build_env(
         "DB_SLO_P99_MS": repr(float(slo.p99_latency_ms)),
         "DB_SLO_MAX_ERROR_RATE": repr(float(slo.max_error_rate)),
     }
+    if targets_url:  # targets that grow mid-run (deploybench.load.scale_up): run.js re-reads them from this page
+        env["DB_TARGETS_URL"] = targets_url
     if plan is not None:
         env["DB_PLAN"] = str(Path(plan).resolve())
         if planned:
@@ -489,6 +495,9 @@ def run_load(
     max_model_len: int = workloads.MAX_TOKENS,
     generators: Generators | KubeLoad | None = None,
     remote_write: str | None = None,
+    targets_url: str | None = None,
+    more_nodes: list[str] | None = None,
+    preallocate: bool = False,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
@@ -505,6 +514,10 @@ def run_load(
     as a k6-operator TestRun (``kube_load``); None or empty: k6 runs here, on the controller. ``remote_write``: a
     Prometheus remote-write URL k6 also sends its own metrics to (the
     team's Prometheus, when its connection allows it; the controller's k6 only, not the load generators').
+    ``targets_url``: a page listing the targets as they grow during the run (``endpoints`` are those at its start;
+    deploybench.load.scale_up), ``more_nodes`` the nodes that may join them (they get figures of their own too).
+    ``preallocate``: every VU started before the load (a spike's step: the latency past the SLO holds more VUs
+    than the SLO sizes for, and a VU k6 starts mid-run comes late, its iteration dropped).
     """
     rate = float(rate if rate is not None else spec.rate)
     stages = [(float(t), float(s)) for t, s in stages or []]
@@ -535,7 +548,8 @@ def run_load(
     env_db = build_env(endpoints, spec, slo, phase=phase, rate=rate - share, duration_s=duration_s, tags=tags,
                        api=api, seed=seed, step=step, stages=k6_stages, warmup_s=warmup_s, plan=plan_path,
                        planned=len(plan) if plan.arrivals_ms is not None else 0,
-                       vu_scale=workloads.vu_scale(plan, work, slo.p99_latency_ms))
+                       vu_scale=workloads.vu_scale(plan, work, slo.p99_latency_ms), targets_url=targets_url,
+                       preallocate=preallocate)
 
     cmd = k6_command(find_k6(), k6_dir() / "run.js", json_out, summary_out, remote_write=bool(remote_write))
     env = k6_process_env(os.environ)
@@ -630,7 +644,8 @@ def run_load(
         dropped_iterations=sum(1 for t in dropped if t >= warmup_end),
         slo_ok=verdict.passed,
         slo=verdict,
-        nodes=node_figures(samples, duration_s, [e.node for e in endpoints], start=warmup_end, slo=slo),
+        nodes=node_figures(samples, duration_s, [e.node for e in endpoints] + list(more_nodes or []),
+                           start=warmup_end, slo=slo),
         samples_path=str(samples_path),
         warmup_samples_path=str(warmup_path) if warmup_path else None,
         summary_path=str(summary_out),

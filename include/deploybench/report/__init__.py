@@ -51,6 +51,12 @@ def summary_text(run: Run) -> str:
                   f"    dropped        {res.dropped_iterations} iterations",
                   "    SLO            " + ("met" if res.slo_ok else
                                             "NOT met: " + "; ".join(res.slo.reasons))]
+    sp = ld.phases.get("spike") if ld is not None else None
+    if sp is not None and sp.analysis:
+        from deploybench.report.spike import facts
+
+        lines += ["", "  spike phase (recovery: sliding 1 s windows by send time, from the spike's end):",
+                  *(f"    {k:<22} {v}" for k, v in facts(sp.analysis))]
     truth = sim_capacity(run)
     if truth:
         lines += [f"    ground truth   the simulated engine saturates at {truth[0]:.2f} req/s per node, "

@@ -13,7 +13,7 @@ from deploybench.report.html import esc, table
 HEADING = "Node figures per window, by source"
 SOURCES = {"prometheus": "Prometheus (query_range over the window)",
            "scrape": "deploybench's own scrape of the engine's /metrics"}
-_ORDER = ("probe", "sustained", "overload")
+_ORDER = ("probe", "sustained", "spike", "overload")
 
 
 def _num(v: Any) -> str:

@@ -137,6 +137,14 @@ def _load_sections(ld: LoadStageResult, slo_ms: float) -> list[str]:
         if name == "sustained" and sub.empty and not samples.empty and len(phases) == 1:
             sub = samples  # the foundation's single phase
         parts.append(figure(plots.over_time(sub, title, slo_ms), title.lower()))
+    sp = ld.phases.get("spike")
+    if sp is not None and sp.analysis:
+        from deploybench.report.spike import facts
+
+        parts.append("<h3>Spike and recovery</h3>")
+        sub = samples[samples["phase"] == "spike"] if not samples.empty else samples
+        parts.append(figure(plots.over_time(sub, "Spike and recovery", slo_ms), "spike and recovery"))
+        parts.append(table(["", "spike phase"], [[k, v] for k, v in facts(sp.analysis)]))
     nodes = next((p.get("nodes") for p in phases if p.get("phase") == "sustained"), None) or (
         phases[0].get("nodes") if phases else None) or []
     if nodes:

@@ -79,6 +79,7 @@ class Capabilities:
     optional_preflight: bool = False  # preflight may be switched off (the nodes may be out of reach)
     shares_deployments: bool = False  # a matrix's cells may run one after another on one rollout
     needs_kube: bool = False  # takes Kubernetes API clients (an Airflow Kubernetes connection)
+    scales_under_load: bool = False  # the spike phase may start engines while load runs (load.scale_up)
     stopped: str = "engines stopped on {n} nodes"  # the teardown summary ({n}: how many)
 
 

@@ -218,6 +218,44 @@ def disruption_budget(cfg: RunConfig, run_key: str | None = None) -> dict[str, A
             "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {INSTANCE: names.stable}}}}
 
 
+HPA_SCALE_UP_PERIOD_S = 15  # how often the autoscaler may add pods (each time: as many as the run has nodes)
+HPA_SCALE_DOWN_WINDOW_S = 300  # Kubernetes' own default: no pod removed until the queue was short this long
+
+
+def hpa(cfg: RunConfig, nodes: int, run_key: str | None = None) -> dict[str, Any]:
+    """Scale-up under load on the kubernetes backend (the spike phase's ``scale_up``): an autoscaling/v2
+    HorizontalPodAutoscaler on the stable Deployment, driven by the engine's waiting-requests gauge per pod (its
+    name from the engine profile's metric map, role ``waiting``: vllm:num_requests_waiting, sglang:num_queue_reqs,
+    Triton's nv_inference_pending_request_count; the cluster's metrics adapter must expose it under that name).
+
+    It holds at least the pods serving before the spike (``scale_up_from``, less the canary's Deployment) and at most
+    the run's ``nodes`` less the canary's; a pod is added when the mean queue per pod passes a quarter of the batch
+    (``max_num_seqs`` / 4, at least 1): a request queued behind that many waits about a quarter of a batch's service
+    time. Up at once (no stabilisation window), down only after ``HPA_SCALE_DOWN_WINDOW_S``."""
+    names = Names.of(cfg.model.name, run_key)
+    metric = engines.profile(cfg.engine).metrics.names.get("waiting")
+    if not metric:
+        raise ConfigError(f"engine profile {engines.profile(cfg.engine).name!r} names no waiting-requests gauge "
+                          "([metrics] waiting = ...): the autoscaler has nothing to scale on; add it to the profile")
+    canary = cfg.rollout.canary_nodes
+    low = max(1, cfg.load.scale_up_from - canary)
+    high = max(low, nodes - canary)
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": names.stable, "namespace": cfg.rollout.kubernetes.namespace,
+                         "labels": _labels(names)},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": names.stable},
+                     "minReplicas": low, "maxReplicas": high,
+                     "metrics": [{"type": "Pods", "pods": {
+                         "metric": {"name": metric},
+                         "target": {"type": "AverageValue", "averageValue": str(max(1, cfg.engine.max_num_seqs // 4))},
+                     }}],
+                     "behavior": {
+                         "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
+                                     "policies": [{"type": "Pods", "value": max(1, high),
+                                                   "periodSeconds": HPA_SCALE_UP_PERIOD_S}]},
+                         "scaleDown": {"stabilizationWindowSeconds": HPA_SCALE_DOWN_WINDOW_S}}}}
+
+
 def render_all(cfg: RunConfig, inv: Inventory, canary: list[str], stable: list[str],
                canary_replicas: int, stable_replicas: int, run_key: str | None = None) -> list[dict[str, Any]]:
     objs = [config_map(cfg, inv, run_key), service(cfg, run_key=run_key), service(cfg, headless=True, run_key=run_key),

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class SSHDeployer(Deployer):
     backend = "ssh"
-    capabilities = Capabilities(shares_deployments=True)
+    capabilities = Capabilities(shares_deployments=True, scales_under_load=True)
 
     @classmethod
     def for_run(cls, cluster: Cluster, names: list[str], cfg: RunConfig, kube: Any = None) -> SSHDeployer:

@@ -607,3 +607,50 @@ def simulate(params: ServiceParams, arrivals: Iterable[tuple], cache: PrefixCach
         e2e_ms=e2e,
         preemptions=sched.preemptions,
     )
+
+
+# -- the spike's closed form -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpikeForm:
+    """What a spike does to ``engines`` engines that share its requests evenly (times in s, rates per second)."""
+
+    capacity_rps: float  # the cluster's: engines x lambda_max
+    queue: float  # requests waiting at the spike's end (the cluster's)
+    drain_s: float  # until the queue is empty again, at capacity - base
+    in_service_ms: float  # a request's time in a full batch, once admitted (B / lambda_max per engine)
+    recovery_s: float  # after the spike's end, until a request sent then is answered within the SLO
+    refused: bool  # a queue past queue_limit per engine: the engine refused some (HTTP 429)
+
+
+def spike_recovery(params: ServiceParams, prompt_tokens: float, output_tokens: float, engines: int,
+                   base_rps: float, peak_rps: float, hold_s: float, slo_ms: float) -> SpikeForm:
+    """The recovery time of a spike from ``base_rps`` to ``peak_rps`` (the cluster's) held ``hold_s``, for the
+    sliding-window measure of deploybench.load.spike (a window is healthy about when its first request is answered
+    within ``slo_ms``).
+
+    The engines serve at most mu = engines x lambda_max (``capacity``). Above it a queue builds at
+    (peak - mu) req/s: Q = (peak - mu) x hold at the spike's end (the batch fills within one iteration, which this
+    neglects); after it the queue drains at (mu - base), Q(t) = Q - (mu - base) t. A request sent at t waits until
+    Q(t) requests ahead of it have left their slots (at mu), then runs O iterations of a full batch,
+    ``full_e2e_ms`` (= B / lambda_max): latency(t) = Q(t) / mu + full_e2e. It is within the SLO once
+    Q(t) <= mu x (slo - full_e2e), hence the recovery time
+
+        t_rec = max(0, (Q - mu x (slo - full_e2e)) / (mu - base))
+
+    (0 when the spike stays within the capacity, or its queue is short enough to be served within the SLO; the
+    queue itself is empty after Q / (mu - base), ``drain_s``). ``refused`` warns when Q / engines passes the
+    engine's queue_limit: then the engines refused requests and the measure holds errors this form leaves out."""
+    if engines < 1 or base_rps < 0 or peak_rps < base_rps or hold_s < 0 or slo_ms <= 0:
+        raise ConfigError(f"engines={engines} must be >= 1, 0 <= base_rps={base_rps} <= peak_rps={peak_rps}, "
+                          f"hold_s={hold_s} >= 0 and slo_ms={slo_ms} > 0")
+    cap = capacity(params, prompt_tokens, output_tokens)
+    mu = engines * cap.requests_per_s
+    if base_rps >= mu:
+        raise ConfigError(f"base_rps={base_rps:g} is at or above the capacity {mu:.2f} req/s: the queue never drains")
+    queue = max(0.0, peak_rps - mu) * hold_s
+    service_s = cap.full_e2e_ms / 1000.0
+    t_rec = max(0.0, (queue - mu * (slo_ms / 1000.0 - service_s)) / (mu - base_rps))
+    return SpikeForm(capacity_rps=mu, queue=queue, drain_s=queue / (mu - base_rps), in_service_ms=cap.full_e2e_ms,
+                     recovery_s=t_rec, refused=queue / engines > params.queue_limit)

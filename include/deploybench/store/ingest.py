@@ -49,8 +49,19 @@ _FIGURES = ("achieved_rps", "output_tps", "requests", "errors", "error_rate", "l
             "latency_p99_ms", "latency_p999_ms", "ttft_p50_ms", "ttft_p99_ms")
 
 
-def phase_records(load: LoadResult) -> list[Any]:
-    """One PhaseRecord for the whole cluster ('*') and one per node, from a phase's LoadResult."""
+def spike_columns(analysis: dict[str, Any] | None) -> dict[str, Any]:
+    """The spike phase's figures the cluster row keeps (migration 0012_spike), from its analysis; {} for others."""
+    if not analysis or "recovery_reason" not in analysis:
+        return {}
+    up = analysis.get("scale_up") or {}
+    return {"spike_recovery_s": analysis.get("recovery_s"),
+            "spike_recovery_reason": str(analysis.get("recovery_reason") or "")[:2000] or None,
+            "scale_up_serving_s": up.get("all_serving_s"), "scale_up_slo_s": up.get("slo_again_s")}
+
+
+def phase_records(load: LoadResult, analysis: dict[str, Any] | None = None) -> list[Any]:
+    """One PhaseRecord for the whole cluster ('*') and one per node, from a phase's LoadResult (and, for the spike
+    phase, its analysis: ``spike_columns``)."""
     from deploybench.store import PhaseRecord
 
     common = {"phase": load.phase, "duration_s": load.duration_s, "started_at": load.started_at}
@@ -60,7 +71,7 @@ def phase_records(load: LoadResult) -> list[Any]:
                        energy_per_output_token_j=load.energy_per_output_token_j,
                        energy_per_request_j=load.energy_per_request_j,
                        cost_per_million_output_tokens=load.cost_per_million_output_tokens,
-                       cost_currency=load.cost_currency,
+                       cost_currency=load.cost_currency, **spike_columns(analysis),
                        **common, **{k: getattr(load, k) for k in _FIGURES})]
     per_node_offered = load.offered_rps / max(1, len(load.nodes))
     for n in load.nodes:
@@ -209,7 +220,8 @@ def store_run(run: Run, dsn: str | None = None, findings: list[Any] | None = Non
         logical_date=_when(run.meta.get("logical_date")),
     )
     stages = [_stage_row(StageRow, r) for s, r in recs.items() if s in STORED_STAGES]
-    phases = [row for p in load.ran() for row in phase_records(p)] if load else []
+    phases = [row for ph in load.phases.values() if ph.result is not None
+              for row in phase_records(ph.result, ph.analysis)] if load else []
     samples = samples_source(load) if load else None
     res = write_run(dsn, record, stages, phases, samples, facts=run_facts(run, load, findings))
     log.info("stored run %s: %d stages, %d phases, %d samples (replaced: %s)", run.key, res.stages, res.phases,

@@ -136,6 +136,11 @@ class LoadPhase(Base):
     # migration 0008_cost: the serving nodes' price per million output tokens, in its currency (absent: not priced)
     cost_per_million_output_tokens: Mapped[float | None] = mapped_column(Double)
     cost_currency: Mapped[str | None] = mapped_column(Text)
+    # migration 0012_spike: the spike phase's recovery and scale-up times (absent: not a spike, or not measured)
+    spike_recovery_s: Mapped[float | None] = mapped_column(Double)
+    spike_recovery_reason: Mapped[str | None] = mapped_column(Text)
+    scale_up_serving_s: Mapped[float | None] = mapped_column(Double)
+    scale_up_slo_s: Mapped[float | None] = mapped_column(Double)
 
 
 class RequestSample(Base):

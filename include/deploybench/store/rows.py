@@ -119,6 +119,13 @@ class PhaseRecord(_Record):
     # the serving nodes' price over the window per million output tokens (migration 0008); None: no price or no token
     cost_per_million_output_tokens: float | None = Field(None, ge=0, allow_inf_nan=False)
     cost_currency: str | None = Field(None, pattern=r"^[A-Z]{3}$")
+    # the spike phase's cluster row (migration 0012_spike, deploybench.load.spike): its recovery time (None: absent,
+    # the reason says why; or not a spike) and, scaling up under load, the times to the added engines serving and to
+    # the SLO holding again, from the spike's start
+    spike_recovery_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    spike_recovery_reason: str | None = Field(None, max_length=2000)
+    scale_up_serving_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    scale_up_slo_s: float | None = Field(None, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _coherent(self) -> PhaseRecord:

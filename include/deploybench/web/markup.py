@@ -272,6 +272,19 @@ def _phase_rows(phases: list[PhaseRecord], gpu: dict[tuple[str, str], float | No
     ]
 
 
+def _spike_section(phases: list[PhaseRecord]) -> str:
+    """The spike phase's recovery and scale-up times (its cluster row), under the load phases; '' without one."""
+    from deploybench.report.spike import stored_facts
+
+    row = next((p for p in phases if p.phase == "spike" and p.node == CLUSTER), None)
+    if row is None:
+        return ""
+    scaled = row.scale_up_serving_s is not None or row.scale_up_slo_s is not None
+    got = stored_facts(row.spike_recovery_s, row.spike_recovery_reason, row.scale_up_serving_s, row.scale_up_slo_s,
+                       scaled)
+    return "<h3>Spike</h3><dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in got) + "</dl>"
+
+
 def _series_fact(stored: StoredRun, root: str) -> Html:
     fp = stored.series_fingerprint
     if not fp:
@@ -332,7 +345,7 @@ def render_run_page(stored: StoredRun, root: str, report_url: str | None) -> str
     body = (
         f"<h1>Run <code>{esc(r.run_key)}</code></h1><p>{' &middot; '.join(links)}</p>"
         "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
-        f"<h2>Stages</h2>{stages}<h2>Load phases</h2>{phases}"
+        f"<h2>Stages</h2>{stages}<h2>Load phases</h2>{phases}{_spike_section(stored.phases)}"
         + "".join(node_windows.section(stored.node_windows, level=2)) +
         f"{findings_section(stored.findings, analysed=any(p.phase in ANALYSED_PHASES for p in stored.phases))}"
         f"<h2>Configuration</h2><details><summary>RunConfig</summary>"

@@ -435,7 +435,7 @@ def test_bad_load_params_are_refused_before_anything_runs(flat, words):
 
 def test_form_schema_bounds_the_new_fields():
     fields = {f.name: f for f in form.FIELDS}
-    assert fields["load_phases"].schema["items"]["enum"] == ["probe", "sustained", "overload"]
+    assert fields["load_phases"].schema["items"]["enum"] == ["probe", "sustained", "spike", "overload"]
     assert fields["overload_factor"].schema["exclusiveMinimum"] == 1
     assert fields["sustained_fraction"].section == "Phase settings"
     assert fields["slo_p99_ttft_ms"].section is form.EVERYDAY  # the SLO is among the fields the form shows open

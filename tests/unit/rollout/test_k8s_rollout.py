@@ -277,3 +277,27 @@ def test_no_engine_pod_is_evicted_on_purpose_while_it_is_measured_and_the_budget
         assert "PodDisruptionBudget" in kinds, kinds
         rollout.teardown(Cluster(_inv(), run_key="run-a"), NODES[:2], cfg, kube=kube)
         assert srv.cluster.objects == {}
+
+
+@pytest.mark.parametrize("profile,metric", [("vllm", "vllm:num_requests_waiting"),
+                                            ("triton", "nv_inference_pending_request_count")])
+def test_scale_up_under_load_renders_an_hpa_on_the_engines_waiting_requests(profile, metric):
+    """Issue 31: the kubernetes backend's scale-up under load is a HorizontalPodAutoscaler (autoscaling/v2) on the
+    engine's waiting-requests gauge, named by its profile, over the stable Deployment the rollout applies; checked
+    against the official schema offline. Kubernetes (and so an autoscaler acting on it) cannot run here."""
+    cfg = RunConfig.parse({"inventory": "x", "engine": {"profile": profile, "max_num_seqs": 64},
+                           "rollout": {"backend": "kubernetes", "canary_nodes": 2},
+                           "load": {"phases": ["spike"], "scale_up": True, "scale_up_from": 4}})
+    got = manifests.hpa(cfg, 16, "run-a")
+    manifests.validate(got)  # the official schema, strict: a misspelt field fails here
+    stable = next(o for o in manifests.render_all(cfg, _inv(), NODES[:2], NODES[2:], 2, 0, "run-a")
+                  if o["kind"] == "Deployment" and not o["metadata"]["name"].endswith("-canary"))
+    spec = got["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": stable["metadata"]["name"]}
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 14)  # 4 - 2 canary pods, 16 - 2 canary nodes
+    assert spec["metrics"][0]["pods"] == {"metric": {"name": metric},
+                                          "target": {"type": "AverageValue", "averageValue": "16"}}
+    assert got["metadata"]["labels"][manifests.RUN] == manifests.run_label("run-a")  # torn down with the run
+    bad = {**got, "spec": {**spec, "metrics": [{"type": "Pods", "pods": {"metric": {"name": metric}}}]}}
+    with pytest.raises(ConfigError, match="HorizontalPodAutoscaler"):
+        manifests.validate(bad)  # no target: the schema refuses it (the check can fail)

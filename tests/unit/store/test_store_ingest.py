@@ -108,7 +108,7 @@ def test_stage_records_keep_their_keys_on_disk_and_a_bad_one_is_refused(tmp_path
 def test_the_stage_list_is_declared_once():
     assert STAGES.index("lease") < STAGES.index("preflight") < STAGES.index("load") < STAGES.index("store")
     assert STAGES[:STAGES.index("store")] == STORED_STAGES
-    assert phases.ORDER == ("probe", "sustained", "overload")
+    assert phases.ORDER == ("probe", "sustained", "spike", "overload")
 
 
 def test_scraped_series_file_is_read_as_written(tmp_path):
