@@ -78,6 +78,22 @@ def _dsn() -> str | None:
     return results_dsn()
 
 
+def run_folder(key: str) -> contextlib.AbstractContextManager[None]:
+    """``with run_folder(key):`` around one task's work on a run: the run's folder on this worker is pulled from
+    the results database before and what the task wrote is pushed after, failed or not
+    (deploybench.store.run_files.synced), so the next task finds it on any worker of any executor. Nothing happens
+    without a results database. A matrix cell also brings its matrix's folder (the plan it is checked against) and
+    its sibling cells' (the engines one cell keeps for the next)."""
+    from deploybench.matrix.planned import cell_of
+    from deploybench.store.run_files import synced
+
+    cell = cell_of(key)
+    if cell is None:
+        return synced(key, _dsn())
+    matrix_key, cell_id = cell
+    return synced(key, _dsn(), also=[matrix_key], prefixes=[key[:len(key) - len(cell_id)]])
+
+
 @contextlib.contextmanager
 def _leased(key: str) -> Iterator[None]:
     """Renew the cluster lease while the task works on nodes; LeaseLost stops it if the lease was broken."""
@@ -93,7 +109,8 @@ def _budget(stage: str):
     def hook(context: Any) -> None:
         from deploybench import pipeline
 
-        seconds = pipeline.budget_s(run_key(context), stage)
+        with run_folder(run_key(context)):  # the run's durations, in its run.json on whichever worker wrote it
+            seconds = pipeline.budget_s(run_key(context), stage)
         if seconds:
             context["task"].execution_timeout = timedelta(seconds=seconds)
 
@@ -119,10 +136,14 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
 
     @task(task_id=phase or stage.task or name, pre_execute=_budget(phase or name), **kwargs)
     def run_one(conf: dict | None = None) -> Any:
+        key = run_key()
+        with run_folder(key):
+            return _work(key, conf)
+
+    def _work(key: str, conf: dict | None) -> Any:
         from deploybench import pipeline
         from deploybench.stages import Context
 
-        key = run_key()
         given: dict[str, Any] = {"phase": phase}
         if "ssh" in stage.needs:
             given["ssh_overrides"] = ssh(key)
@@ -200,13 +221,15 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
         """Fails the run when any stage failed, so a green run means every stage passed."""
         from deploybench import pipeline
 
-        return pipeline.finish(run_key())
+        with run_folder(run_key()):
+            return pipeline.finish(run_key())
 
     @task(task_id="release", pre_execute=_budget("lease"))
     def release_lease() -> dict:
         from deploybench import pipeline
 
-        return pipeline.release_lease(run_key(), _dsn())
+        with run_folder(run_key()):
+            return pipeline.release_lease(run_key(), _dsn())
 
     @task_group(group_id="lease")
     def lease_group():
