@@ -5,6 +5,7 @@ written; a task that fails after measuring still hands on what it measured."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def test_what_one_worker_writes_the_next_reads_and_changes(dsn, homes):
     homes(0)
     with run_files.synced(key, dsn):
         d = paths.run_dir(key)
-        (d / "run.json").write_text('{"run_key": "%s"}' % key)
+        (d / "run.json").write_text(json.dumps({"run_key": key}))
         (d / "stages").mkdir()
         (d / "stages" / "validate.json").write_text('{"stage": "validate"}')
         (d / "load" / "sustained").mkdir(parents=True)
@@ -206,7 +207,7 @@ def test_the_results_page_pulls_a_report_its_server_never_saw(dsn, homes):
     homes(0)
     with run_files.synced(key, dsn):
         d = paths.run_dir(key)
-        (d / "run.json").write_text('{"run_key": "%s"}' % key)
+        (d / "run.json").write_text(json.dumps({"run_key": key}))
         (d / "report.html").write_text("<html>the report</html>")
     homes(1)  # the api-server's disk
     assert report_file(key) is None  # without the database: not here
