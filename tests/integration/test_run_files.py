@@ -209,8 +209,11 @@ def test_the_results_page_pulls_a_report_its_server_never_saw(dsn, homes):
         d = paths.run_dir(key)
         (d / "run.json").write_text(json.dumps({"run_key": key}))
         (d / "report.html").write_text("<html>the report</html>")
+        (d / "load").mkdir()
+        (d / "load" / "samples.csv").write_text("ts,latency_ms\n1,2\n")
     homes(1)  # the api-server's disk
     assert report_file(key) is None  # without the database: not here
     got = report_file(key, dsn)
     assert got is not None and got.read_text() == "<html>the report</html>"
+    assert {p.name for p in got.parent.rglob("*")} == {"run.json", "report.html"}  # not the samples: what it serves
     assert report_file("never-ran", dsn) is None

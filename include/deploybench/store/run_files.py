@@ -150,18 +150,18 @@ def _table():
 
 
 # -- pull ----------------------------------------------------------------------------------------------------
-def pull(run_key: str, dsn: str, folder: Path | None = None) -> Snapshot:
+def pull(run_key: str, dsn: str, folder: Path | None = None, only: frozenset[str] | None = None) -> Snapshot:
     """Bring the run's files that are missing or differ here from the results database into its folder; returns
-    the folder's snapshot afterwards (what ``push`` compares with). RunFileRefused, with nothing written, when a
-    row is hostile."""
+    the folder's snapshot afterwards (what ``push`` compares with). ``only``: just these paths (a reader that needs
+    two files of the run). RunFileRefused, with nothing written, when a row is hostile."""
     from deploybench.store.db import open_store
 
     folder = folder or paths.run_dir(run_key)
     table = _table()
     engine = open_store(dsn)
     with engine.connect() as conn:
-        rows = conn.execute(select(table.c.path, table.c.sha256, table.c.size)
-                            .where(table.c.run_key == run_key)).all()
+        query = select(table.c.path, table.c.sha256, table.c.size).where(table.c.run_key == run_key)
+        rows = conn.execute(query if only is None else query.where(table.c.path.in_(sorted(only)))).all()
         if len(rows) > MAX_FILES:
             raise RunFileRefused(f"run {run_key}: the results database holds {len(rows):,} files for it, over the "
                                  f"{MAX_FILES:,} a run may have; refused")
@@ -304,8 +304,8 @@ def synced(run_key: str, dsn: str | None, also: Iterable[str] = (), prefixes: It
 
 
 def pull_if_missing(run_key: str, dsn: str | None, wanted: str = "run.json") -> bool:
-    """For a reader (the results pages): pull the run's folder when its file ``wanted`` is not here and a results
-    database is configured. True when a pull brought something."""
+    """For a reader (the results pages): pull the run's ``wanted`` file (and its run.json, which names the run)
+    when it is not here and a results database is configured. True when a pull brought something."""
     from deploybench.store.db import open_store
 
     dsn = configured_dsn(dsn)
@@ -315,4 +315,4 @@ def pull_if_missing(run_key: str, dsn: str | None, wanted: str = "run.json") -> 
     table = _table()
     with open_store(dsn).connect() as conn:  # a key the database does not know leaves no empty folder behind
         known = conn.execute(select(table.c.path).where(table.c.run_key == run_key).limit(1)).first() is not None
-    return known and bool(pull(run_key, dsn))
+    return known and bool(pull(run_key, dsn, only=frozenset({"run.json", wanted})))
