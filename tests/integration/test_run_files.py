@@ -217,3 +217,43 @@ def test_the_results_page_pulls_a_report_its_server_never_saw(dsn, homes):
     assert got is not None and got.read_text() == "<html>the report</html>"
     assert {p.name for p in got.parent.rglob("*")} == {"run.json", "report.html"}  # not the samples: what it serves
     assert report_file("never-ran", dsn) is None
+
+
+def test_a_matrix_cell_brings_its_matrix_and_sibling_cells_records_not_their_samples(dsn, homes, tmp_path,
+                                                                                     monkeypatch):
+    """A cell's tasks read its matrix's plan and the records and kept deployment of the cell whose engines it
+    adopts; they pull those files of the other runs (and push what they change in them), never their samples."""
+    from deploybench.airflow.stages import run_folder
+
+    matrix, prefix = "deploybench_matrix__m1", "deploybench_run__matrix__m1__"
+    homes(0)
+    for key, files in ((matrix, {"plan.json": "{}", "comparison.html": "<html/>"}),
+                       (prefix + "c01", {"run.json": "{}", "stages/rollout.json": "{}", "deployment.json": "{}",
+                                         "load/samples.csv": "ts\n1\n"})):
+        with run_files.synced(key, dsn):
+            for rel, body in files.items():
+                (paths.run_dir(key) / rel).parent.mkdir(parents=True, exist_ok=True)
+                (paths.run_dir(key) / rel).write_text(body)
+    homes(1)
+    with run_files.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix]):
+        assert set(_tree(paths.run_dir(matrix))) == {"plan.json"}
+        c01 = paths.run_dir(prefix + "c01")
+        assert set(_tree(c01)) == {"run.json", "stages/rollout.json", "deployment.json"}
+        (c01 / "deployment.json").write_text('{"cleaned_at": "now"}')  # the cleanup marks the kept deployment
+    assert _rows(dsn, prefix + "c01")["deployment.json"][0] == hashlib.sha256(b'{"cleaned_at": "now"}').hexdigest()
+    assert len(_rows(dsn, prefix + "c01")) == 4  # its samples stay in the database, untouched
+    # the task factory's run_folder gives a cell these too (its matrix found by the cell's own key), on a third disk
+    monkeypatch.setenv("DEPLOYBENCH_HOME", str(tmp_path / "worker-c"))
+    monkeypatch.setenv(db.ENV_DSN, dsn)
+    with run_folder(prefix + "c03"):
+        assert (paths.run_dir(prefix + "c01") / "deployment.json").is_file()
+        assert (paths.run_dir(matrix) / "plan.json").is_file()
+
+
+def test_the_related_files_are_the_matrix_modules_own_names():
+    from deploybench.matrix import deployment, planned
+
+    for name in (deployment.KEPT, deployment.ADOPTED, planned.PLAN_FILE, "run.json", "stages/rollout.json"):
+        assert run_files.related_file(name), name
+    assert not run_files.related_file("load/sustained/samples.csv")
+    assert not run_files.related_file("report.html")

@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -150,22 +150,23 @@ def _table():
 
 
 # -- pull ----------------------------------------------------------------------------------------------------
-def pull(run_key: str, dsn: str, folder: Path | None = None, only: frozenset[str] | None = None) -> Snapshot:
+def pull(run_key: str, dsn: str, folder: Path | None = None, only: Callable[[str], bool] | None = None) -> Snapshot:
     """Bring the run's files that are missing or differ here from the results database into its folder; returns
-    the folder's snapshot afterwards (what ``push`` compares with). ``only``: just these paths (a reader that needs
-    two files of the run). RunFileRefused, with nothing written, when a row is hostile."""
+    the folder's snapshot afterwards (what ``push`` compares with). ``only``: just the paths it accepts (a reader
+    that needs a few files of the run). RunFileRefused, with nothing written, when a row is hostile."""
     from deploybench.store.db import open_store
 
     folder = folder or paths.run_dir(run_key)
     table = _table()
     engine = open_store(dsn)
     with engine.connect() as conn:
-        query = select(table.c.path, table.c.sha256, table.c.size).where(table.c.run_key == run_key)
-        rows = conn.execute(query if only is None else query.where(table.c.path.in_(sorted(only)))).all()
+        rows = conn.execute(select(table.c.path, table.c.sha256, table.c.size)
+                            .where(table.c.run_key == run_key)).all()
         if len(rows) > MAX_FILES:
             raise RunFileRefused(f"run {run_key}: the results database holds {len(rows):,} files for it, over the "
                                  f"{MAX_FILES:,} a run may have; refused")
-        declared = {check_path(p, run_key): (str(sha), _check_size(run_key, p, size)) for p, sha, size in rows}
+        declared = {check_path(p, run_key): (str(sha), _check_size(run_key, p, size)) for p, sha, size in rows
+                    if only is None or only(p)}
         total = sum(size for _, size in declared.values())
         if total > MAX_RUN_BYTES:
             raise RunFileRefused(f"run {run_key}: its files in the results database add up to {total:,} bytes, over "
@@ -278,18 +279,25 @@ def related_keys(dsn: str, prefix: str) -> list[str]:
 
 
 # -- a task's work between a pull and a push -------------------------------------------------------------------
+def related_file(path: str) -> bool:
+    """The files a task reads of runs other than its own: a matrix's plan, a cell's run.json, stage records and the
+    deployment it kept or adopted (deploybench.matrix.planned, deploybench.matrix.deployment); not their samples."""
+    return path in ("run.json", "plan.json", "deployment.json", "adoption.json") or (
+        path.startswith("stages/") and path.count("/") == 1)
+
+
 @contextlib.contextmanager
 def synced(run_key: str, dsn: str | None, also: Iterable[str] = (), prefixes: Iterable[str] = ()) -> Iterator[None]:
-    """``with synced(key, dsn):`` around one task's work on a run: pulls the run's folder (and those of the runs in
-    ``also`` and of the runs whose keys start with one of ``prefixes``: a matrix and its cells) before, pushes what
-    changed after, also when the work failed (a failed stage's record holds what it measured). Does nothing
-    without a results database (``enabled``)."""
+    """``with synced(key, dsn):`` around one task's work on a run: pulls the run's folder before, pushes what
+    changed after, also when the work failed (a failed stage's record holds what it measured). The runs in ``also``
+    and those whose keys start with one of ``prefixes`` (a matrix and its cells) are pulled for their
+    ``related_file``s only, and pushed like the run's own. Does nothing without a results database (``enabled``)."""
     dsn = configured_dsn(dsn)
     if dsn is None or not enabled(dsn):
         yield
         return
     keys = list(dict.fromkeys([run_key, *also, *(k for p in prefixes for k in related_keys(dsn, p))]))
-    seen = {k: pull(k, dsn) for k in keys}
+    seen = {k: pull(k, dsn, only=None if k == run_key else related_file) for k in keys}
     try:
         yield
     except BaseException:
@@ -315,4 +323,4 @@ def pull_if_missing(run_key: str, dsn: str | None, wanted: str = "run.json") -> 
     table = _table()
     with open_store(dsn).connect() as conn:  # a key the database does not know leaves no empty folder behind
         known = conn.execute(select(table.c.path).where(table.c.run_key == run_key).limit(1)).first() is not None
-    return known and bool(pull(run_key, dsn, only=frozenset({"run.json", wanted})))
+    return known and bool(pull(run_key, dsn, only=lambda p: p in ("run.json", wanted)))
