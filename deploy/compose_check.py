@@ -32,6 +32,7 @@ data-root is a cache kept between local runs (base images and build layers: a wa
 $DEPLOYBENCH_COMPOSE_CACHE (default /var/cache/deploybench-compose-check); `--fresh` (the default when
 $CI is set) uses a new one and deletes it afterwards: a cold run. Root, docker.io, docker-compose and
 debootstrap are needed (`--install`, which `make compose-check` passes, installs them; `.ci/bootstrap` does not).
+`make compose-check` passes `--celery` too: both passes, one stack after the other on the same daemon.
 """
 
 from __future__ import annotations
