@@ -26,10 +26,11 @@ USER root
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends openssh-client rsync iperf3 iputils-ping >/dev/null \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
- && install -d -o airflow -g 0 -m 0750 /var/lib/deploybench
+ && install -d -o airflow -g 0 -m 0750 /var/lib/deploybench /var/lib/deploybench/lab
 # deploybench's state folder is /var/lib/deploybench, not under AIRFLOW_HOME: the official image makes
 # /opt/airflow group-writable (OpenShift's arbitrary uid, group 0), and deploybench refuses a run folder
-# below a folder others can write (a loopback lab's run_root lives in this state folder)
+# below a folder others can write (a loopback lab's run_root lives in this state folder). Its lab/ is made here so
+# that a volume mounted there (the celery profile's deploybench-lab) starts out owned by airflow, as the folder is.
 
 USER airflow
 COPY --chown=airflow:0 requirements.txt requirements-extras.txt /opt/deploybench/

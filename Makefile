@@ -59,10 +59,11 @@ lint: setup-lint
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-## compose-check: build the image, start docker-compose.yaml on a private Docker daemon, run deploybench_run through it (root; deploy/compose_check.py;
+## compose-check: build the image, start docker-compose.yaml on a private Docker daemon, run deploybench_run through it, then again with
+## the CeleryExecutor profile (two workers with their own disks; root; deploy/compose_check.py;
 ## --install: it apt-installs docker.io, docker-compose and debootstrap itself, and needs no venv)
 compose-check:
-	python3 deploy/compose_check.py --install
+	python3 deploy/compose_check.py --install --celery
 
 lab-down:
 	$(BIN)/deploybench lab down --name $(LAB)

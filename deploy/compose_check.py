@@ -18,13 +18,21 @@ the labs' namespaces are left alone), in order, each step timed:
  8. wait until deploybench_run is parsed, unpause it, trigger a small fast run and wait for success;
  9. the results pages on the api-server answer with that run (/deploybench/api/runs, the run's page,
     its HTML report);
-10. `down -v`, stop dockerd, unmount and delete what it made.
+10. `down -v`;
+11. with ``--celery``, steps 3-10 again with the CeleryExecutor profile (``--profile celery``: the redis broker,
+    a stand-in built here like the others, and two Celery workers, each with its own deploybench home): the lab
+    in worker 1's container (worker 2 shares its network and processes), the run's tasks spread over the two
+    workers' queues (DEPLOYBENCH_TASK_QUEUES), and besides success: at least two distinct worker host names among
+    the run's task instances (the REST API's ``hostname``), and the results pages answering with the run's
+    report, which the api-server never had on its disk (pulled from the results database);
+12. stop dockerd, unmount and delete what it made.
 
-Steps 10 runs whatever failed before (try/finally), and every step has a time limit. The daemon's
+Steps 10-12 run whatever failed before (try/finally), and every step has a time limit. The daemon's
 data-root is a cache kept between local runs (base images and build layers: a warm run) in
 $DEPLOYBENCH_COMPOSE_CACHE (default /var/cache/deploybench-compose-check); `--fresh` (the default when
 $CI is set) uses a new one and deletes it afterwards: a cold run. Root, docker.io, docker-compose and
 debootstrap are needed (`--install`, which `make compose-check` passes, installs them; `.ci/bootstrap` does not).
+`make compose-check` passes `--celery` too: both passes, one stack after the other on the same daemon.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEBIAN_IMAGE = "local/debian:bookworm"
 AIRFLOW_STANDIN = "deploybench-standin/airflow:3.3.2-python3.11"
 POSTGRES_STANDIN = "deploybench-standin/postgres:15"
+REDIS_STANDIN = "deploybench-standin/redis:7"
 PROJECT_IMAGE = "deploybench-airflow:compose-check"
 PROJECT = "lcdeploybench"
 LAB = "lc"
@@ -61,6 +70,8 @@ COMPOSE = "/usr/bin/docker-compose"
 DEBOOTSTRAP = "/usr/sbin/debootstrap"
 ADDRESS_POOL = "172.30.0.0/16"  # compose networks; the labs use 10.100-227.x and 127.x
 SERVICES = ("postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+CELERY_SERVICES = ("redis", "airflow-worker-1", "airflow-worker-2")  # the `celery` profile
+CELERY_QUEUES = "worker-1,worker-2"  # each worker's own queue (docker-compose.yaml); a run's tasks take them in turn
 RUN_CONF = {"inventory": LAB, "nodes": 2, "canary_nodes": 1, "iperf_seconds": 1, "link_threshold": 0.5,
             "load_rate": 4, "load_duration_s": 4, "warmup_s": 1, "output_tokens": 16, "prompt_tokens": 64}
 
@@ -224,11 +235,16 @@ def make_debian(d: Dockerd, work: Path) -> None:
     shutil.rmtree(rootfs, ignore_errors=True)
 
 
-def build_standins(d: Dockerd, work: Path) -> None:
+def standins(celery: bool) -> tuple[tuple[str, str], ...]:
+    both = ((AIRFLOW_STANDIN, "airflow.Dockerfile"), (POSTGRES_STANDIN, "postgres.Dockerfile"))
+    return (*both, (REDIS_STANDIN, "redis.Dockerfile")) if celery else both
+
+
+def build_standins(d: Dockerd, work: Path, celery: bool = False) -> None:
     ctx = work / "standin-context"
     shutil.copytree(ROOT / "deploy" / "standin", ctx, dirs_exist_ok=True)
     shutil.copy(Path("/etc/ssl/certs/ca-certificates.crt"), ctx / "ca-certificates.crt")
-    for ref, dockerfile in ((AIRFLOW_STANDIN, "airflow.Dockerfile"), (POSTGRES_STANDIN, "postgres.Dockerfile")):
+    for ref, dockerfile in standins(celery):
         if not has_image(d, ref):
             run([DOCKER, "build", "--network", "host", "-q", "-t", ref, "-f", str(ctx / dockerfile),
                  "--build-arg", f"BASE={DEBIAN_IMAGE}", str(ctx)], LIMITS_S["standin"], env=d.env, quiet=True)
@@ -244,8 +260,10 @@ def free_port() -> int:
 class Stack:
     """docker-compose on ROOT/docker-compose.yaml with this run's env file, project name and daemon."""
 
-    def __init__(self, d: Dockerd, work: Path):
-        self.d = d
+    def __init__(self, d: Dockerd, work: Path, celery: bool = False):
+        self.d, self.celery = d, celery
+        self.services = (*SERVICES, *CELERY_SERVICES) if celery else SERVICES
+        self.lab_service = "airflow-worker-1" if celery else "airflow-scheduler"  # where tasks run
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = secrets.token_urlsafe(16)
@@ -271,6 +289,8 @@ class Stack:
             "DEPLOYBENCH_INVENTORIES": "/opt/deploybench/inventories:/var/lib/deploybench/lab",
             "AIRFLOW_PARALLELISM": "4",
             "AIRFLOW_DAG_REFRESH_S": "30",
+            **({"AIRFLOW_EXECUTOR": "CeleryExecutor", "REDIS_IMAGE": REDIS_STANDIN,
+                "DEPLOYBENCH_TASK_QUEUES": CELERY_QUEUES} if celery else {}),
         }
         self.env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
         self.env_file.chmod(0o600)
@@ -278,7 +298,8 @@ class Stack:
 
     def compose(self, *args: str, timeout: float, quiet: bool = False, check: bool = True):
         return run([COMPOSE, "--project-name", PROJECT, "--project-directory", str(ROOT), "--file",
-                    str(ROOT / "docker-compose.yaml"), "--env-file", str(self.env_file), *args], timeout,
+                    str(ROOT / "docker-compose.yaml"), "--env-file", str(self.env_file),
+                    *(["--profile", "celery"] if self.celery else []), *args], timeout,
                    env=self.d.env, quiet=quiet, check=check, cwd=ROOT)
 
     def container(self, service: str) -> str | None:
@@ -288,7 +309,7 @@ class Stack:
     def health(self) -> dict[str, str]:
         """Each service's health (or state when it has no health check), and airflow-init's exit."""
         states = {}
-        for svc in (*SERVICES, "airflow-init"):
+        for svc in (*self.services, "airflow-init"):
             cid = self.container(svc)
             if not cid:
                 states[svc] = "absent"
@@ -365,29 +386,36 @@ def task_log(stack: Stack, run_path: str, ti: dict, lines: int = 40) -> str:
 
 
 def check_stack(stack: Stack, steps: Steps) -> str:
-    """Steps 3-9 on a built daemon; returns the run id of the successful run."""
-    with steps("docker-compose config"):
+    """Steps 3-9 on a built daemon (11 with the celery profile); returns the run id of the successful run."""
+    if stack.celery:
+        def named(what: str) -> str:
+            return f"celery: {what}"
+    else:
+        def named(what: str) -> str:
+            return what
+    with steps(named("docker-compose config")):
         stack.compose("config", "--quiet", timeout=LIMITS_S["config"])
-    with steps("docker-compose build (project image)"):
+    with steps(named("docker-compose build (project image)")):
         stack.compose("build", "--quiet", "airflow-init", timeout=LIMITS_S["build"], quiet=True)
-    with steps("docker-compose up -d"):
+    with steps(named("docker-compose up -d")):
         stack.compose("up", "-d", "--no-build", timeout=LIMITS_S["up"], quiet=True)
-    with steps("all services healthy, airflow-init exited 0"):
+    with steps(named("all services healthy, airflow-init exited 0")):
         def healthy():
             states = stack.health()
             if states["airflow-init"].startswith("exited") and states["airflow-init"] != "exited 0":
                 raise CheckFailed(f"airflow-init failed: {states}\n{stack.logs(80)}")
-            return all(states[s] == "healthy" for s in SERVICES) and states["airflow-init"] == "exited 0" and states
+            return all(states[s] == "healthy" for s in stack.services) and states["airflow-init"] == "exited 0" \
+                and states
         log(f"services: {wait_for('healthy services', healthy, LIMITS_S['healthy'], 5, lambda: stack.logs())}")
-    with steps("log in (POST /auth/token)"):
+    with steps(named("log in (POST /auth/token)")):
         wait_for("a token", stack.token, LIMITS_S["login"])
         version = stack.request("GET", "/api/v2/version")
         log(f"Airflow {version.get('version')} at {stack.url}")
-    with steps(f"loopback lab {LAB!r} in the scheduler container"):
-        stack.compose("exec", "-T", "airflow-scheduler", "deploybench", "lab", "up", "--name", LAB, "--nodes", "2",
+    with steps(named(f"loopback lab {LAB!r} in the {stack.lab_service} container")):
+        stack.compose("exec", "-T", stack.lab_service, "deploybench", "lab", "up", "--name", LAB, "--nodes", "2",
                       "--mode", "loopback", "--model-mb", "4", "--link-mbit", "200", timeout=LIMITS_S["lab"],
                       quiet=True)
-    with steps(f"{DAG_ID} parsed and unpaused"):
+    with steps(named(f"{DAG_ID} parsed and unpaused")):
         def parsed():
             errors = stack.request("GET", "/api/v2/importErrors")
             if errors.get("total_entries"):
@@ -395,7 +423,7 @@ def check_stack(stack: Stack, steps: Steps) -> str:
             return stack.request("GET", f"/api/v2/dags/{DAG_ID}")
         wait_for(f"{DAG_ID} parsed", parsed, LIMITS_S["dag"], 3, lambda: stack.logs())
         stack.request("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-    with steps(f"{DAG_ID}: a small run against simulated engines"):
+    with steps(named(f"{DAG_ID}: a small run against simulated engines")):
         run_id = stack.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                                {"logical_date": None, "conf": RUN_CONF})["dag_run_id"]
         path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}"
@@ -408,7 +436,22 @@ def check_stack(stack: Stack, steps: Steps) -> str:
                 f"{t['task_id']}={t['state']}" for t in tis if t["state"] != "success")
                 + "".join(f"\n--- log of {t['task_id']}:\n{task_log(stack, path, t)}" for t in failed[:2]))
         log(f"run {run_id}: success")
-    with steps("results pages answer with the run"):
+    if stack.celery:
+        with steps(named("the run's tasks ran on both workers")):
+            tis = stack.request("GET", f"{path}/taskInstances?limit=100")["task_instances"]
+            where = {t["task_id"]: t.get("hostname") or "" for t in tis if t.get("hostname")}
+            hosts = sorted(set(where.values()))
+            log("task -> worker: " + ", ".join(f"{t}@{h}" for t, h in where.items()))
+            if len(hosts) < 2:
+                raise CheckFailed(f"run {run_id}: its tasks ran on {hosts or 'no recorded host'}, not on two "
+                                  f"workers: {where}")
+            on_api = stack.compose("exec", "-T", "airflow-apiserver", "ls", "/var/lib/deploybench/runs",
+                                   timeout=60, quiet=True, check=False).stdout or ""
+            if f"{DAG_ID}__" in on_api:
+                raise CheckFailed(f"the api-server's disk already holds a run folder ({on_api.strip()[:200]}): the "
+                                  "results pages' pull from the database would not be tested")
+            log(f"{len(where)} task instances on {len(hosts)} workers: {hosts}")
+    with steps(named("results pages answer with the run")):
         run_key = f"{DAG_ID}__{run_id}"
         runs = stack.request("GET", "/deploybench/api/runs")
         keys = [r.get("run_key") for r in (runs.get("runs", runs) if isinstance(runs, dict) else runs)]
@@ -441,7 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--install", action="store_true", help="apt-get install docker.io docker-compose debootstrap")
     ap.add_argument("--keep-up", action="store_true",
                     help="leave the stack and daemon running afterwards, passed or failed (for a person to look)")
+    ap.add_argument("--celery", action="store_true",
+                    help="after the default (LocalExecutor) pass, a second one with the CeleryExecutor profile")
+    ap.add_argument("--celery-only", action="store_true", help="only the CeleryExecutor pass")
     args = ap.parse_args(argv)
+    modes = [False] * (not args.celery_only) + [True] * (args.celery or args.celery_only)
     if os.geteuid() != 0:
         log("needs root (a private dockerd, debootstrap); run it as root, e.g. sudo make compose-check")
         return 2
@@ -471,11 +518,15 @@ def main(argv: list[str] | None = None) -> int:
         if not has_image(d, DEBIAN_IMAGE):
             with steps("base: debootstrap bookworm + docker import"):
                 make_debian(d, work)
-        if not (has_image(d, AIRFLOW_STANDIN) and has_image(d, POSTGRES_STANDIN)):
-            with steps("stand-in images (Airflow 3.3.2, PostgreSQL)"):
-                build_standins(d, work)
-        stack = Stack(d, work)
-        check_stack(stack, steps)
+        if not all(has_image(d, ref) for ref, _ in standins(any(modes))):
+            with steps("stand-in images (Airflow 3.3.2, PostgreSQL" + (", redis)" if any(modes) else ")")):
+                build_standins(d, work, celery=any(modes))
+        for celery in modes:
+            if stack is not None:  # the previous pass's stack goes first: one stack at a time on this machine
+                with steps("docker-compose down -v"):
+                    stack.compose("down", "-v", "--remove-orphans", timeout=LIMITS_S["down"], quiet=True)
+            stack = Stack(d, work, celery=celery)
+            check_stack(stack, steps)
         ok = True
     except CheckFailed as exc:
         log(f"FAILED: {exc}")

@@ -32,8 +32,8 @@ def lab_dir(name: str) -> Path:
 def runs_dir() -> Path:
     """Artifacts of every run (k6 samples, stage records, reports), one folder per run key.
 
-    With a distributed executor this folder must be shared by all workers
-    (set DEPLOYBENCH_HOME to a shared volume)."""
+    With a distributed executor it needs no sharing: each task pulls a run's folder from the results database
+    and pushes what it wrote (deploybench.store.run_files)."""
     path = home() / "runs"
     path.mkdir(parents=True, exist_ok=True)
     return path

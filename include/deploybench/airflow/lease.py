@@ -102,6 +102,12 @@ class AcquireLease(BaseOperator):
         return self._take(context, deadline=deadline)
 
     def _take(self, context: Any, deadline: float | None) -> dict:
+        from deploybench.airflow.stages import run_folder, run_key
+
+        with run_folder(run_key(context)):  # run.json and the lease's record, on whichever worker has them
+            return self._take_here(context, deadline)
+
+    def _take_here(self, context: Any, deadline: float | None) -> dict:
         from deploybench import pipeline
         from deploybench.airflow.stages import kube, run_key, ssh
         from deploybench.config import OnBusy

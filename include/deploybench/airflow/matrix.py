@@ -130,6 +130,14 @@ def _dsn() -> str | None:
     return results_dsn()
 
 
+def _folders(ctx: Any) -> Any:
+    """The matrix's run folder and its cells' on this worker for one task (deploybench.store.run_files.synced:
+    pulled from the results database before, pushed after; nothing without one)."""
+    from deploybench.store.run_files import synced
+
+    return synced(_matrix_key(ctx), _dsn(), prefixes=[paths.dag_run_key(RUN_DAG_ID, f"matrix__{ctx['run_id']}__")])
+
+
 def matrix_tasks() -> dict[str, Any]:
     """Declare the matrix's tasks in the DAG being built; returns them by name."""
 
@@ -147,7 +155,8 @@ def matrix_tasks() -> dict[str, Any]:
                               measured=lambda cells: store.measured(dsn, cells),
                               durations=lambda cfgs: store.durations(dsn, cfgs))
         print(planned.summary())  # the task log: what will run, what is skipped and why, how long
-        record.save(planned.to_dict())  # what each cell's validate checks its run id and conf against
+        with _folders(ctx):
+            record.save(planned.to_dict())  # what each cell's validate checks its run id and conf against
         ctx["ti"].xcom_push(key="plan", value=planned.to_dict())
         return planned.mapped()  # what the cells are mapped over
 
@@ -169,9 +178,11 @@ def matrix_tasks() -> dict[str, Any]:
         from deploybench.airflow.stages import ssh
         from deploybench.matrix import deployment
 
-        planned = get_current_context()["ti"].xcom_pull(task_ids="plan", key="plan") or {}
+        ctx = get_current_context()
+        planned = ctx["ti"].xcom_pull(task_ids="plan", key="plan") or {}
         keys = [c["run_key"] for c in planned.get("cells", []) if c["action"] == "run"]
-        done = deployment.cleanup(keys, _dsn(), ssh_for=ssh)
+        with _folders(ctx):
+            done = deployment.cleanup(keys, _dsn(), ssh_for=ssh)
         print(f"{len(done)} kept deployment(s) nobody took over, stopped: {done}" if done
               else "every kept deployment was taken over and stopped by its cells: nothing to clean up")
         return done
@@ -185,7 +196,8 @@ def matrix_tasks() -> dict[str, Any]:
         planned = ctx["ti"].xcom_pull(task_ids="plan", key="plan")
         if not planned:
             raise AirflowSkipException("the plan refused the matrix: nothing ran (see the plan task's log)")
-        out = result.conclude(_dsn(), planned)
+        with _folders(ctx):
+            out = result.conclude(_dsn(), planned)
         print(result.summary(out))
         return out
 

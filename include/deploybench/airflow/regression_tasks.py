@@ -13,7 +13,7 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from deploybench import regression
-from deploybench.airflow.stages import run_key
+from deploybench.airflow.stages import run_folder, run_key
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ def publish(name: str, asset: Any) -> dict[str, Any]:
 
     ctx = get_current_context()
     key = run_key(ctx)
-    run = Run.open_if_validated(key)
+    with run_folder(key):
+        run = Run.open_if_validated(key)
     stored = run.stage("store") if run else None
     if run is None or stored is None or stored.status != "success":
         raise AirflowSkipException(f"run {key} was not stored (store: {stored.status if stored else 'did not run'}); "
@@ -56,7 +57,8 @@ def judge(name: str) -> dict[str, Any]:
     bench = regression.by_name(name)
     key = run_key(ctx)
     try:
-        verdict = regression.judge_run(bench, key, _dsn(), _base_url())
+        with run_folder(key):  # the run's records in, its verdict file out
+            verdict = regression.judge_run(bench, key, _dsn(), _base_url())
     except regression.RegressionFound as found:
         sent = notify.send(bench.notify, found.subject, found.text, ctx)
         log.error("%s\n%s\n(%d of %d notifications sent)", found.subject, found.text, sent, len(bench.notify))

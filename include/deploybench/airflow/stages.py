@@ -22,6 +22,8 @@ retry; ``finish`` fails the run if any stage failed.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -31,6 +33,19 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, D
 
 from deploybench import params as form
 from deploybench import paths
+
+# Celery queues a run's tasks are spread over, in turn ("worker-1,worker-2"; empty: Airflow's default queue). Read
+# when the DAG is parsed. The compose stack's Celery check sets it so that consecutive tasks land on different
+# workers, each with its own disk: what one task writes, the next reads through the results database.
+QUEUES_ENV = "DEPLOYBENCH_TASK_QUEUES"
+_turn = itertools.count()
+
+
+def next_queue() -> dict[str, str]:
+    """``{"queue": ...}`` for the next task declared, in turn over $DEPLOYBENCH_TASK_QUEUES; {} when it is unset."""
+    queues = [q.strip() for q in os.environ.get(QUEUES_ENV, "").split(",") if q.strip()]
+    return {"queue": queues[next(_turn) % len(queues)]} if queues else {}
+
 
 RETRY = {"retries": 3, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True,
          "max_retry_delay": timedelta(minutes=5)}
@@ -78,6 +93,22 @@ def _dsn() -> str | None:
     return results_dsn()
 
 
+def run_folder(key: str) -> contextlib.AbstractContextManager[None]:
+    """``with run_folder(key):`` around one task's work on a run: the run's folder on this worker is pulled from
+    the results database before and what the task wrote is pushed after, failed or not
+    (deploybench.store.run_files.synced), so the next task finds it on any worker of any executor. Nothing happens
+    without a results database. A matrix cell also brings its matrix's folder (the plan it is checked against) and
+    its sibling cells' (the engines one cell keeps for the next)."""
+    from deploybench.matrix.planned import cell_of
+    from deploybench.store.run_files import synced
+
+    cell = cell_of(key)
+    if cell is None:
+        return synced(key, _dsn())
+    matrix_key, cell_id = cell
+    return synced(key, _dsn(), also=[matrix_key], prefixes=[key[:len(key) - len(cell_id)]])
+
+
 @contextlib.contextmanager
 def _leased(key: str) -> Iterator[None]:
     """Renew the cluster lease while the task works on nodes; LeaseLost stops it if the lease was broken."""
@@ -93,7 +124,8 @@ def _budget(stage: str):
     def hook(context: Any) -> None:
         from deploybench import pipeline
 
-        seconds = pipeline.budget_s(run_key(context), stage)
+        with run_folder(run_key(context)):  # the run's durations, in its run.json on whichever worker wrote it
+            seconds = pipeline.budget_s(run_key(context), stage)
         if seconds:
             context["task"].execution_timeout = timedelta(seconds=seconds)
 
@@ -115,14 +147,18 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
     if rule is None and stage.after_failure and not stage.undoes:
         rule = TriggerRule.ALL_DONE  # store and report run whatever failed before; finish gives the verdict
     retry = RETRY if stage.retries else RETRY_OUTSIDE if stage.judges_input else {}
-    kwargs: dict[str, Any] = {**retry, **({"trigger_rule": rule} if rule else {})}
+    kwargs: dict[str, Any] = {**retry, **({"trigger_rule": rule} if rule else {}), **next_queue()}
 
     @task(task_id=phase or stage.task or name, pre_execute=_budget(phase or name), **kwargs)
     def run_one(conf: dict | None = None) -> Any:
+        key = run_key()
+        with run_folder(key):
+            return _work(key, conf)
+
+    def _work(key: str, conf: dict | None) -> Any:
         from deploybench import pipeline
         from deploybench.stages import Context
 
-        key = run_key()
         given: dict[str, Any] = {"phase": phase}
         if "ssh" in stage.needs:
             given["ssh_overrides"] = ssh(key)
@@ -195,22 +231,24 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
     from deploybench.airflow.lease import AcquireLease
     from deploybench.stages import REGISTRY
 
-    @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("finish"))
+    @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("finish"), **next_queue())
     def finish() -> str:
         """Fails the run when any stage failed, so a green run means every stage passed."""
         from deploybench import pipeline
 
-        return pipeline.finish(run_key())
+        with run_folder(run_key()):
+            return pipeline.finish(run_key())
 
-    @task(task_id="release", pre_execute=_budget("lease"))
+    @task(task_id="release", pre_execute=_budget("lease"), **next_queue())
     def release_lease() -> dict:
         from deploybench import pipeline
 
-        return pipeline.release_lease(run_key(), _dsn())
+        with run_folder(run_key()):
+            return pipeline.release_lease(run_key(), _dsn())
 
     @task_group(group_id="lease")
     def lease_group():
-        take = AcquireLease(task_id="acquire", pre_execute=_budget("lease"))
+        take = AcquireLease(task_id="acquire", pre_execute=_budget("lease"), **next_queue())
         return take, release_lease().as_teardown(setups=take)
 
     stages = list(REGISTRY.values())

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Text,
     UniqueConstraint,
@@ -482,3 +483,17 @@ class LeaseEvent(Base):
     run_key: Mapped[str | None] = mapped_column(Text)
     detail: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
     at: Mapped[datetime] = _ts(server_default=text("now()"))
+
+
+# -- a run's folder, for executors whose workers share no disk (migration 0013_run_files; deploybench.store.run_files) ----
+class RunFile(Base):
+    """One file of a run folder: its path relative to the folder, sha256, size and content."""
+
+    __tablename__ = "run_files"
+
+    run_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    path: Mapped[str] = mapped_column(Text, primary_key=True)
+    sha256: Mapped[str] = mapped_column(Text, nullable=False)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    content: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    updated_at: Mapped[datetime] = _ts(server_default=text("now()"))

@@ -159,10 +159,20 @@ def _wants_json(request: Request) -> bool:
     return request.url.path.removeprefix(_root(request)).startswith("/api/")
 
 
-def report_file(run_key: str) -> Path | None:
+def report_file(run_key: str, dsn: str | None = None) -> Path | None:
     """The run's report.html, or None. Call only with a key found in the store: the path comes from
     paths.run_dir, and is refused unless it is a plain file directly in a run folder (keys like '..') whose
-    run.json names this very run key."""
+    run.json names this very run key. With ``dsn``, a report not on this server's disk is first pulled from the
+    results database (deploybench.store.run_files: the tasks' workers push their run folders there)."""
+    if dsn is not None:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from deploybench.store.run_files import pull_if_missing
+
+        try:
+            pull_if_missing(run_key, dsn, wanted="report.html")
+        except (StoreError, SQLAlchemyError, OSError) as exc:  # a hostile or unreadable row: "no report here"
+            log.warning("run %r: its folder could not be pulled from the results database: %s", run_key, exc)
     folder = paths.run_dir(run_key).resolve()
     if folder.parent != paths.runs_dir().resolve():
         log.warning(
@@ -304,7 +314,7 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
     @app.get("/api/runs/{run_key:path}")
     def api_run(request: Request, target: Target, access: Access, run_key: str) -> dict[str, Any]:
         stored = _load(target, run_key, access)
-        report = report_file(run_key)
+        report = report_file(run_key, target)
         return {
             **stored.model_dump(mode="json"),
             "report_url": run_href(_root(request), run_key, "/report") if report else None,
@@ -312,7 +322,7 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
 
     def _run_page(request: Request, stored: StoredRun) -> HTMLResponse:
         root, key = _root(request), stored.run.run_key
-        report_url = run_href(root, key, "/report") if report_file(key) else None
+        report_url = run_href(root, key, "/report") if report_file(key, _target(request)) else None
         return HTMLResponse(render_run_page(stored, root, report_url))
 
     # before /runs/{run_key:path}, which would take '<key>/report' for a key
@@ -322,12 +332,13 @@ def create_app(dsn: str | None = None, auth: Callable[..., Any] | None = None) -
             if (whole := _readable(store.load_run(target, f"{run_key}/report"), access)) is not None:
                 return _run_page(request, whole)  # the page of a key that itself ends in '/report'
             raise HTTPException(404, f"no run {run_key!r} in the results store")
-        report = report_file(run_key)
+        report = report_file(run_key, target)
         if report is None:
             raise HTTPException(
                 404,
                 f"run {run_key!r} has no HTML report on this server (the report task writes it into "
-                f"{paths.runs_dir()}, which the api-server must share)",
+                f"{paths.runs_dir()}, which the api-server must share, or into the results database when one is "
+                "configured)",
             )
         return FileResponse(report, media_type="text/html; charset=utf-8")
 

@@ -70,12 +70,12 @@ def test_passwords_are_masked_in_messages():
 
 def test_migrations_are_packaged_and_head_is_known():
     assert (db.MIGRATIONS_DIR / "env.py").is_file()
-    assert db.head_revision() == "0012_spike"
+    assert db.head_revision() == "0013_run_files"
     assert {"runs", "stage_results", "load_phases", "request_samples", "series", "clusters", "software",
             "model_artifacts", "serving_configs", "workloads", "preflight_nodes", "preflight_links", "fanout_nodes",
             "rollout_steps", "capacity_steps", "server_metrics", "comparisons", "change_points",
             "verdicts", "cluster_leases", "lease_events", "lease_waiters", "node_windows",
-            "findings"} == set(Base.metadata.tables)
+            "findings", "run_files"} == set(Base.metadata.tables)
     assert VERSION_TABLE != "alembic_version"  # never collide with another project's alembic in a shared DB
 
 
