@@ -485,7 +485,7 @@ class LeaseEvent(Base):
     at: Mapped[datetime] = _ts(server_default=text("now()"))
 
 
-# -- a run's folder, for executors whose workers share no disk (migration 0013_run_files; deploybench.store.run_files) ----
+# -- a run's folder, for executors whose workers share no disk (migration 0013_run_files; deploybench.store.run_files)
 class RunFile(Base):
     """One file of a run folder: its path relative to the folder, sha256, size and content."""
 
