@@ -390,7 +390,7 @@ class Load(Stage):
                        else (None, eps))
         try:
             out = phases.run_phase(phase, first, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
-                                   transports={n: cluster[n] for n in {e.node for e in first}},
+                                   transports={n: cluster[n] for n in {e.node for e in eps}},
                                    api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
                                    max_model_len=run.cfg.engine.max_model_len, generators=gens,
                                    prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},

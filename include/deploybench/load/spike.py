@@ -103,6 +103,8 @@ class SpikeAnalysis(BaseModel):
     in_flight_peak: int  # client side: the most requests sent and not yet answered at once (every 0.1 s)
     waiting_peak: dict[str, float]  # engine side: each node's highest waiting-requests gauge (its /metrics); {}: absent
     waiting_reason: str | None = None
+    # scaling up from fewer engines than a probed capacity was measured on: the base is their share of it
+    base_share: float = 1.0
     # scale-up under load (``scale_up``): None when the phase did not scale up
     scale_up: dict[str, Any] | None = None
 
@@ -256,8 +258,10 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
         max_model_len: int = MAX_TOKENS, generators: Generators | None = None, remote_write: str | None = None,
-        grow: ScaleUp | None = None) -> tuple[LoadResult, SpikeAnalysis]:
-    """One spike phase at ``sustained_fraction`` x ``capacity_rps`` as its base (``phases.phase_spec``).
+        grow: ScaleUp | None = None, base_share: float = 1.0) -> tuple[LoadResult, SpikeAnalysis]:
+    """One spike phase at ``sustained_fraction`` x ``capacity_rps`` x ``base_share`` as its base
+    (``phases.phase_spec``; ``base_share``: scaling up from fewer engines than the capacity was probed on, their
+    share of it, ``phases.run_phase``).
 
     ``grow``: scale up under load (``scale_up.ScaleUp``): ``endpoints`` are the engines serving before the spike;
     the others join k6's targets once healthy. Not with load generators (their k6 cannot reach the target page
@@ -265,7 +269,9 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
     from deploybench.errors import ConfigError
     from deploybench.load.samples import load_samples
 
-    base = spec.sustained_fraction * capacity_rps
+    if not 0 < base_share <= 1:
+        raise ValueError(f"base_share={base_share} must be in (0, 1]")
+    base = spec.sustained_fraction * capacity_rps * base_share
     start, stages = shape(base, spec)
     s0, _, _ = timeline(spec)
     if grow is not None and generators is not None and generators.names:
@@ -290,4 +296,5 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
             mine = samples[samples["node"] == a["node"]]
             a["requests"] = len(mine)
             a["first_request_s"] = round((mine["ts"].min() - spike_at).total_seconds(), 3) if len(mine) else None
-    return res, analyse(res, samples, capacity_rps, base, slo, spec, metrics, grown)
+    an = analyse(res, samples, capacity_rps, base, slo, spec, metrics, grown)
+    return res, an.model_copy(update={"base_share": round(base_share, 6)})

@@ -125,3 +125,36 @@ def test_an_engine_ready_only_after_the_phase_ended_did_not_serve_within_it():
     got = up.finish()  # the phase ends while both are still becoming ready; finish waits for them
     assert got["nodes_after"] == ["n1"] and got["all_serving_s"] is None
     assert all(a["serving_s"] is None and "after the phase ended" in a["error"] for a in got["added"])
+
+
+def test_a_scale_up_spike_takes_its_share_of_a_probed_base_and_scrapes_every_node(tmp_path, monkeypatch):
+    """Probed on 3 nodes, starting on 1: the base is a third of the sustained rate; every node is scraped and priced
+    (run_phase stops at the spike's k6 run, which this test replaces to see what it was given)."""
+    from deploybench.config import SLO, LoadSpec
+    from deploybench.load import phases, spike
+
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(endpoints, spec, slo, out_dir, cap, **kw):
+        seen.update(endpoints=[e.node for e in endpoints], cap=cap, **kw)
+        raise Stop
+
+    monkeypatch.setattr(spike, "run", fake_run)
+    (tmp_path / "probe.result.json").write_text(json.dumps(
+        {"phase": "probe", "status": "success", "analysis": {"capacity_rps": 30.0}}))
+    up = ScaleUp(Recorder(), ["n1"], EPS, ready_timeout_s=5)  # type: ignore[arg-type]
+    spec = LoadSpec(phases=["probe", "spike"], scrape_interval_s=0)
+    with pytest.raises(Stop):
+        phases.run_phase("spike", EPS[:1], spec, SLO(), tmp_path, grow=up)
+    assert seen["endpoints"] == ["n1"] and seen["cap"] == 30.0
+    assert seen["base_share"] == pytest.approx(1 / 3)
+    assert [e.node for e in seen["scrape_endpoints"]] == ["n1", "n2", "n3"]
+    # a typed load_rate (no probe) is the user's: as typed
+    (tmp_path / "probe.result.json").unlink()
+    with pytest.raises(Stop):
+        phases.run_phase("spike", EPS[:1], LoadSpec(phases=["spike"], rate=12, scrape_interval_s=0), SLO(), tmp_path,
+                         grow=up)
+    assert seen["base_share"] == 1.0 and seen["cap"] == 12
