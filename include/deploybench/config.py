@@ -478,6 +478,9 @@ LATER_SIM_FIELDS = ("prefix_caching", "kv_cache_tokens")
 
 
 SPIKE_LEAD_S = 2.0  # the spike phase's measured lead at the base rate, before the step (deploybench.load.spike)
+RECOVERY_WINDOW_S = 1.0  # the sliding windows the spike's recovery is judged over (deploybench.load.spike)
+SPIKE_HOLD_MAX_S = 600.0  # a spike held longer is a sustained overload (the overload phase's); bounds the analysis
+SPIKE_RECOVERY_MAX_S = 1800.0
 
 
 class LoadPhase(str, Enum):
@@ -559,11 +562,14 @@ class LoadSpec(_Strict):
     spike_factor: float = Field(3.0, gt=0, le=50, title="Spike: factor",
                                 description="The spike steps (within a second) from the sustained rate to this "
                                             "multiple of it; must be above 1.")
-    spike_hold_s: float = Field(10.0, gt=0, le=3600, title="Spike: hold (s)",
-                                description="How long the spike is held before the rate steps back down.")
-    spike_recovery_s: float = Field(30.0, gt=0, le=86400, title="Spike: recovery window (s)",
+    spike_hold_s: float = Field(10.0, gt=0, le=SPIKE_HOLD_MAX_S, title="Spike: hold (s)",
+                                description="How long the spike is held before the rate steps back down (at "
+                                            "most 600 s: longer is the overload phase's sustained overload).")
+    spike_recovery_s: float = Field(30.0, ge=2 * RECOVERY_WINDOW_S, le=SPIKE_RECOVERY_MAX_S,
+                                    title="Spike: recovery window (s)",
                                     description="Time at the sustained rate after the spike, in which P99 latency and "
-                                                "the error rate must come back under the SLO (the recovery time).")
+                                                "the error rate must come back under the SLO (the recovery time); "
+                                                "2 to 1800 s: at least two of the 1 s windows it is judged over.")
     scale_up: bool = Field(False, title="Spike: scale up under load",
                            description="The spike phase starts serving on scale_up_from nodes only and, when the "
                                        "spike starts, the rollout starts engines on the others; the load reaches each "

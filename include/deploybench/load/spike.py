@@ -42,10 +42,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from deploybench.config import SLO, SPIKE_LEAD_S, LoadSpec
+from deploybench.config import RECOVERY_WINDOW_S, SLO, SPIKE_LEAD_S, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.load.results import Endpoint, LoadResult
 from deploybench.load.runner import ApiFlavour, run_load
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 
 # SPIKE_LEAD_S (deploybench.config, for the phase's time budget): at the base rate before the step, measured
 STEP_S = 0.001  # the step up and the step down (k6 stages need a duration): well within one second
-RECOVERY_WINDOW_S = 1.0  # the sliding windows the recovery is judged over (see the module doc) ...
+# RECOVERY_WINDOW_S (deploybench.config: spike_recovery_s >= 2 x it): the sliding windows judged (module doc) ...
 RECOVERY_STEP_S = 0.1  # ... and how far apart they start: the recovery time's resolution
 
 
@@ -100,7 +101,8 @@ class SpikeAnalysis(BaseModel):
     failed_spike: int
     errors_by_kind_spike: dict[str, int]
     failed_recovery: int
-    in_flight_peak: int  # client side: the most requests sent and not yet answered at once (every 0.1 s)
+    in_flight_peak: int | None  # client side: the most requests sent and not yet answered at once (every 0.1 s)
+    in_flight_reason: str | None = None  # why in_flight_peak is None
     waiting_peak: dict[str, float]  # engine side: each node's highest waiting-requests gauge (its /metrics); {}: absent
     waiting_reason: str | None = None
     # scaling up from fewer engines than a probed capacity was measured on: the base is their share of it
@@ -138,20 +140,27 @@ def sliding(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, slo: 
             width_s: float = RECOVERY_WINDOW_S, step_s: float = RECOVERY_STEP_S
             ) -> list[tuple[float, bool, float | None, float, int]]:
     """(offset s after ``start``, healthy, P99 ms, error rate, requests) of every sliding window of ``width_s`` by
-    send time that starts at ``start`` + k x ``step_s`` and ends by ``end``; windows without requests left out."""
+    send time that starts at ``start`` + k x ``step_s`` and ends by ``end``; windows without requests left out.
+    ``samples`` are sorted by ``ts`` (as load_samples gives them): each window's rows are found by binary search, so
+    the cost is the windows' requests, not windows x samples."""
     if width_s <= 0 or step_s <= 0:
         raise ValueError(f"width_s={width_s} and step_s={step_s} must be > 0")
     ts = samples["ts"]
+    if not ts.is_monotonic_increasing:
+        samples = samples.sort_values("ts", kind="stable").reset_index(drop=True)
+        ts = samples["ts"]
     span = (end - start).total_seconds()
+    n = int(math.floor((span - width_s) / step_s + 1e-9)) + 1 if span + 1e-9 >= width_s else 0
+    if n <= 0 or samples.empty:
+        return []
+    starts = pd.DatetimeIndex([start + pd.Timedelta(seconds=k * step_s) for k in range(n)])
+    lo = ts.searchsorted(starts, side="left")
+    hi = ts.searchsorted(starts + pd.Timedelta(seconds=width_s), side="left")
     out = []
-    k = 0
-    while k * step_s + width_s <= span + 1e-9:
-        a = start + pd.Timedelta(seconds=k * step_s)
-        win = samples[(ts >= a) & (ts < a + pd.Timedelta(seconds=width_s))]
-        if len(win):
-            ok, p99, err = _healthy(win, slo)
-            out.append((round(k * step_s, 6), ok, p99, err, len(win)))
-        k += 1
+    for k in range(n):
+        if hi[k] > lo[k]:
+            ok, p99, err = _healthy(samples.iloc[lo[k]:hi[k]], slo)
+            out.append((round(k * step_s, 6), ok, p99, err, int(hi[k] - lo[k])))
     return out
 
 
@@ -186,13 +195,22 @@ def recovery(samples: pd.DataFrame, spike_end: pd.Timestamp, window_end: pd.Time
     return Recovery(recovered=True, recovery_s=round(at, 3), reason=why, **common)
 
 
-def _in_flight_peak(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, step_s: float = 0.1) -> int:
+def _in_flight_peak(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp,
+                    step_s: float = 0.1) -> tuple[int | None, str | None]:
+    """(the most requests sent and not yet answered at one instant of the grid ``start`` + k x ``step_s`` up to
+    ``end``, or None; why None). A sweep: +1 at each send, -1 at each answer, summed in time order and read at the
+    grid's instants (a request is in flight at t when sent < t < done)."""
     if samples.empty:
-        return 0
-    sent = samples["ts"].to_numpy()
-    done = (samples["ts"] + pd.to_timedelta(samples["latency_ms"], unit="ms")).to_numpy()
+        return None, "no request was sent in the phase: nothing was in flight"
     grid = pd.date_range(start, end, freq=pd.Timedelta(seconds=step_s)).to_numpy()
-    return int(max(((sent < t) & (done > t)).sum() for t in grid)) if len(grid) else 0
+    if not len(grid):
+        return None, "the spike has no instant to count at"
+    timed = samples[samples["latency_ms"].notna()]  # a request without a latency has no answer time to count to
+    sent = np.sort(timed["ts"].to_numpy())
+    done = np.sort((timed["ts"] + pd.to_timedelta(timed["latency_ms"].clip(lower=0), unit="ms")).to_numpy())
+    # sent strictly before t less done at or before t
+    live = np.searchsorted(sent, grid, side="left") - np.searchsorted(done, grid, side="right")
+    return int(max(0, live.max())), None
 
 
 def _waiting(res: LoadResult, metrics: Metrics | None, start: pd.Timestamp) -> tuple[dict[str, float], str | None]:
@@ -234,6 +252,7 @@ def analyse(res: LoadResult, samples: pd.DataFrame, capacity_rps: float, base_rp
     failed = spike["error_kind"].notna()
     waiting, why = _waiting(res, metrics, at(s0))
     ok_lead = lead.loc[lead["error_kind"].isna(), "latency_ms"]
+    in_flight, in_flight_why = _in_flight_peak(samples, at(s0), at(total))
     scale = None
     if grown is not None:
         # the same measure from the spike's start: the added engines may bring the SLO back before the spike ends
@@ -249,7 +268,7 @@ def analyse(res: LoadResult, samples: pd.DataFrame, capacity_rps: float, base_rp
         requests_spike=len(spike), failed_spike=int(failed.sum()),
         errors_by_kind_spike={str(k): int(v) for k, v in spike.loc[failed, "error_kind"].value_counts().items()},
         failed_recovery=int(after["error_kind"].notna().sum()),
-        in_flight_peak=_in_flight_peak(samples, at(s0), at(total)),
+        in_flight_peak=in_flight, in_flight_reason=in_flight_why,
         waiting_peak=waiting, waiting_reason=why, scale_up=scale,
     )
 

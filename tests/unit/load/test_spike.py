@@ -147,3 +147,31 @@ def test_the_reports_say_absent_with_the_reason_never_zero():
     assert dict(stored_facts(None, "not back", None, None, False)) == {"recovery time": "absent (not back)"}
     back = dict(stored_facts(2.5, "ok", 1.25, 3.0, True))
     assert back["recovery time"] == "2.5 s" and back["SLO holding again"] == "3 s after the spike's start"
+
+
+def test_the_fast_windows_and_in_flight_sweep_match_the_brute_force_count():
+    """searchsorted windows and the +1/-1 sweep give what a scan of every sample at every instant gives."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    sends = np.sort(rng.uniform(0, 20, 3000))
+    lat = rng.exponential(400, len(sends))
+    err = rng.random(len(sends)) < 0.02
+    df = _frame([(t, lat_ms, "timeout" if e else None) for t, lat_ms, e in zip(sends, lat, err, strict=True)])
+    start, end = T0 + pd.Timedelta(seconds=2), T0 + pd.Timedelta(seconds=18)
+    got = spike.sliding(df, start, end, SLO_1S)
+    k, brute = 0, []
+    while k * 0.1 + 1.0 <= 16 + 1e-9:
+        a = start + pd.Timedelta(seconds=k * 0.1)
+        win = df[(df["ts"] >= a) & (df["ts"] < a + pd.Timedelta(seconds=1))]
+        if len(win):
+            ok, p99, e = spike._healthy(win, SLO_1S)
+            brute.append((round(k * 0.1, 6), ok, p99, e, len(win)))
+        k += 1
+    assert got == brute and len(got) == 151
+    done = df["ts"] + pd.to_timedelta(df["latency_ms"], unit="ms")
+    grid = pd.date_range(start, end, freq=pd.Timedelta(seconds=0.1))
+    expect = max(int(((df["ts"] < t) & (done > t)).sum()) for t in grid)
+    assert spike._in_flight_peak(df, start, end) == (expect, None) and expect > 5
+    none, why = spike._in_flight_peak(df.iloc[:0], start, end)
+    assert none is None and "no request" in why

@@ -39,6 +39,10 @@ def test_the_fields_come_from_runconfig_in_a_closed_section():
     (SPIKE | {"scale_up": True, "nodes": 1, "canary_nodes": 1}, ["scale_up=true", "nodes=1", "nodes >= 2"]),
     (SPIKE | {"scale_up": True, "nodes": 3, "scale_up_from": 3}, ["scale_up_from=3", "between 1 and 2"]),
     ({"load_phases": ["sustained"], "scale_up": True}, ["scale_up=true", "add 'spike'"]),
+    (SPIKE | {"spike_hold_s": 601, "spike_recovery_s": 900}, ["spike_hold_s", "600", "got 601"]),
+    (SPIKE | {"spike_recovery_s": 1801}, ["spike_recovery_s", "1800", "got 1801"]),
+    (SPIKE | {"spike_hold_s": 0.5, "spike_recovery_s": 1.5}, ["spike_recovery_s", "greater than or equal to 2",
+                                                             "got 1.5"]),
     (SPIKE | {"scale_up": True, "target_url": "http://lb.example:8000"}, ["target_url='http://lb.example:8000'",
                                                                          "leave target_url empty"]),
 ])
