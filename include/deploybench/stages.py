@@ -370,7 +370,7 @@ class Load(Stage):
 
         run, phase = ctx.run, str(ctx.phase)
         out_dir = run.dir / "load"
-        if phase == run.cfg.load.phases[0].value:
+        if phase == phases.first_asked(run.cfg.load.phases):  # in the ORDER they run, not as load_phases lists them
             for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
                 old.unlink()  # the first phase of a (re-)run starts clean
         prof = engines.profile(run.cfg.engine)  # its API, its metrics page and the names of its figures

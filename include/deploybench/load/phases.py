@@ -103,6 +103,16 @@ def targets(endpoints: list[Endpoint], spec: LoadSpec) -> tuple[list[Endpoint], 
     return [Endpoint(LB_NODE, spec.target_url, model)], endpoints
 
 
+def first_asked(asked: list) -> str:
+    """The phase a (re-)run of the load stage starts with: the first of ``asked`` (LoadPhase values or names) in
+    ORDER, the order the phases run in (load_phases as typed may list them in any order)."""
+    names = {getattr(p, "value", p) for p in asked}
+    got = next((p for p in ORDER if p in names), None)
+    if got is None:
+        raise ValueError(f"load phases {sorted(names)} name none of {', '.join(ORDER)}")
+    return got
+
+
 def _path(out_dir: Path, phase: str) -> Path:
     return Path(out_dir) / f"{phase}.result.json"
 

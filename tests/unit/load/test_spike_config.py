@@ -99,3 +99,12 @@ def test_validate_refuses_scale_up_on_one_node_and_on_the_external_backend(inven
     # the same conf on the ssh backend with two nodes passes validate
     got = pipeline.validate("deploybench_run__spike_ok", conf | {"inventory": inventory(2)})
     assert got["nodes"] == ["n1", "n2"]
+
+
+def test_the_phase_that_starts_a_load_stage_clean_is_the_first_that_runs_not_the_first_listed():
+    from deploybench.load import phases
+
+    cfg = params.to_config({"load_phases": ["spike", "sustained"]})
+    assert [p.value for p in cfg.load.phases] == ["spike", "sustained"]  # as typed ...
+    assert phases.first_asked(cfg.load.phases) == "sustained"  # ... but sustained runs first
+    assert phases.first_asked(["overload", "probe", "spike"]) == "probe"
