@@ -158,3 +158,19 @@ def test_a_scale_up_spike_takes_its_share_of_a_probed_base_and_scrapes_every_nod
         phases.run_phase("spike", EPS[:1], LoadSpec(phases=["spike"], rate=12, scrape_interval_s=0), SLO(), tmp_path,
                          grow=up)
     assert seen["base_share"] == 1.0 and seen["cap"] == 12
+
+
+def test_a_restore_error_after_the_phase_failed_is_chained_never_put_in_its_place():
+    from deploybench.errors import StageFailed
+    from deploybench.load.results import LoadError
+    from deploybench.stages import Load
+
+    up = ScaleUp(Recorder(bad=("n2",)), ["n1"], EPS, ready_timeout_s=5)  # type: ignore[arg-type]
+    original = LoadError("k6 failed in the warm-up")
+    Load._restore(up, original)  # logs, does not raise: the caller re-raises the original
+    assert original.__context__ is not None and "n2" in str(original.__context__)
+    assert any("could not serve again" in n and "n2" in n for n in original.__notes__)
+    # without an error of the phase's own, the restore error is the stage's, named
+    with pytest.raises(StageFailed, match="n2"):
+        Load._restore(ScaleUp(Recorder(bad=("n2",)), ["n1"], EPS, ready_timeout_s=5), None)  # type: ignore[arg-type]
+    Load._restore(None, None)  # not scaling up: nothing to do
