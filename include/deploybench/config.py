@@ -782,6 +782,19 @@ class RunConfig(_Strict):
                              f"choose scale_up_from between 1 and {self.nodes - 1}")
         if self.preflight.min_nodes > (self.nodes or self.preflight.min_nodes):
             raise ValueError(f"preflight.min_nodes={self.preflight.min_nodes} is larger than nodes={self.nodes}")
+        shared = [f"deployment.{k}={v!r}" for k, v in (("keep_for", self.deployment.keep_for),
+                                                       ("adopt", self.deployment.adopt)) if v]
+        if self.load.scale_up and shared:
+            raise ValueError(f"load.scale_up=true stops engines for the spike and starts them under load, but this "
+                             f"matrix cell shares its deployment with another ({', '.join(shared)}): that cell's "
+                             "engines would not be the ones it measured; set scale_up=false in the matrix, or run "
+                             "the scale-up as a run of its own (no shared deployment)")
+        par = self.rollout.kubernetes.k6_operator.parallelism
+        if par and self.rollout.backend != RolloutBackend.KUBERNETES:
+            raise ValueError(f"rollout.kubernetes.k6_operator.parallelism={par} sends the load from a k6-operator "
+                             f"TestRun on a Kubernetes cluster, but rollout.backend={self.rollout.backend.value!r}; "
+                             "set parallelism=0 (the controller's k6, or the inventory's load generators) or use the "
+                             "kubernetes backend")
         return self
 
     # -- construction --------------------------------------------------------------------------

@@ -534,6 +534,19 @@ class Teardown(Stage):
         return deployment.stop(owner, [n for n in nodes if n in ctx.run.nodes], ctx.ssh_overrides)
 
 
+def check_load_senders(cfg: Any, inv: Any) -> None:
+    """Refuse (ConfigError) two senders of one phase's load: the k6-operator's TestRun would silently replace the
+    inventory's load generators (deploybench.load.kube_load)."""
+    from deploybench.errors import ConfigError
+
+    par = cfg.rollout.kubernetes.k6_operator.parallelism
+    if par and inv.loadgens:
+        raise ConfigError(f"k6_operator.parallelism={par} sends every load phase from a k6-operator TestRun, but "
+                          f"inventory {cfg.inventory!r} also lists load generators ({', '.join(inv.loadgen_names)}), "
+                          "which would be left unused; set parallelism=0 to use the load generators, or use an "
+                          "inventory without them")
+
+
 class Validate(Stage):
     """The trigger's parameters -> a RunConfig, within the operator's policy, checked against the inventory;
     writes run.json. Nothing touches a node here."""
@@ -566,6 +579,7 @@ class Validate(Stage):
                               f"from a page on the controller's loopback), but inventory {cfg.inventory!r} lists load "
                               f"generators ({', '.join(inv.loadgen_names)}); use an inventory without them for this "
                               "run, or set scale_up=false")
+        check_load_senders(cfg, inv)
         caps = rollout.capabilities(cfg)
         if cfg.load.scale_up and not caps.scales_under_load:
             how = ("measures engines it did not start (it cannot add any)" if not caps.deploys else

@@ -108,3 +108,38 @@ def test_the_phase_that_starts_a_load_stage_clean_is_the_first_that_runs_not_the
     assert [p.value for p in cfg.load.phases] == ["spike", "sustained"]  # as typed ...
     assert phases.first_asked(cfg.load.phases) == "sustained"  # ... but sustained runs first
     assert phases.first_asked(["overload", "probe", "spike"]) == "probe"
+
+
+def test_scale_up_is_refused_in_a_matrix_cell_sharing_its_deployment():
+    from deploybench.config import RunConfig
+
+    base = {"inventory": "demo", "nodes": 3, "load": {"phases": ["sustained", "spike"], "scale_up": True}}
+    assert RunConfig.parse(base).load.scale_up
+    for key in ("keep_for", "adopt"):
+        with pytest.raises(ConfigError) as exc:
+            RunConfig.parse(base | {"deployment": {key: "run-cell-2"}})
+        assert f"deployment.{key}='run-cell-2'" in str(exc.value) and "set scale_up=false" in str(exc.value)
+
+
+def test_the_k6_operator_is_refused_off_kubernetes_and_beside_load_generators(inventory):
+    from deploybench.config import RunConfig
+
+    with pytest.raises(ConfigError) as exc:
+        RunConfig.parse({"inventory": "demo", "rollout": {"kubernetes": {"k6_operator": {"parallelism": 2}}}})
+    assert "parallelism=2" in str(exc.value) and "backend='ssh'" in str(exc.value) and "parallelism=0" in str(exc.value)
+    gens = inventory(2)
+    path = Path(os.environ["DEPLOYBENCH_INVENTORIES"]) / f"{gens}.json"
+    doc = json.loads(path.read_text())
+    path.with_name("gens.json").write_text(json.dumps({**doc, "name": "gens", "loadgens": [
+        {"name": "g1", "address": "127.0.0.9"}]}))
+    from deploybench.inventory import Inventory
+    from deploybench.stages import check_load_senders
+
+    k8s = {"backend": "kubernetes", "kubernetes": {"image": "vllm/vllm-openai:v0.6.0"}}
+    cfg = RunConfig.parse({"inventory": "gens", "rollout": k8s | {"kubernetes": k8s["kubernetes"] | {
+        "k6_operator": {"parallelism": 2}}}})
+    with pytest.raises(ConfigError) as exc:
+        check_load_senders(cfg, Inventory.load("gens"))
+    assert "parallelism=2" in str(exc.value) and "load generators (g1)" in str(exc.value)
+    check_load_senders(cfg, Inventory.load(gens))  # no load generators: the TestRun sends it
+    check_load_senders(RunConfig.parse({"inventory": "gens", "rollout": k8s}), Inventory.load("gens"))
