@@ -103,6 +103,10 @@ class SpikeAnalysis(BaseModel):
     failed_recovery: int
     in_flight_peak: int | None  # client side: the most requests sent and not yet answered at once (every 0.1 s)
     in_flight_reason: str | None = None  # why in_flight_peak is None
+    # iterations k6 dropped (no VU free when due: never sent, so never in the windows above); None: not counted
+    dropped_spike: int | None = None
+    dropped_recovery: int | None = None
+    dropped_note: str | None = None  # set when any were dropped: the spike and recovery look healthier than they were
     waiting_peak: dict[str, float]  # engine side: each node's highest waiting-requests gauge (its /metrics); {}: absent
     waiting_reason: str | None = None
     # scaling up from fewer engines than a probed capacity was measured on: the base is their share of it
@@ -258,7 +262,14 @@ def analyse(res: LoadResult, samples: pd.DataFrame, capacity_rps: float, base_rp
         # the same measure from the spike's start: the added engines may bring the SLO back before the spike ends
         again = recovery(samples, at(s0), at(total), slo, since="the spike's start")
         scale = {**grown, "slo_again_s": again.recovery_s, "slo_again_reason": again.reason}
+    d_spike, d_rec = res.dropped_in.get("spike"), res.dropped_in.get("recovery")
+    note = None
+    if d_spike or d_rec:
+        note = (f"k6 dropped {d_spike or 0} iterations in the spike and {d_rec or 0} after it (no VU free when due): "
+                "those requests were never sent, so the windows judged above are healthier than what users saw; "
+                "the recovery time is a lower bound. Give k6 more VUs (load generators) or lower spike_factor")
     return SpikeAnalysis(
+        dropped_spike=d_spike, dropped_recovery=d_rec, dropped_note=note,
         base_rps=round(base_rps, 6), peak_rps=round(spec.spike_factor * base_rps, 6), factor=spec.spike_factor,
         capacity_rps=capacity_rps, spike_start_s=s0, spike_end_s=round(s1, 6), hold_s=spec.spike_hold_s,
         recovery_window_s=round(total - s1, 6), recovered=rec.recovered, recovery_s=rec.recovery_s,
@@ -292,7 +303,7 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
         raise ValueError(f"base_share={base_share} must be in (0, 1]")
     base = spec.sustained_fraction * capacity_rps * base_share
     start, stages = shape(base, spec)
-    s0, _, _ = timeline(spec)
+    s0, s1, total = timeline(spec)
     if grow is not None and generators is not None and generators.names:
         raise ConfigError("scale_up runs the spike phase's k6 on the controller (its target list is served on this "
                           "machine's loopback), but the inventory names load generators; remove their loadgen role "
@@ -304,7 +315,8 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
     try:
         res = run_load(endpoints, spec, slo, out_dir, phase="spike", tags=tags, rate=start, stages=stages, api=api,
                        seed=seed, scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len,
-                       generators=generators, remote_write=remote_write, preallocate=True, **extra)
+                       generators=generators, remote_write=remote_write, preallocate=True,
+                       spans={"lead": (0.0, s0), "spike": (s0, s1), "recovery": (s1, total)}, **extra)
     finally:
         grown = grow.finish() if grow is not None else None
     samples = load_samples(res.samples_path) if res.samples_path else pd.DataFrame(

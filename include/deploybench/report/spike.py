@@ -24,6 +24,9 @@ def facts(an: dict[str, Any]) -> list[tuple[str, str]]:
         ("during the spike", f"{an.get('requests_spike', 0)} requests sent, {an.get('failed_spike', 0)} failed "
                              f"{an.get('errors_by_kind_spike') or ''}".rstrip()
                              + f"; {an.get('failed_recovery', 0)} failed after it"),
+        ("dropped by k6", "absent (not counted)" if an.get("dropped_spike") is None else
+         f"{an['dropped_spike']} in the spike, {an.get('dropped_recovery') or 0} after it"
+         + (f": {an['dropped_note']}" if an.get("dropped_note") else "")),
         ("queued", (f"at most {an['in_flight_peak']} requests in flight (client)"
                     if isinstance(an.get("in_flight_peak"), int) else
                     f"requests in flight absent ({an.get('in_flight_reason') or 'not measured'})")

@@ -175,3 +175,30 @@ def test_the_fast_windows_and_in_flight_sweep_match_the_brute_force_count():
     assert spike._in_flight_peak(df, start, end) == (expect, None) and expect > 5
     none, why = spike._in_flight_peak(df.iloc[:0], start, end)
     assert none is None and "no request" in why
+
+
+def test_dropped_iterations_in_the_spike_are_counted_and_flag_the_recovery():
+    from deploybench.load.results import LoadResult, SloVerdict
+
+    spec = LoadSpec(phases=["spike"], spike_factor=2, spike_hold_s=2, spike_recovery_s=4, warmup_s=0)
+    s0, s1, total = spike.timeline(spec)
+    rows = _even(10, 0, total, lambda t: 100.0)
+    res = LoadResult(
+        requests=len(rows), errors=0, error_rate=0.0, errors_by_kind={}, achieved_rps=10.0, output_tps=1.0,
+        latency_p50_ms=100, latency_p90_ms=100, latency_p99_ms=100, latency_p999_ms=100, phase="spike",
+        offered_rps=10.0, duration_s=total, warmup_s=0, started_at=T0.to_pydatetime(), warmup_excluded=0,
+        dropped_iterations=7, slo_ok=True, slo=SloVerdict(passed=True, reasons=[]), nodes=[], samples_path="s",
+        warmup_samples_path=None, summary_path="x", k6_exit_code=0, k6_thresholds_crossed=[], k6_cpu_s=0.1,
+        vus_pre=1, vus_max=2, tags={}, notes=[], dropped_in={"lead": 0, "spike": 5, "recovery": 2})
+    an = spike.analyse(res, _frame(rows), 20.0, 10.0, SLO_1S, spec)
+    assert an.recovered and (an.dropped_spike, an.dropped_recovery) == (5, 2)
+    assert "dropped 5 iterations in the spike and 2 after it" in an.dropped_note and "lower bound" in an.dropped_note
+    clean = spike.analyse(res.model_copy(update={"dropped_in": {"lead": 0, "spike": 0, "recovery": 0}}),
+                          _frame(rows), 20.0, 10.0, SLO_1S, spec)
+    assert (clean.dropped_spike, clean.dropped_note) == (0, None)
+    old = spike.analyse(res.model_copy(update={"dropped_in": {}}), _frame(rows), 20.0, 10.0, SLO_1S, spec)
+    assert old.dropped_spike is None  # not counted: absent, never 0
+    from deploybench.report.spike import facts
+
+    assert dict(facts(an.model_dump()))["dropped by k6"].startswith("5 in the spike, 2 after it: k6 dropped")
+    assert dict(facts(old.model_dump()))["dropped by k6"] == "absent (not counted)"
