@@ -202,3 +202,22 @@ def test_dropped_iterations_in_the_spike_are_counted_and_flag_the_recovery():
 
     assert dict(facts(an.model_dump()))["dropped by k6"].startswith("5 in the spike, 2 after it: k6 dropped")
     assert dict(facts(old.model_dump()))["dropped by k6"] == "absent (not counted)"
+
+
+def test_a_failed_scale_up_shows_on_the_run_page_from_the_stored_flag():
+    """Both times absent (no engine added served): the run page still says a scale-up was asked, and why absent."""
+    from deploybench.store.ingest import spike_columns
+    from deploybench.store.rows import PhaseRecord
+    from deploybench.web.markup import _spike_section
+
+    an = {"recovery_s": None, "recovery_reason": "not back", "scale_up": {
+        "all_serving_s": None, "slo_again_s": None, "added": [{"node": "n2", "serving_s": None, "error": "boom"}]}}
+    cols = spike_columns(an)
+    assert cols["scale_up"] is True and cols["scale_up_serving_s"] is None and cols["scale_up_slo_s"] is None
+    assert spike_columns({"recovery_s": 1.0, "recovery_reason": "ok"})["scale_up"] is False
+    row = PhaseRecord(phase="spike", offered_rps=1, achieved_rps=1, output_tps=1, requests=1, errors=0, error_rate=0,
+                      duration_s=1, started_at=T0.to_pydatetime(), **cols)
+    page = _spike_section([row])
+    assert "added engines serving" in page and "absent (not every added engine served)" in page
+    plain = _spike_section([row.model_copy(update={"scale_up": False})])
+    assert "recovery time" in plain and "added engines serving" not in plain
