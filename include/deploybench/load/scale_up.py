@@ -127,10 +127,10 @@ class ScaleUp:
         try:
             failed = self.deployer.start_each(self.added)
         except Exception as exc:  # noqa: BLE001 - the backend could not even try: every added node, named
-            failed = {n: exc for n in self.added}
-        for n, exc in failed.items():
-            LOG.error("scale-up: %s: %s", n, exc)
-            self._fail(n, exc)
+            failed = dict.fromkeys(self.added, exc)
+        for n, err in failed.items():
+            LOG.error("scale-up: %s: %s", n, err)
+            self._fail(n, err)
         started = [e for e in self.more if e.node not in failed]
         if started:
             with ThreadPoolExecutor(max_workers=len(started)) as pool:
