@@ -140,6 +140,15 @@ def _healthy(win: pd.DataFrame, slo: SLO) -> tuple[bool, float | None, float]:
     return (p99 is not None and p99 < slo.p99_latency_ms and err <= slo.max_error_rate), p99, err
 
 
+def _ns(values: Any) -> np.ndarray:
+    """UTC nanoseconds since the epoch (int64) of a datetime Series or array, whatever its unit."""
+    return np.asarray(pd.DatetimeIndex(values).as_unit("ns").asi8, dtype="int64")
+
+
+def _ns1(t: pd.Timestamp) -> int:
+    return int(pd.Timestamp(t).as_unit("ns").value)
+
+
 def sliding(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, slo: SLO,
             width_s: float = RECOVERY_WINDOW_S, step_s: float = RECOVERY_STEP_S
             ) -> list[tuple[float, bool, float | None, float, int]]:
@@ -157,9 +166,11 @@ def sliding(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, slo: 
     n = int(math.floor((span - width_s) / step_s + 1e-9)) + 1 if span + 1e-9 >= width_s else 0
     if n <= 0 or samples.empty:
         return []
-    starts = pd.DatetimeIndex([start + pd.Timedelta(seconds=k * step_s) for k in range(n)])
-    lo = ts.searchsorted(starts, side="left")
-    hi = ts.searchsorted(starts + pd.Timedelta(seconds=width_s), side="left")
+    at = _ns(ts)  # one unit for both sides (samples are stored in ms or us, the grid is in ns)
+    starts = np.array([_ns1(start + pd.Timedelta(seconds=k * step_s)) for k in range(n)], dtype="int64")
+    width = int(round(width_s * 1e9))
+    lo = np.searchsorted(at, starts, side="left")
+    hi = np.searchsorted(at, starts + width, side="left")
     out = []
     for k in range(n):
         if hi[k] > lo[k]:
@@ -206,12 +217,14 @@ def _in_flight_peak(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestam
     grid's instants (a request is in flight at t when sent < t < done)."""
     if samples.empty:
         return None, "no request was sent in the phase: nothing was in flight"
-    grid = pd.date_range(start, end, freq=pd.Timedelta(seconds=step_s)).to_numpy()
+    grid = _ns(pd.date_range(start, end, freq=pd.Timedelta(seconds=step_s)))
     if not len(grid):
         return None, "the spike has no instant to count at"
     timed = samples[samples["latency_ms"].notna()]  # a request without a latency has no answer time to count to
-    sent = np.sort(timed["ts"].to_numpy())
-    done = np.sort((timed["ts"] + pd.to_timedelta(timed["latency_ms"].clip(lower=0), unit="ms")).to_numpy())
+    t_sent = _ns(timed["ts"])
+    sent = np.sort(t_sent)
+    done = np.sort(t_sent + np.round(timed["latency_ms"].clip(lower=0).to_numpy(dtype="float64") * 1e6)
+                   .astype("int64"))
     # sent strictly before t less done at or before t
     live = np.searchsorted(sent, grid, side="left") - np.searchsorted(done, grid, side="right")
     return int(max(0, live.max())), None

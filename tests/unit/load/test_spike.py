@@ -158,7 +158,9 @@ def test_the_fast_windows_and_in_flight_sweep_match_the_brute_force_count():
     lat = rng.exponential(400, len(sends))
     err = rng.random(len(sends)) < 0.02
     df = _frame([(t, lat_ms, "timeout" if e else None) for t, lat_ms, e in zip(sends, lat, err, strict=True)])
-    start, end = T0 + pd.Timedelta(seconds=2), T0 + pd.Timedelta(seconds=18)
+    df["ts"] = df["ts"].dt.floor("ms").astype("datetime64[ms, UTC]")  # as stored samples are: not in ns
+    # a start off the samples' unit (a measured start in ns, e.g. 1796600344611999999 ns)
+    start, end = T0 + pd.Timedelta(nanoseconds=1_999_999_999), T0 + pd.Timedelta(nanoseconds=17_999_999_999)
     got = spike.sliding(df, start, end, SLO_1S)
     k, brute = 0, []
     while k * 0.1 + 1.0 <= 16 + 1e-9:
