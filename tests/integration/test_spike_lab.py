@@ -101,7 +101,10 @@ def test_scale_up_under_load_adds_engines_that_serve(lab, dsn):
     assert set((out["result"].get("engine") or {})) == {"n01", "n02", "n03"}
     # one engine alone is over its capacity (1.5 x): the SLO broke, and held again only once the others served
     assert an["slo_broken"] and an["peak_p99_ms"] > 400 and up["slo_again_s"] is not None, (an, up)
-    assert up["all_serving_s"] < up["slo_again_s"] < 6.0, up  # engines serving, then the SLO holding, within the hold
+    # engines serving, then the SLO holding, within the hold: one added engine is enough (2 engines carry the spike's
+    # 1.5 x one's capacity), so the SLO may hold before the last one serves, never before the first
+    first = min(a["serving_s"] for a in up["added"])
+    assert first < up["slo_again_s"] < 6.0, up
     per_node = {n["node"]: n["requests"] for n in out["result"]["nodes"]}
     assert per_node["n01"] > per_node["n02"] > 0 and per_node["n03"] > 0, per_node
 

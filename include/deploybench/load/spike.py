@@ -33,7 +33,13 @@ starts engines on the others, and k6's targets grow to include each once it is h
 target list from ``DB_TARGETS_URL``, a loopback page served here). The analysis then gives each added engine's
 time from the spike's start to its health check passing, and the time from the spike's start to the SLO holding
 again (``slo_again_s``: the recovery measure above, its windows starting at the spike's start instead of its end; 0
-when the SLO never broke).
+when the SLO never broke). Its base rate is then the first engines' share of a probed capacity (``base_share`` =
+scale_up_from / all nodes; a typed load_rate stays as typed), and every node, added ones included, is scraped,
+GPU-sampled and priced over the whole phase.
+
+Iterations k6 dropped (no VU free) were never sent, so no window above holds them: they are counted in the lead, the
+spike and the recovery (``dropped_spike``, ``dropped_recovery``), and any make ``dropped_note`` say the recovery is a
+lower bound.
 """
 
 from __future__ import annotations
