@@ -98,7 +98,7 @@ def test_scale_up_under_load_adds_engines_that_serve(lab, dsn):
     assert an["base_share"] == 1.0 and an["base_rps"] == pytest.approx(base)
     # every node is scraped from the phase's start, also the two added under load (their waiting gauge is seen)
     assert set(an["waiting_peak"]) == {"n01", "n02", "n03"}, an["waiting_peak"]
-    assert set((out["result"].get("engine") or {})) == {"n01", "n02", "n03"}
+    assert set(out["result"].get("engine") or {}) == {"n01", "n02", "n03"}
     # one engine alone is over its capacity (1.5 x): the SLO broke, and held again only once the others served
     assert an["slo_broken"] and an["peak_p99_ms"] > 400 and up["slo_again_s"] is not None, (an, up)
     # engines serving, then the SLO holding, within the hold: one added engine is enough (2 engines carry the spike's
