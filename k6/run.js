@@ -89,18 +89,25 @@ export function setup() {
 }
 
 // The targets as they are now: DB_ENDPOINTS, or (DB_TARGETS_URL) the list the page gives, re-read at most every
-// DB_TARGETS_EVERY_MS by each VU. k6 cannot re-read a file after its init stage, hence a page (on loopback). A page
-// that does not answer or answers nonsense leaves the list as it was.
+// DB_TARGETS_EVERY_MS by each VU until the page says it is final (every added engine in, or failed). k6 cannot
+// re-read a file after its init stage, hence a page (on loopback, HTTP/1.1 keep-alive). A page that does not answer
+// or answers nonsense leaves the list as it was. Its requests are tagged name=targets and never recorded as samples
+// (those are db_request points, recordSample).
 let targets = cfg.endpoints;
 let targetsReadAt = -Infinity;
+let targetsFinal = false;
 function currentTargets() {
-  if (!cfg.targetsUrl || Date.now() - targetsReadAt < cfg.targetsEveryMs) return targets;
+  if (!cfg.targetsUrl || targetsFinal || Date.now() - targetsReadAt < cfg.targetsEveryMs) return targets;
   targetsReadAt = Date.now();
   const res = http.get(cfg.targetsUrl, { timeout: '2s', tags: { name: 'targets' } });
   if (res.status !== 200) return targets;
   try {
     const got = JSON.parse(res.body);
-    if (Array.isArray(got) && got.length > 0 && got.every((e) => e && e.node && e.url && e.model)) targets = got;
+    const list = got && got.targets;
+    if (Array.isArray(list) && list.length > 0 && list.every((e) => e && e.node && e.url && e.model)) {
+      targets = list;
+      targetsFinal = got.final === true;
+    }
   } catch (e) { /* keep the list as it was */ }
   return targets;
 }

@@ -478,6 +478,9 @@ LATER_SIM_FIELDS = ("prefix_caching", "kv_cache_tokens")
 
 
 SPIKE_LEAD_S = 2.0  # the spike phase's measured lead at the base rate, before the step (deploybench.load.spike)
+RECOVERY_WINDOW_S = 1.0  # the sliding windows the spike's recovery is judged over (deploybench.load.spike)
+SPIKE_HOLD_MAX_S = 600.0  # a spike held longer is a sustained overload (the overload phase's); bounds the analysis
+SPIKE_RECOVERY_MAX_S = 1800.0
 
 
 class LoadPhase(str, Enum):
@@ -559,11 +562,14 @@ class LoadSpec(_Strict):
     spike_factor: float = Field(3.0, gt=0, le=50, title="Spike: factor",
                                 description="The spike steps (within a second) from the sustained rate to this "
                                             "multiple of it; must be above 1.")
-    spike_hold_s: float = Field(10.0, gt=0, le=3600, title="Spike: hold (s)",
-                                description="How long the spike is held before the rate steps back down.")
-    spike_recovery_s: float = Field(30.0, gt=0, le=86400, title="Spike: recovery window (s)",
+    spike_hold_s: float = Field(10.0, gt=0, le=SPIKE_HOLD_MAX_S, title="Spike: hold (s)",
+                                description="How long the spike is held before the rate steps back down (at "
+                                            "most 600 s: longer is the overload phase's sustained overload).")
+    spike_recovery_s: float = Field(30.0, ge=2 * RECOVERY_WINDOW_S, le=SPIKE_RECOVERY_MAX_S,
+                                    title="Spike: recovery window (s)",
                                     description="Time at the sustained rate after the spike, in which P99 latency and "
-                                                "the error rate must come back under the SLO (the recovery time).")
+                                                "the error rate must come back under the SLO (the recovery time); "
+                                                "2 to 1800 s: at least two of the 1 s windows it is judged over.")
     scale_up: bool = Field(False, title="Spike: scale up under load",
                            description="The spike phase starts serving on scale_up_from nodes only and, when the "
                                        "spike starts, the rollout starts engines on the others; the load reaches each "
@@ -776,6 +782,19 @@ class RunConfig(_Strict):
                              f"choose scale_up_from between 1 and {self.nodes - 1}")
         if self.preflight.min_nodes > (self.nodes or self.preflight.min_nodes):
             raise ValueError(f"preflight.min_nodes={self.preflight.min_nodes} is larger than nodes={self.nodes}")
+        shared = [f"deployment.{k}={v!r}" for k, v in (("keep_for", self.deployment.keep_for),
+                                                       ("adopt", self.deployment.adopt)) if v]
+        if self.load.scale_up and shared:
+            raise ValueError(f"load.scale_up=true stops engines for the spike and starts them under load, but this "
+                             f"matrix cell shares its deployment with another ({', '.join(shared)}): that cell's "
+                             "engines would not be the ones it measured; set scale_up=false in the matrix, or run "
+                             "the scale-up as a run of its own (no shared deployment)")
+        par = self.rollout.kubernetes.k6_operator.parallelism
+        if par and self.rollout.backend != RolloutBackend.KUBERNETES:
+            raise ValueError(f"rollout.kubernetes.k6_operator.parallelism={par} sends the load from a k6-operator "
+                             f"TestRun on a Kubernetes cluster, but rollout.backend={self.rollout.backend.value!r}; "
+                             "set parallelism=0 (the controller's k6, or the inventory's load generators) or use the "
+                             "kubernetes backend")
         return self
 
     # -- construction --------------------------------------------------------------------------

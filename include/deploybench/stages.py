@@ -370,7 +370,7 @@ class Load(Stage):
 
         run, phase = ctx.run, str(ctx.phase)
         out_dir = run.dir / "load"
-        if phase == run.cfg.load.phases[0].value:
+        if phase == phases.first_asked(run.cfg.load.phases):  # in the ORDER they run, not as load_phases lists them
             for old in out_dir.glob("*.result.json") if out_dir.is_dir() else []:
                 old.unlink()  # the first phase of a (re-)run starts clean
         prof = engines.profile(run.cfg.engine)  # its API, its metrics page and the names of its figures
@@ -386,24 +386,45 @@ class Load(Stage):
 
             # opt-in: a k6-operator TestRun on the run's cluster sends each phase (deploybench.load.kube_load)
             gens = KubeLoad(ctx.kube, k8s.namespace, k8s.k6_operator, run.key)
-        grow, first = (self._scale_down(ctx, cluster, eps) if phase == LoadPhase.SPIKE.value and run.cfg.load.scale_up
-                       else (None, eps))
+        grow: Any = None
         try:
+            first = eps
+            if phase == LoadPhase.SPIKE.value and run.cfg.load.scale_up:
+                grow, first = self._scale_down(ctx, cluster, eps)
             out = phases.run_phase(phase, first, run.cfg.load, run.cfg.slo, out_dir, tags={"run": run.key},
-                                   transports={n: cluster[n] for n in {e.node for e in first}},
+                                   transports={n: cluster[n] for n in {e.node for e in eps}},
                                    api="triton" if prof.api == "triton" else None, metrics=prof.metrics,
                                    max_model_len=run.cfg.engine.max_model_len, generators=gens,
                                    prices={n.name: run.inventory.price_of(n) for n in run.inventory.nodes},
                                    prometheus=prom.parse_source(ctx.prometheus), grow=grow)
-        finally:
-            if grow is not None:
-                grow.restore()  # the phase failed before the spike: the engines it stopped serve again
+        except BaseException as exc:
+            self._restore(grow, exc)
+            raise
+        self._restore(grow, None)
         up = (out.get("analysis") or {}).get("scale_up") or {}
         bad = [f"{a['node']}: {a['error']}" for a in up.get("added") or [] if a.get("error")]
         if bad:  # the phase's figures are written; the engines the later phases expect are not all there
             raise StageFailed(f"load spike: scale-up under load could not add every engine ({'; '.join(bad)[:2000]}); "
                               "the recovery and the other figures are in the phase's record")
         return self._assembled(ctx)
+
+    @staticmethod
+    def _restore(grow: Any, failed: BaseException | None) -> None:
+        """Every engine serving again when the spike never asked for them (``ScaleUp.restore``). After the phase's
+        own error (``failed``) a restore error is logged and chained to it, never put in its place."""
+        if grow is None:
+            return
+        try:
+            grow.restore()
+        except Exception as exc:
+            if failed is None:
+                raise StageFailed(f"load spike: the engines stopped for the scale-up could not serve again: {exc}"
+                                  ) from exc
+            log.error("load spike: after the phase failed (%s), the engines stopped for the scale-up could not serve "
+                      "again: %s", failed, exc)
+            failed.add_note(f"and the engines stopped for the scale-up could not serve again: {exc}"[:2000])
+            if failed.__context__ is None:
+                failed.__context__ = exc
 
     @staticmethod
     def _scale_down(ctx: Context, cluster: Cluster, eps: list) -> tuple[Any, list]:
@@ -421,9 +442,14 @@ class Load(Stage):
                               f"serving nodes ({', '.join(nodes)}) to add; lower scale_up_from")
         dep = rollout.deployer(cluster, list(ctx.run.nodes), cfg)
         dep.serving = list(nodes)  # type: ignore[attr-defined]  # the rollout's engines, this run's own
-        dep.rollback(keep)
+        grow = ScaleUp(dep, keep, eps, ready_timeout_s(cfg))
+        try:
+            dep.rollback(keep)
+        except Exception as exc:  # stopped some, not all: those it stopped serve again before the error goes up
+            Load._restore(grow, exc)
+            raise
         log.info("load spike: serving on %s; %s start when the spike does", keep, nodes[len(keep):])
-        return ScaleUp(dep, keep, eps, ready_timeout_s(cfg)), [e for e in eps if e.node in keep]
+        return grow, [e for e in eps if e.node in keep]
 
     def _assembled(self, ctx: Context) -> LoadStageResult:
         from deploybench.load import phases
@@ -508,6 +534,19 @@ class Teardown(Stage):
         return deployment.stop(owner, [n for n in nodes if n in ctx.run.nodes], ctx.ssh_overrides)
 
 
+def check_load_senders(cfg: Any, inv: Any) -> None:
+    """Refuse (ConfigError) two senders of one phase's load: the k6-operator's TestRun would silently replace the
+    inventory's load generators (deploybench.load.kube_load)."""
+    from deploybench.errors import ConfigError
+
+    par = cfg.rollout.kubernetes.k6_operator.parallelism
+    if par and inv.loadgens:
+        raise ConfigError(f"k6_operator.parallelism={par} sends every load phase from a k6-operator TestRun, but "
+                          f"inventory {cfg.inventory!r} also lists load generators ({', '.join(inv.loadgen_names)}), "
+                          "which would be left unused; set parallelism=0 to use the load generators, or use an "
+                          "inventory without them")
+
+
 class Validate(Stage):
     """The trigger's parameters -> a RunConfig, within the operator's policy, checked against the inventory;
     writes run.json. Nothing touches a node here."""
@@ -540,6 +579,7 @@ class Validate(Stage):
                               f"from a page on the controller's loopback), but inventory {cfg.inventory!r} lists load "
                               f"generators ({', '.join(inv.loadgen_names)}); use an inventory without them for this "
                               "run, or set scale_up=false")
+        check_load_senders(cfg, inv)
         caps = rollout.capabilities(cfg)
         if cfg.load.scale_up and not caps.scales_under_load:
             how = ("measures engines it did not start (it cannot add any)" if not caps.deploys else

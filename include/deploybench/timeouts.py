@@ -13,7 +13,23 @@ import math
 from deploybench.config import LinkMode, LoadPhase, RunConfig
 
 MARGIN_S = 300.0  # SSH sessions, process starts, a slow node: the same on every run
+# a k6-operator TestRun's fixed costs past its start: apply, the runners' logs read back, its deletion waited for
+# (deploybench.load.kube_load)
+TESTRUN_OVERHEAD_S = 60.0
 FIXED_S = {"validate": 120.0, "store": 900.0, "report": 900.0, "finish": 120.0, "lease": 120.0}
+
+
+def k6_operator_s(cfg: RunConfig, phase: str) -> float:
+    """What a load phase's k6 runs add when a k6-operator TestRun sends each (kubernetes backend, parallelism > 0):
+    per TestRun the operator's start (``start_timeout_s``: pods scheduled, image pulled) and its fixed costs
+    (TESTRUN_OVERHEAD_S). The probe runs one TestRun per step; the other phases one."""
+    from deploybench.config import RolloutBackend
+
+    op = cfg.rollout.kubernetes.k6_operator
+    if cfg.rollout.backend != RolloutBackend.KUBERNETES or not op.parallelism:
+        return 0.0
+    runs = cfg.load.probe_max_steps if phase == LoadPhase.PROBE.value else 1
+    return runs * (op.start_timeout_s + TESTRUN_OVERHEAD_S)
 
 
 def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
@@ -49,6 +65,6 @@ def stage_budget_s(cfg: RunConfig, task: str, nodes: int) -> float:
         LoadPhase.OVERLOAD.value: ld.warmup_s + ld.overload_ramp_s + ld.recovery_s + ld.request_timeout_s + 60,
     }
     if task in phase_s:
-        return phase_s[task] + MARGIN_S
+        return phase_s[task] + k6_operator_s(cfg, task) + MARGIN_S
     known = sorted([*FIXED_S, *phase_s, "preflight", "fanout", "rollout", "teardown"])
     raise ValueError(f"no time budget for task {task!r}; known: {known}")

@@ -164,6 +164,37 @@ def test_a_testrun_that_never_finishes_fails_within_its_budget_and_is_deleted(tm
             release.set()
 
 
+def test_a_retry_applies_its_testrun_only_once_the_earlier_one_is_gone(tmp_path):
+    """Foreground deletion keeps a TestRun until its Jobs are gone: run_split waits (bounded) for 404 after deleting
+    it, and a TestRun of the same name left by a killed attempt is deleted and waited for before the next apply."""
+    with FakeApiServer(["k1"]) as srv:
+        fake = srv.cluster
+        fake.linger_gets = 3
+        fake.testrun_hook = lambda tr, cm: ("error", [])
+        plan = tmp_path / "p.plan.json"
+        plan.write_text('{"requests": []}')
+        gens = KubeLoad(KubeClients.from_api_client(srv.api_client()), NS, K6OperatorSpec(parallelism=2),
+                        run_key="run-retry", poll_s=0.05)
+        env = {"DB_RATE": "1.0", "DB_WARMUP_S": "0.0", "DB_DURATION_S": "1.0", "DB_STAGES": "[]", "DB_PLAN": "x"}
+        name = op.testrun_name("run-retry", "sustained")
+        with pytest.raises(op.OperatorRunFailed, match="stage 'error'"):
+            gens.run_split(env, stem="sustained", out_dir=tmp_path, plan=plan, timeout_s=1.0)
+        assert not fake.lingering  # it returned once the TestRun answered 404
+        # a killed attempt's TestRun is still there: the next attempt deletes it, waits, then applies its own
+        fake.objects[("TestRun", NS, name)] = {"apiVersion": "k6.io/v1alpha1", "kind": "TestRun",
+                                               "metadata": {"name": name, "namespace": NS}, "spec": {}}
+        fake.calls.clear()
+        with pytest.raises(op.OperatorRunFailed, match="stage 'error'"):
+            gens.run_split(env, stem="sustained", out_dir=tmp_path, plan=plan, timeout_s=1.0)
+        calls = [(m, path.split("?")[0].rsplit("/", 2)[-2]) for m, path, _ in fake.calls
+                 if "/testruns/" in path and m in ("DELETE", "PATCH")]
+        assert calls[:2] == [("DELETE", "testruns"), ("PATCH", "testruns")], calls
+        first_patch = next(i for i, (m, path, _) in enumerate(fake.calls) if m == "PATCH" and "/testruns/" in path)
+        gets = [c for c in fake.calls[:first_patch] if c[0] == "GET" and "/testruns/" in c[1]]
+        assert len(gets) >= 1 + 3  # the look for a leftover, then until it answered 404
+        _nothing_left(fake)
+
+
 # -- a runner's log is hostile input --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_logs(tmp_path_factory, sim_model_dir) -> list[bytes]:

@@ -58,6 +58,10 @@ class FakeCluster:
         self.pod_logs: dict[tuple[str, str], bytes] = {}
         self.applied: list[tuple[str, str, str]] = []  # (kind, ns, name) of every apply
         self.deleted: list[tuple[str, str, str]] = []
+        # a TestRun deleted in the foreground answers this many more GETs (deletionTimestamp set) before 404, as the
+        # API server keeps it while the garbage collector deletes its Jobs and pods
+        self.linger_gets = 0
+        self.lingering: dict[tuple[str, str, str], list[Any]] = {}  # key -> [object, GETs left]
         self.hook_errors: list[BaseException] = []
 
     # -- the controller -------------------------------------------------------------------------
@@ -296,6 +300,11 @@ def _handler(fake: FakeCluster):
                         return self._send(200, data, "text/plain")
                     return self._send(200, fake.pod_log(ns, name, int(q.get("tailLines", ["50"])[0])), "text/plain")
                 obj = fake.objects.get((kind, ns, name))
+                if obj is None and (ling := fake.lingering.get((kind, ns, name))) is not None:
+                    ling[1] -= 1
+                    if ling[1] <= 0:
+                        fake.lingering.pop((kind, ns, name), None)
+                    return self._send(200, _public(ling[0]))
                 if obj is None:
                     return self._status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
                 return self._send(200, _public(obj))
@@ -366,6 +375,9 @@ def _handler(fake: FakeCluster):
                 if obj is None:
                     return self._status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
                 fake.deleted.append((kind, ns, name))
+                if kind == "TestRun" and fake.linger_gets > 0:
+                    gone = {**obj, "metadata": {**obj["metadata"], "deletionTimestamp": "2026-12-06T00:00:00Z"}}
+                    fake.lingering[(kind, ns, name)] = [gone, fake.linger_gets]
                 if kind == "Deployment":
                     for key in [k for k, p in fake.pods.items() if k[0] == ns and p["_owner"] == name]:
                         del fake.pods[key]

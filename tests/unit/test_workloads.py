@@ -268,3 +268,11 @@ def test_the_bounds_of_the_forms_rates_hold_for_what_a_sessions_rated_workload_o
     with pytest.raises(ConfigError, match=r"offers 120000 requests/s, past the 100000"):
         _check_session_rates(cfg(rate=30000, max_vus=5000), 4.0)
     _check_session_rates(cfg(rate=400), 1.0)  # not rated in sessions: config's own check is the one
+
+
+@pytest.mark.parametrize("phase", ["probe", "spike", "overload"])
+def test_a_trace_on_its_own_clock_is_refused_for_a_phase_that_varies_the_rate(phase):
+    w = W.workload("trace-sample")
+    w.check_fits(200, 64, 0.0, 32768, ["sustained"])
+    with pytest.raises(ConfigError, match=rf"own clock.*load_phases has {phase}.*follow_rate = true"):
+        w.check_fits(200, 64, 0.0, 32768, ["sustained", phase])

@@ -306,8 +306,9 @@ def parse_runner_log(data: bytes, runner: str, base: Path, max_bytes: int) -> tu
         summary = json.loads("\n".join(summary_lines))
     except ValueError as exc:
         raise OperatorRunFailed(f"k6-operator runner {runner}: its summary export is not JSON ({exc})") from exc
-    counted = ((summary.get("metrics") or {}).get(SAMPLE_METRIC) or {}).get("count") if isinstance(summary, dict) \
-        else None
+    counted: Any = summary  # each level checked: hostile input, a list or a string in place of an object is refused
+    for key in ("metrics", SAMPLE_METRIC, "count"):
+        counted = counted.get(key) if isinstance(counted, dict) else None
     if (not isinstance(counted, int | float) or isinstance(counted, bool) or not math.isfinite(counted)
             or not 0 <= counted <= 1e12):
         raise OperatorRunFailed(f"k6-operator runner {runner}: its summary export has no count of {SAMPLE_METRIC} "

@@ -38,6 +38,9 @@ LOG = logging.getLogger(__name__)
 FIELD_MANAGER = "deploybench"
 POLL_S = 1.0
 API_TIMEOUT_S = 30  # one API request
+# a TestRun deleted in the foreground stays (deletionTimestamp set) until its runner Jobs and pods are gone: the next
+# attempt of the phase applies the same name only once it is (timeouts.TESTRUN_OVERHEAD_S counts this wait)
+DELETE_WAIT_S = 45.0
 READ_CHUNK = 1 << 20
 
 
@@ -121,9 +124,47 @@ class KubeLoad:
             except Exception as exc:  # noqa: BLE001 - ApiException (404: already gone) or a connection error
                 if getattr(exc, "status", None) != 404:
                     left.append(f"{what}/{name}: {exc}")
+                    continue
+            if what == "testrun" and (why := self._wait_gone(name)) is not None:
+                left.append(why)
         LOG.info("k6-operator: deleted TestRun and ConfigMap %s/%s%s", self.namespace, name,
                  f" except {left}" if left else "")
         return left
+
+    def _exists(self, name: str) -> bool:
+        try:
+            self.kube.custom.get_namespaced_custom_object(op.GROUP, op.VERSION, self.namespace, op.PLURAL, name,
+                                                          _preload_content=False, _request_timeout=API_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - ApiException: 404 is the answer sought, others go up
+            if getattr(exc, "status", None) == 404:
+                return False
+            raise
+        return True
+
+    def _wait_gone(self, name: str, bound_s: float = DELETE_WAIT_S) -> str | None:
+        """Wait (at most ``bound_s``) until the deleted TestRun ``name`` answers 404; None, else why not."""
+        deadline = time.monotonic() + bound_s
+        while True:
+            try:
+                if not self._exists(name):
+                    return None
+            except Exception as exc:  # noqa: BLE001 - a connection error: said, not hidden
+                return f"testrun/{name}: could not check that it is gone: {exc}"
+            if time.monotonic() > deadline:
+                return (f"testrun/{name}: still there {bound_s:g} s after its deletion (foreground: its runner Jobs "
+                        "and pods go first)")
+            time.sleep(self.poll_s)
+
+    def _clear(self, name: str) -> None:
+        """A TestRun of this name left by an earlier attempt of the phase (a killed task): deleted and waited for
+        (bounded) before this attempt applies its own onto the same name."""
+        if not self._exists(name):
+            return
+        LOG.warning("k6-operator: TestRun %s/%s of an earlier attempt is still there; deleting it first",
+                    self.namespace, name)
+        if left := self._delete(name):
+            raise op.OperatorRunFailed(f"k6-operator: the TestRun of an earlier attempt is in the way: "
+                                       f"{'; '.join(left)}; delete it by hand, then retry")
 
     def _read_log(self, pod: str) -> bytes:
         """The runner pod's whole log, at most ``log_max_bytes`` + 1 bytes (asked of the server as limitBytes, and
@@ -162,6 +203,7 @@ class KubeLoad:
         manifests.validate(cm)  # the official Kubernetes schema, like the engine's objects
         self.applied = []
         failure: BaseException | None = None
+        self._clear(name)
         try:
             self._apply(cm, tr)
             pods = self._wait(name, self.spec.start_timeout_s + timeout_s)

@@ -103,6 +103,16 @@ def targets(endpoints: list[Endpoint], spec: LoadSpec) -> tuple[list[Endpoint], 
     return [Endpoint(LB_NODE, spec.target_url, model)], endpoints
 
 
+def first_asked(asked: list) -> str:
+    """The phase a (re-)run of the load stage starts with: the first of ``asked`` (LoadPhase values or names) in
+    ORDER, the order the phases run in (load_phases as typed may list them in any order)."""
+    names = {getattr(p, "value", p) for p in asked}
+    got = next((p for p in ORDER if p in names), None)
+    if got is None:
+        raise ValueError(f"load phases {sorted(names)} name none of {', '.join(ORDER)}")
+    return got
+
+
 def _path(out_dir: Path, phase: str) -> Path:
     return Path(out_dir) / f"{phase}.result.json"
 
@@ -317,6 +327,10 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_eps, scrape_eps = targets(endpoints, spec)
+    if grow is not None:
+        # scale-up under load: the engines it adds are scraped, GPU-sampled and priced from the phase's start too
+        # (an engine not started yet answers its page with up=0), so every node whose tokens count is paid for
+        scrape_eps = [*scrape_eps, *(e for e in grow.more if e.node not in {s.node for s in scrape_eps})]
     serving = [e.node for e in scrape_eps]  # the engines that served, also behind a load balancer
     outcome: dict[str, Any] = {"phase": phase, "status": "failed", "result": None, "error": None, "analysis": None}
     try:
@@ -354,7 +368,12 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
             shaped = phase_spec(spec, source)
             mod: Any = {"sustained": sustained, "spike": spike}.get(phase, overload)
             done: dict[str, Any] = {}
-            more = {"grow": grow} if phase == "spike" and grow is not None else {}
+            more: dict[str, Any] = {}
+            if phase == "spike" and grow is not None:
+                # a probed capacity is every node's; the spike starts on scale_up_from of them: its base is their
+                # share of it (a typed load_rate stays as typed: it is the user's)
+                share = len(load_eps) / (len(load_eps) + len(grow.added)) if source == "probe" else 1.0
+                more = {"grow": grow, "base_share": share}
 
             def run() -> LoadResult:
                 done["res"], done["analysis"] = mod.run(load_eps, shaped, slo, out_dir, cap, tags=tags, api=api,

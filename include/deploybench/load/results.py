@@ -256,3 +256,6 @@ class LoadResult(Figures):
     # added with Prometheus as a source (issue 29): per node, per figure and source, over the measured window; empty
     # unless a Prometheus source was given (then the scraped figures it can be compared with are listed too)
     node_windows: list[NodeWindow] = Field(default_factory=list)
+    # dropped iterations (k6 out of VUs) in named spans of the measured window a phase asked for (run_load's
+    # ``spans``: the spike phase's "lead", "spike", "recovery"); empty when it asked for none
+    dropped_in: dict[str, int] = Field(default_factory=dict)

@@ -498,6 +498,7 @@ def run_load(
     targets_url: str | None = None,
     more_nodes: list[str] | None = None,
     preallocate: bool = False,
+    spans: Mapping[str, tuple[float, float]] | None = None,
 ) -> LoadResult:
     """Run one phase at ``rate`` req/s (default ``spec.rate``) for ``warmup_s`` + ``duration_s``.
 
@@ -642,6 +643,9 @@ def run_load(
         started_at=warmup_end.to_pydatetime(),
         warmup_excluded=int(in_warmup.sum()),
         dropped_iterations=sum(1 for t in dropped if t >= warmup_end),
+        # ``spans`` {name: (from s, to s after the measured window's start)}: the dropped iterations in each
+        dropped_in={k: sum(1 for t in dropped if warmup_end + pd.Timedelta(seconds=a) <= t
+                           < warmup_end + pd.Timedelta(seconds=b)) for k, (a, b) in (spans or {}).items()},
         slo_ok=verdict.passed,
         slo=verdict,
         nodes=node_figures(samples, duration_s, [e.node for e in endpoints] + list(more_nodes or []),

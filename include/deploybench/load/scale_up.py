@@ -3,10 +3,13 @@
 ``ScaleUp`` serves k6's target list on a loopback page (``serve``; run.js re-reads it, ``DB_TARGETS_URL``: k6
 cannot re-read a file after its init stage, and consecutive k6 runs would leave gaps in the schedule at each
 change). k6's first read of the page marks its scenario's start; ``after_s`` later (the warm-up and the spike's
-lead: the spike's start) a thread asks the run's Deployer (the same ``scale`` and ``wait_ready`` the rollout uses:
-deploybench.rollout) to run the engine on every node, waits for each added node's readiness check on its own, and
-puts each in the list once it passes. ``finish`` stops the page and gives, per added node, the time from the
-spike's start to its engine serving (health OK), or its error.
+lead: the spike's start) a thread asks the run's Deployer to start the engine on each added node on its own
+(``start_each``: a node that cannot start fails alone, named), waits for each started node's readiness check
+(``wait_ready``, the rollout's) on its own, and puts each in the list once it passes; the page says ``final`` once
+every added node is in or failed, and run.js stops re-reading it. ``finish`` (and ``restore``) cancel a spike still
+to come (an Event the thread waits on) and join the thread; ``finish`` gives, per added node, the time from the
+spike's start to its engine serving (health OK) within the phase, or its error. ``restore`` starts the stopped
+engines itself when nothing was asked yet (the phase failed or ended before the spike).
 
 The deployer is asked on this machine's clock; the times are from the spike's start as k6 scheduled it (its
 first read of the page + ``after_s``), so the k6 set-up before the first iteration does not count.
@@ -22,13 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from deploybench.errors import DeploybenchError
 from deploybench.load.results import Endpoint
 
 if TYPE_CHECKING:
     from deploybench.rollout.base import Deployer
 
 LOG = logging.getLogger(__name__)
-JOIN_MARGIN_S = 30.0  # past the ready timeout, how long finish() waits for the starter thread
+JOIN_MARGIN_S = 30.0  # past the ready timeout, how long finish()/restore() wait for the starter thread
+PAGE_IDLE_S = 30.0  # the target page closes a keep-alive connection idle this long
 
 
 class ScaleUp:
@@ -52,15 +57,20 @@ class ScaleUp:
         self._serving: dict[str, float] = {}
         self._errors: dict[str, str] = {}
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()  # set by finish()/restore(): the spike is not asked for any more
         self._after_s = 0.0
 
     @property
     def added(self) -> list[str]:
         return [e.node for e in self.more]
 
-    def targets(self) -> list[dict[str, str]]:
+    def targets(self) -> dict[str, Any]:
+        """What the page says: k6's targets now, and ``final`` once every added engine is in them or has failed (or
+        the scale-up was cancelled): run.js stops re-reading the page then."""
         with self._lock:
-            return [{"node": e.node, "url": e.url, "model": e.model} for e in self._targets]
+            done = len(set(self._serving) | set(self._errors)) >= len(self.more) or self._stop.is_set()
+            return {"targets": [{"node": e.node, "url": e.url, "model": e.model} for e in self._targets],
+                    "final": done}
 
     # -- the page k6 reads --------------------------------------------------------------------------
     def serve(self, initial: list[Endpoint], after_s: float) -> str:
@@ -72,6 +82,10 @@ class ScaleUp:
         owner = self
 
         class Page(BaseHTTPRequestHandler):
+            # keep-alive: each VU re-reads the page over its one connection, not a new TCP connection and thread
+            protocol_version = "HTTP/1.1"
+            timeout = PAGE_IDLE_S  # an idle connection is closed (a VU that stopped re-reading)
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 if self.path != "/targets":
                     self.send_error(404)
@@ -94,56 +108,83 @@ class ScaleUp:
 
     def _seen(self) -> None:
         with self._lock:
-            if self._first_read is not None:
+            if self._first_read is not None or self._stop.is_set():
                 return
             self._first_read = time.monotonic()
             self._spike_at = self._first_read + self._after_s
-        self._thread = threading.Thread(target=self._grow, name="scale-up", daemon=True)
-        self._thread.start()
+            self._thread = threading.Thread(target=self._grow, name="scale-up", daemon=True)
+            self._thread.start()
 
     # -- the deployer ----------------------------------------------------------------------------------
     def _grow(self) -> None:
-        time.sleep(max(0.0, (self._spike_at or 0.0) - time.monotonic()))
-        self._asked_at = time.monotonic()
-        names = [*self.first, *self.added]
+        if self._stop.wait(max(0.0, (self._spike_at or 0.0) - time.monotonic())):
+            return  # finished or restored before the spike: nothing is asked (restore starts them itself)
+        with self._lock:  # restore() sets the event, then reads _asked_at under this lock: one of the two asks
+            if self._stop.is_set():
+                return
+            self._asked_at = time.monotonic()
         LOG.info("scale-up: the spike started; starting engines on %s", ", ".join(self.added))
         try:
-            self.deployer.scale(names)
-        except Exception as exc:  # a node that cannot start: named in the result, the others still waited for
-            LOG.error("scale-up: %s", exc)
-            for n in self.added:
-                self._errors.setdefault(n, f"{type(exc).__name__}: {exc}"[:2000])
-        with ThreadPoolExecutor(max_workers=max(1, len(self.more))) as pool:
-            pool.map(self._wait_one, [e for e in self.more if e.node not in self._errors])
+            failed = self.deployer.start_each(self.added)
+        except Exception as exc:  # noqa: BLE001 - the backend could not even try: every added node, named
+            failed = dict.fromkeys(self.added, exc)
+        for n, err in failed.items():
+            LOG.error("scale-up: %s: %s", n, err)
+            self._fail(n, err)
+        started = [e for e in self.more if e.node not in failed]
+        if started:
+            with ThreadPoolExecutor(max_workers=len(started)) as pool:
+                list(pool.map(self._wait_one, started))
+
+    def _fail(self, node: str, exc: BaseException) -> None:
+        with self._lock:
+            self._errors.setdefault(node, f"{type(exc).__name__}: {exc}"[:2000])
 
     def _wait_one(self, ep: Endpoint) -> None:
         try:
             self.deployer.wait_ready([ep.node], self.ready_timeout_s)
-        except Exception as exc:
-            self._errors[ep.node] = f"{type(exc).__name__}: {exc}"[:2000]
+        except Exception as exc:  # noqa: BLE001 - NodeFailure and the transport's errors: this node's, recorded
+            self._fail(ep.node, exc)
             return
         with self._lock:
             self._serving[ep.node] = time.monotonic()
             self._targets.append(ep)
         LOG.info("scale-up: %s serving; k6's targets now %s", ep.node, [e.node for e in self._targets])
 
+    def _cancel(self) -> None:
+        """No spike from now on; wait (bounded) for a start already asked to finish, so nothing starts after."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(self.ready_timeout_s + JOIN_MARGIN_S)
+            if t.is_alive():
+                LOG.error("scale-up: the starter thread is still waiting for the deployer after %.0f s",
+                          self.ready_timeout_s + JOIN_MARGIN_S)
+
     def finish(self) -> dict[str, Any]:
-        """Stop the page, wait (bounded) for the starter; what happened, times from the spike's start."""
-        if self._thread is not None:
-            self._thread.join(self.ready_timeout_s + JOIN_MARGIN_S)
+        """Stop the page, wait (bounded) for the starter; what happened, times from the spike's start. An engine
+        ready only after the phase (k6) ended did not serve within it."""
+        ended = time.monotonic()
+        self._cancel()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+            self._server = None
         spike = self._spike_at
         rel = lambda t: round(t - spike, 3) if t is not None and spike is not None else None  # noqa: E731
         added = []
         for n in self.added:
             err = self._errors.get(n)
-            if spike is None and err is None:
-                err = "k6 never read its target list: the spike did not start"
-            elif n not in self._serving and err is None:
+            at = self._serving.get(n)
+            if self._asked_at is None and err is None:
+                err = ("k6 never read its target list: the spike did not start" if spike is None else
+                       "the phase ended before the spike's start: no engine was asked")
+            elif at is not None and at > ended and err is None:
+                err = f"serving {at - ended:.1f} s after the phase ended: not serving within the phase"
+                at = None
+            elif at is None and err is None:
                 err = f"not serving by the phase's end (ready timeout {self.ready_timeout_s:g} s)"
-            added.append({"node": n, "serving_s": rel(self._serving.get(n)), "error": err})
+            added.append({"node": n, "serving_s": rel(at), "error": err})
         ok = [a["serving_s"] for a in added if a["serving_s"] is not None]
         return {"nodes_before": list(self.first), "nodes_after": [*self.first, *(a["node"] for a in added
                                                                                if a["serving_s"] is not None)],
@@ -152,10 +193,17 @@ class ScaleUp:
                 "all_serving_reason": None if len(ok) == len(added) else "an added engine never served (its error)"}
 
     def restore(self) -> None:
-        """Every engine serving again when the spike never asked for them (the phase failed before it: k6 did not
-        start, or aborted); a no-op once the spike started. Raises the deployer's error, naming the node."""
-        if self._first_read is not None:
-            return
+        """Every engine serving again when the spike never asked for them (the phase failed or ended before it: k6
+        did not start, or failed in the warm-up); a no-op once they were asked. Cancels a spike still to come first,
+        so nothing starts after this returns. Raises the deployer's error, naming the node."""
+        self._cancel()
+        with self._lock:
+            if self._asked_at is not None:
+                return
+            self._asked_at = time.monotonic()  # asked now, by restore: a second call is a no-op
         LOG.warning("scale-up: the spike never started; starting the engines it stopped again: %s", self.added)
-        self.deployer.scale([*self.first, *self.added])
+        failed = self.deployer.start_each(self.added)
+        if failed:
+            raise DeploybenchError("scale-up: the engines stopped for the spike could not start again: " + "; ".join(
+                f"{n}: {e}" for n, e in failed.items())[:2000])
         self.deployer.wait_ready(self.added, self.ready_timeout_s)

@@ -33,7 +33,13 @@ starts engines on the others, and k6's targets grow to include each once it is h
 target list from ``DB_TARGETS_URL``, a loopback page served here). The analysis then gives each added engine's
 time from the spike's start to its health check passing, and the time from the spike's start to the SLO holding
 again (``slo_again_s``: the recovery measure above, its windows starting at the spike's start instead of its end; 0
-when the SLO never broke).
+when the SLO never broke). Its base rate is then the first engines' share of a probed capacity (``base_share`` =
+scale_up_from / all nodes; a typed load_rate stays as typed), and every node, added ones included, is scraped,
+GPU-sampled and priced over the whole phase.
+
+Iterations k6 dropped (no VU free) were never sent, so no window above holds them: they are counted in the lead, the
+spike and the recovery (``dropped_spike``, ``dropped_recovery``), and any make ``dropped_note`` say the recovery is a
+lower bound.
 """
 
 from __future__ import annotations
@@ -42,10 +48,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from deploybench.config import SLO, SPIKE_LEAD_S, LoadSpec
+from deploybench.config import RECOVERY_WINDOW_S, SLO, SPIKE_LEAD_S, LoadSpec
 from deploybench.engines import Metrics
 from deploybench.load.results import Endpoint, LoadResult
 from deploybench.load.runner import ApiFlavour, run_load
@@ -57,7 +64,7 @@ if TYPE_CHECKING:
 
 # SPIKE_LEAD_S (deploybench.config, for the phase's time budget): at the base rate before the step, measured
 STEP_S = 0.001  # the step up and the step down (k6 stages need a duration): well within one second
-RECOVERY_WINDOW_S = 1.0  # the sliding windows the recovery is judged over (see the module doc) ...
+# RECOVERY_WINDOW_S (deploybench.config: spike_recovery_s >= 2 x it): the sliding windows judged (module doc) ...
 RECOVERY_STEP_S = 0.1  # ... and how far apart they start: the recovery time's resolution
 
 
@@ -100,9 +107,16 @@ class SpikeAnalysis(BaseModel):
     failed_spike: int
     errors_by_kind_spike: dict[str, int]
     failed_recovery: int
-    in_flight_peak: int  # client side: the most requests sent and not yet answered at once (every 0.1 s)
+    in_flight_peak: int | None  # client side: the most requests sent and not yet answered at once (every 0.1 s)
+    in_flight_reason: str | None = None  # why in_flight_peak is None
+    # iterations k6 dropped (no VU free when due: never sent, so never in the windows above); None: not counted
+    dropped_spike: int | None = None
+    dropped_recovery: int | None = None
+    dropped_note: str | None = None  # set when any were dropped: the spike and recovery look healthier than they were
     waiting_peak: dict[str, float]  # engine side: each node's highest waiting-requests gauge (its /metrics); {}: absent
     waiting_reason: str | None = None
+    # scaling up from fewer engines than a probed capacity was measured on: the base is their share of it
+    base_share: float = 1.0
     # scale-up under load (``scale_up``): None when the phase did not scale up
     scale_up: dict[str, Any] | None = None
 
@@ -132,24 +146,42 @@ def _healthy(win: pd.DataFrame, slo: SLO) -> tuple[bool, float | None, float]:
     return (p99 is not None and p99 < slo.p99_latency_ms and err <= slo.max_error_rate), p99, err
 
 
+def _ns(values: Any) -> np.ndarray:
+    """UTC nanoseconds since the epoch (int64) of a datetime Series or array, whatever its unit."""
+    return np.asarray(pd.DatetimeIndex(values).as_unit("ns").asi8, dtype="int64")
+
+
+def _ns1(t: pd.Timestamp) -> int:
+    return int(pd.Timestamp(t).as_unit("ns").value)
+
+
 def sliding(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, slo: SLO,
             width_s: float = RECOVERY_WINDOW_S, step_s: float = RECOVERY_STEP_S
             ) -> list[tuple[float, bool, float | None, float, int]]:
     """(offset s after ``start``, healthy, P99 ms, error rate, requests) of every sliding window of ``width_s`` by
-    send time that starts at ``start`` + k x ``step_s`` and ends by ``end``; windows without requests left out."""
+    send time that starts at ``start`` + k x ``step_s`` and ends by ``end``; windows without requests left out.
+    ``samples`` are sorted by ``ts`` (as load_samples gives them): each window's rows are found by binary search, so
+    the cost is the windows' requests, not windows x samples."""
     if width_s <= 0 or step_s <= 0:
         raise ValueError(f"width_s={width_s} and step_s={step_s} must be > 0")
     ts = samples["ts"]
+    if not ts.is_monotonic_increasing:
+        samples = samples.sort_values("ts", kind="stable").reset_index(drop=True)
+        ts = samples["ts"]
     span = (end - start).total_seconds()
+    n = int(math.floor((span - width_s) / step_s + 1e-9)) + 1 if span + 1e-9 >= width_s else 0
+    if n <= 0 or samples.empty:
+        return []
+    at = _ns(ts)  # one unit for both sides (samples are stored in ms or us, the grid is in ns)
+    starts = np.array([_ns1(start + pd.Timedelta(seconds=k * step_s)) for k in range(n)], dtype="int64")
+    width = int(round(width_s * 1e9))
+    lo = np.searchsorted(at, starts, side="left")
+    hi = np.searchsorted(at, starts + width, side="left")
     out = []
-    k = 0
-    while k * step_s + width_s <= span + 1e-9:
-        a = start + pd.Timedelta(seconds=k * step_s)
-        win = samples[(ts >= a) & (ts < a + pd.Timedelta(seconds=width_s))]
-        if len(win):
-            ok, p99, err = _healthy(win, slo)
-            out.append((round(k * step_s, 6), ok, p99, err, len(win)))
-        k += 1
+    for k in range(n):
+        if hi[k] > lo[k]:
+            ok, p99, err = _healthy(samples.iloc[lo[k]:hi[k]], slo)
+            out.append((round(k * step_s, 6), ok, p99, err, int(hi[k] - lo[k])))
     return out
 
 
@@ -184,13 +216,24 @@ def recovery(samples: pd.DataFrame, spike_end: pd.Timestamp, window_end: pd.Time
     return Recovery(recovered=True, recovery_s=round(at, 3), reason=why, **common)
 
 
-def _in_flight_peak(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, step_s: float = 0.1) -> int:
+def _in_flight_peak(samples: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp,
+                    step_s: float = 0.1) -> tuple[int | None, str | None]:
+    """(the most requests sent and not yet answered at one instant of the grid ``start`` + k x ``step_s`` up to
+    ``end``, or None; why None). A sweep: +1 at each send, -1 at each answer, summed in time order and read at the
+    grid's instants (a request is in flight at t when sent < t < done)."""
     if samples.empty:
-        return 0
-    sent = samples["ts"].to_numpy()
-    done = (samples["ts"] + pd.to_timedelta(samples["latency_ms"], unit="ms")).to_numpy()
-    grid = pd.date_range(start, end, freq=pd.Timedelta(seconds=step_s)).to_numpy()
-    return int(max(((sent < t) & (done > t)).sum() for t in grid)) if len(grid) else 0
+        return None, "no request was sent in the phase: nothing was in flight"
+    grid = _ns(pd.date_range(start, end, freq=pd.Timedelta(seconds=step_s)))
+    if not len(grid):
+        return None, "the spike has no instant to count at"
+    timed = samples[samples["latency_ms"].notna()]  # a request without a latency has no answer time to count to
+    t_sent = _ns(timed["ts"])
+    sent = np.sort(t_sent)
+    done = np.sort(t_sent + np.round(timed["latency_ms"].clip(lower=0).to_numpy(dtype="float64") * 1e6)
+                   .astype("int64"))
+    # sent strictly before t less done at or before t
+    live = np.searchsorted(sent, grid, side="left") - np.searchsorted(done, grid, side="right")
+    return int(max(0, live.max())), None
 
 
 def _waiting(res: LoadResult, metrics: Metrics | None, start: pd.Timestamp) -> tuple[dict[str, float], str | None]:
@@ -232,12 +275,20 @@ def analyse(res: LoadResult, samples: pd.DataFrame, capacity_rps: float, base_rp
     failed = spike["error_kind"].notna()
     waiting, why = _waiting(res, metrics, at(s0))
     ok_lead = lead.loc[lead["error_kind"].isna(), "latency_ms"]
+    in_flight, in_flight_why = _in_flight_peak(samples, at(s0), at(total))
     scale = None
     if grown is not None:
         # the same measure from the spike's start: the added engines may bring the SLO back before the spike ends
         again = recovery(samples, at(s0), at(total), slo, since="the spike's start")
         scale = {**grown, "slo_again_s": again.recovery_s, "slo_again_reason": again.reason}
+    d_spike, d_rec = res.dropped_in.get("spike"), res.dropped_in.get("recovery")
+    note = None
+    if d_spike or d_rec:
+        note = (f"k6 dropped {d_spike or 0} iterations in the spike and {d_rec or 0} after it (no VU free when due): "
+                "those requests were never sent, so the windows judged above are healthier than what users saw; "
+                "the recovery time is a lower bound. Give k6 more VUs (load generators) or lower spike_factor")
     return SpikeAnalysis(
+        dropped_spike=d_spike, dropped_recovery=d_rec, dropped_note=note,
         base_rps=round(base_rps, 6), peak_rps=round(spec.spike_factor * base_rps, 6), factor=spec.spike_factor,
         capacity_rps=capacity_rps, spike_start_s=s0, spike_end_s=round(s1, 6), hold_s=spec.spike_hold_s,
         recovery_window_s=round(total - s1, 6), recovered=rec.recovered, recovery_s=rec.recovery_s,
@@ -247,7 +298,7 @@ def analyse(res: LoadResult, samples: pd.DataFrame, capacity_rps: float, base_rp
         requests_spike=len(spike), failed_spike=int(failed.sum()),
         errors_by_kind_spike={str(k): int(v) for k, v in spike.loc[failed, "error_kind"].value_counts().items()},
         failed_recovery=int(after["error_kind"].notna().sum()),
-        in_flight_peak=_in_flight_peak(samples, at(s0), at(total)),
+        in_flight_peak=in_flight, in_flight_reason=in_flight_why,
         waiting_peak=waiting, waiting_reason=why, scale_up=scale,
     )
 
@@ -256,8 +307,10 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
         tags: dict | None = None, api: ApiFlavour | None = None, seed: int = 0,
         scrape_endpoints: list[Endpoint] | None = None, metrics: Metrics | None = None,
         max_model_len: int = MAX_TOKENS, generators: Generators | None = None, remote_write: str | None = None,
-        grow: ScaleUp | None = None) -> tuple[LoadResult, SpikeAnalysis]:
-    """One spike phase at ``sustained_fraction`` x ``capacity_rps`` as its base (``phases.phase_spec``).
+        grow: ScaleUp | None = None, base_share: float = 1.0) -> tuple[LoadResult, SpikeAnalysis]:
+    """One spike phase at ``sustained_fraction`` x ``capacity_rps`` x ``base_share`` as its base
+    (``phases.phase_spec``; ``base_share``: scaling up from fewer engines than the capacity was probed on, their
+    share of it, ``phases.run_phase``).
 
     ``grow``: scale up under load (``scale_up.ScaleUp``): ``endpoints`` are the engines serving before the spike;
     the others join k6's targets once healthy. Not with load generators (their k6 cannot reach the target page
@@ -265,9 +318,11 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
     from deploybench.errors import ConfigError
     from deploybench.load.samples import load_samples
 
-    base = spec.sustained_fraction * capacity_rps
+    if not 0 < base_share <= 1:
+        raise ValueError(f"base_share={base_share} must be in (0, 1]")
+    base = spec.sustained_fraction * capacity_rps * base_share
     start, stages = shape(base, spec)
-    s0, _, _ = timeline(spec)
+    s0, s1, total = timeline(spec)
     if grow is not None and generators is not None and generators.names:
         raise ConfigError("scale_up runs the spike phase's k6 on the controller (its target list is served on this "
                           "machine's loopback), but the inventory names load generators; remove their loadgen role "
@@ -279,7 +334,8 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
     try:
         res = run_load(endpoints, spec, slo, out_dir, phase="spike", tags=tags, rate=start, stages=stages, api=api,
                        seed=seed, scrape_endpoints=scrape_endpoints, metrics=metrics, max_model_len=max_model_len,
-                       generators=generators, remote_write=remote_write, preallocate=True, **extra)
+                       generators=generators, remote_write=remote_write, preallocate=True,
+                       spans={"lead": (0.0, s0), "spike": (s0, s1), "recovery": (s1, total)}, **extra)
     finally:
         grown = grow.finish() if grow is not None else None
     samples = load_samples(res.samples_path) if res.samples_path else pd.DataFrame(
@@ -290,4 +346,5 @@ def run(endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, out_dir: Path, capa
             mine = samples[samples["node"] == a["node"]]
             a["requests"] = len(mine)
             a["first_request_s"] = round((mine["ts"].min() - spike_at).total_seconds(), 3) if len(mine) else None
-    return res, analyse(res, samples, capacity_rps, base, slo, spec, metrics, grown)
+    an = analyse(res, samples, capacity_rps, base, slo, spec, metrics, grown)
+    return res, an.model_copy(update={"base_share": round(base_share, 6)})

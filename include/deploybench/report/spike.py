@@ -24,7 +24,13 @@ def facts(an: dict[str, Any]) -> list[tuple[str, str]]:
         ("during the spike", f"{an.get('requests_spike', 0)} requests sent, {an.get('failed_spike', 0)} failed "
                              f"{an.get('errors_by_kind_spike') or ''}".rstrip()
                              + f"; {an.get('failed_recovery', 0)} failed after it"),
-        ("queued", f"at most {an.get('in_flight_peak', 0)} requests in flight (client); engines' waiting gauge "
+        ("dropped by k6", "absent (not counted)" if an.get("dropped_spike") is None else
+         f"{an['dropped_spike']} in the spike, {an.get('dropped_recovery') or 0} after it"
+         + (f": {an['dropped_note']}" if an.get("dropped_note") else "")),
+        ("queued", (f"at most {an['in_flight_peak']} requests in flight (client)"
+                    if isinstance(an.get("in_flight_peak"), int) else
+                    f"requests in flight absent ({an.get('in_flight_reason') or 'not measured'})")
+                   + "; engines' waiting gauge "
                    + (", ".join(f"{n} {v:g}" for n, v in sorted((an.get("waiting_peak") or {}).items())) or
                       f"absent ({an.get('waiting_reason')})")),
     ]

@@ -110,6 +110,14 @@ class Deployer(ABC):
     def scale(self, nodes: list[str]) -> None:
         """Make the engine run on exactly ``nodes`` (a superset of the serving set when growing)."""
 
+    def start_each(self, nodes: list[str]) -> dict[str, Exception]:
+        """Start the engine on each of ``nodes`` (beyond the serving set) on its own: per node that could not start,
+        its error; the others are started (and serving once ready). Scale-up under load needs it
+        (``Capabilities.scales_under_load``, deploybench.load.scale_up): one node that cannot start must not keep the
+        others out of k6's targets, nor be blamed on them."""
+        raise NotImplementedError(f"the {self.backend or type(self).__name__} backend does not start engines one by "
+                                  "one (scale-up under load)")
+
     @abstractmethod
     def wait_ready(self, nodes: list[str], timeout_s: float) -> dict[str, float]:
         """Seconds until each of ``nodes`` is ready; NodeFailure for the first that cannot become ready."""

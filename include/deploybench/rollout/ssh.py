@@ -174,6 +174,15 @@ class SSHDeployer(Deployer):
             self._each(self.stop, gone)
         self._each(self.start, new)
 
+    def start_each(self, nodes: list[str]) -> dict[str, Exception]:
+        new = [n for n in nodes if n not in self.serving]
+        self.serving = [*self.serving, *new]  # a half-started node is still ours to stop
+        if not new:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(16, len(new))) as pool:
+            futures = {n: pool.submit(self.start, n) for n in new}
+        return {n: e for n, f in futures.items() if isinstance(e := f.exception(), Exception)}
+
     def wait_ready(self, nodes: list[str], timeout_s: float) -> dict[str, float]:
         return dict(zip(nodes, self._each(lambda n: self.wait_node(n, timeout_s), nodes)))
 

@@ -56,7 +56,8 @@ def spike_columns(analysis: dict[str, Any] | None) -> dict[str, Any]:
     up = analysis.get("scale_up") or {}
     return {"spike_recovery_s": analysis.get("recovery_s"),
             "spike_recovery_reason": str(analysis.get("recovery_reason") or "")[:2000] or None,
-            "scale_up_serving_s": up.get("all_serving_s"), "scale_up_slo_s": up.get("slo_again_s")}
+            "scale_up_serving_s": up.get("all_serving_s"), "scale_up_slo_s": up.get("slo_again_s"),
+            "scale_up": bool(up)}
 
 
 def phase_records(load: LoadResult, analysis: dict[str, Any] | None = None) -> list[Any]:

@@ -142,6 +142,7 @@ class LoadPhase(Base):
     spike_recovery_reason: Mapped[str | None] = mapped_column(Text)
     scale_up_serving_s: Mapped[float | None] = mapped_column(Double)
     scale_up_slo_s: Mapped[float | None] = mapped_column(Double)
+    scale_up: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class RequestSample(Base):

@@ -126,6 +126,7 @@ class PhaseRecord(_Record):
     spike_recovery_reason: str | None = Field(None, max_length=2000)
     scale_up_serving_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     scale_up_slo_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    scale_up: bool | None = None  # the spike phase scaled up under load (None: not a spike phase)
 
     @model_validator(mode="after")
     def _coherent(self) -> PhaseRecord:

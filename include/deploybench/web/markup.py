@@ -279,7 +279,10 @@ def _spike_section(phases: list[PhaseRecord]) -> str:
     row = next((p for p in phases if p.phase == "spike" and p.node == CLUSTER), None)
     if row is None:
         return ""
-    scaled = row.scale_up_serving_s is not None or row.scale_up_slo_s is not None
+    # the stored flag: a scale-up that failed (both times absent) is shown, with why; rows stored before the flag
+    # (None) fall back to the times
+    scaled = (row.scale_up if row.scale_up is not None else
+              row.scale_up_serving_s is not None or row.scale_up_slo_s is not None)
     got = stored_facts(row.spike_recovery_s, row.spike_recovery_reason, row.scale_up_serving_s, row.scale_up_slo_s,
                        scaled)
     return "<h3>Spike</h3><dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in got) + "</dl>"

@@ -298,7 +298,7 @@ class Workload:
                    phases: list[str] | None = None) -> None:
         """Refuse, before any node is touched, a workload a run cannot offer: a dataset or trace that does not read
         (hostile input is refused here), a request longer than the engine's context, a trace at its own clock
-        asked to find a capacity."""
+        asked to find a capacity, to spike or to overload (its own clock sends neither)."""
         s = self.spec
         where = f"workload {self.name!r} ({self.source})"
         if s.source.kind == "trace":
@@ -308,10 +308,12 @@ class Workload:
                     raise ConfigError(f"{where}: trace row {i + 1} asks for {r.input_tokens} + {r.output_tokens} "
                                       f"tokens, more than max_model_len={max_model_len}; raise max_model_len or "
                                       "remove such rows from the trace")
-            if not s.source.follow_rate and phases and ("probe" in phases or "overload" in phases):
-                raise ConfigError(f"{where}: a trace replayed on its own clock has one rate, so the probe and "
-                                  "overload phases cannot vary it; set source.follow_rate = true (the trace's shape "
-                                  "at each phase's rate) or run the sustained phase alone")
+            varying = [p for p in ("probe", "spike", "overload") if p in (phases or [])]
+            if not s.source.follow_rate and varying:
+                raise ConfigError(f"{where}: a trace replayed on its own clock has one rate, so the probe, spike "
+                                  f"and overload phases cannot vary it (load_phases has {', '.join(varying)}); set "
+                                  "source.follow_rate = true (the trace's shape at each phase's rate) or run the "
+                                  "sustained phase alone")
             return
         if s.source.kind == "dataset":
             convs = self.conversations()

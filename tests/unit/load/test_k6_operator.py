@@ -195,6 +195,12 @@ def test_a_runner_log_is_split_into_samples_summary_and_messages(tmp_path):
     (_log(3, 3)[:-40], "no complete summary export"),
     (_log(3, 3).replace(b'"count": 3', b'"count": NaN'), r"no count of db_request samples"),
     (_log(3, 3).replace(b'"count": 3', b'"count": "3"'), r"no count of db_request samples"),
+    (_log(3, 3).replace(b'"metrics": {', b'"metrics": [{').replace(b'"avg": 12.5\n        }\n    }',
+                                                                   b'"avg": 12.5\n        }\n    }]'),
+     r"runner 1 \(p1\): its summary export has no count"),  # metrics a list, not an object
+    (_log(3, 3).replace(b'"db_request": {', b'"db_request": [{').replace(b'"avg": 12.5\n        }',
+                                                                         b'"avg": 12.5\n        }]'),
+     r"runner 1 \(p1\): its summary export has no count"),  # metrics.db_request a list
     (b"\x00\xff" + _log(3, 3), "not UTF-8"),
     (_log(3, 3) + b"x" * 2000, "more than 2,048 bytes"),
 ])
@@ -209,3 +215,17 @@ def test_the_driver_needs_the_custom_objects_api_of_the_runs_connection():
 
     with pytest.raises(ConfigError, match=r"custom objects API .*rollout.kubernetes.conn_id"):
         KubeLoad(KubeClients(None, None, None), "deploybench", K6OperatorSpec(parallelism=2))
+
+
+def test_a_phase_sent_by_the_operator_has_its_start_in_its_time_budget():
+    from deploybench.timeouts import TESTRUN_OVERHEAD_S, stage_budget_s
+
+    k8s = {"backend": "kubernetes", "kubernetes": {"image": "vllm/vllm-openai:v0.6.0"}}
+    plain = RunConfig.parse({"inventory": "demo", "rollout": k8s})
+    with_op = RunConfig.parse({"inventory": "demo", "rollout": k8s | {"kubernetes": k8s["kubernetes"] | {
+        "k6_operator": {"parallelism": 3, "start_timeout_s": 200}}}})
+    per_run = 200 + TESTRUN_OVERHEAD_S
+    assert stage_budget_s(with_op, "sustained", 4) - stage_budget_s(plain, "sustained", 4) == per_run
+    steps = with_op.load.probe_max_steps
+    assert stage_budget_s(with_op, "probe", 4) - stage_budget_s(plain, "probe", 4) == steps * per_run
+    assert stage_budget_s(with_op, "rollout", 4) == stage_budget_s(plain, "rollout", 4)

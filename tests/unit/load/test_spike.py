@@ -147,3 +147,79 @@ def test_the_reports_say_absent_with_the_reason_never_zero():
     assert dict(stored_facts(None, "not back", None, None, False)) == {"recovery time": "absent (not back)"}
     back = dict(stored_facts(2.5, "ok", 1.25, 3.0, True))
     assert back["recovery time"] == "2.5 s" and back["SLO holding again"] == "3 s after the spike's start"
+
+
+def test_the_fast_windows_and_in_flight_sweep_match_the_brute_force_count():
+    """searchsorted windows and the +1/-1 sweep give what a scan of every sample at every instant gives."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    sends = np.sort(rng.uniform(0, 20, 3000))
+    lat = rng.exponential(400, len(sends))
+    err = rng.random(len(sends)) < 0.02
+    df = _frame([(t, lat_ms, "timeout" if e else None) for t, lat_ms, e in zip(sends, lat, err, strict=True)])
+    df["ts"] = df["ts"].dt.floor("ms").astype("datetime64[ms, UTC]")  # as stored samples are: not in ns
+    # a start off the samples' unit (a measured start in ns, e.g. 1796600344611999999 ns)
+    start, end = T0 + pd.Timedelta(nanoseconds=1_999_999_999), T0 + pd.Timedelta(nanoseconds=17_999_999_999)
+    got = spike.sliding(df, start, end, SLO_1S)
+    k, brute = 0, []
+    while k * 0.1 + 1.0 <= 16 + 1e-9:
+        a = start + pd.Timedelta(seconds=k * 0.1)
+        win = df[(df["ts"] >= a) & (df["ts"] < a + pd.Timedelta(seconds=1))]
+        if len(win):
+            ok, p99, e = spike._healthy(win, SLO_1S)
+            brute.append((round(k * 0.1, 6), ok, p99, e, len(win)))
+        k += 1
+    assert got == brute and len(got) == 151
+    done = df["ts"] + pd.to_timedelta(df["latency_ms"], unit="ms")
+    grid = pd.date_range(start, end, freq=pd.Timedelta(seconds=0.1))
+    expect = max(int(((df["ts"] < t) & (done > t)).sum()) for t in grid)
+    assert spike._in_flight_peak(df, start, end) == (expect, None) and expect > 5
+    none, why = spike._in_flight_peak(df.iloc[:0], start, end)
+    assert none is None and "no request" in why
+
+
+def test_dropped_iterations_in_the_spike_are_counted_and_flag_the_recovery():
+    from deploybench.load.results import LoadResult, SloVerdict
+
+    spec = LoadSpec(phases=["spike"], spike_factor=2, spike_hold_s=2, spike_recovery_s=4, warmup_s=0)
+    s0, s1, total = spike.timeline(spec)
+    rows = _even(10, 0, total, lambda t: 100.0)
+    res = LoadResult(
+        requests=len(rows), errors=0, error_rate=0.0, errors_by_kind={}, achieved_rps=10.0, output_tps=1.0,
+        latency_p50_ms=100, latency_p90_ms=100, latency_p99_ms=100, latency_p999_ms=100, phase="spike",
+        offered_rps=10.0, duration_s=total, warmup_s=0, started_at=T0.to_pydatetime(), warmup_excluded=0,
+        dropped_iterations=7, slo_ok=True, slo=SloVerdict(passed=True, reasons=[]), nodes=[], samples_path="s",
+        warmup_samples_path=None, summary_path="x", k6_exit_code=0, k6_thresholds_crossed=[], k6_cpu_s=0.1,
+        vus_pre=1, vus_max=2, tags={}, notes=[], dropped_in={"lead": 0, "spike": 5, "recovery": 2})
+    an = spike.analyse(res, _frame(rows), 20.0, 10.0, SLO_1S, spec)
+    assert an.recovered and (an.dropped_spike, an.dropped_recovery) == (5, 2)
+    assert "dropped 5 iterations in the spike and 2 after it" in an.dropped_note and "lower bound" in an.dropped_note
+    clean = spike.analyse(res.model_copy(update={"dropped_in": {"lead": 0, "spike": 0, "recovery": 0}}),
+                          _frame(rows), 20.0, 10.0, SLO_1S, spec)
+    assert (clean.dropped_spike, clean.dropped_note) == (0, None)
+    old = spike.analyse(res.model_copy(update={"dropped_in": {}}), _frame(rows), 20.0, 10.0, SLO_1S, spec)
+    assert old.dropped_spike is None  # not counted: absent, never 0
+    from deploybench.report.spike import facts
+
+    assert dict(facts(an.model_dump()))["dropped by k6"].startswith("5 in the spike, 2 after it: k6 dropped")
+    assert dict(facts(old.model_dump()))["dropped by k6"] == "absent (not counted)"
+
+
+def test_a_failed_scale_up_shows_on_the_run_page_from_the_stored_flag():
+    """Both times absent (no engine added served): the run page still says a scale-up was asked, and why absent."""
+    from deploybench.store.ingest import spike_columns
+    from deploybench.store.rows import PhaseRecord
+    from deploybench.web.markup import _spike_section
+
+    an = {"recovery_s": None, "recovery_reason": "not back", "scale_up": {
+        "all_serving_s": None, "slo_again_s": None, "added": [{"node": "n2", "serving_s": None, "error": "boom"}]}}
+    cols = spike_columns(an)
+    assert cols["scale_up"] is True and cols["scale_up_serving_s"] is None and cols["scale_up_slo_s"] is None
+    assert spike_columns({"recovery_s": 1.0, "recovery_reason": "ok"})["scale_up"] is False
+    row = PhaseRecord(phase="spike", offered_rps=1, achieved_rps=1, output_tps=1, requests=1, errors=0, error_rate=0,
+                      duration_s=1, started_at=T0.to_pydatetime(), **cols)
+    page = _spike_section([row])
+    assert "added engines serving" in page and "absent (not every added engine served)" in page
+    plain = _spike_section([row.model_copy(update={"scale_up": False})])
+    assert "recovery time" in plain and "added engines serving" not in plain

@@ -39,6 +39,10 @@ def test_the_fields_come_from_runconfig_in_a_closed_section():
     (SPIKE | {"scale_up": True, "nodes": 1, "canary_nodes": 1}, ["scale_up=true", "nodes=1", "nodes >= 2"]),
     (SPIKE | {"scale_up": True, "nodes": 3, "scale_up_from": 3}, ["scale_up_from=3", "between 1 and 2"]),
     ({"load_phases": ["sustained"], "scale_up": True}, ["scale_up=true", "add 'spike'"]),
+    (SPIKE | {"spike_hold_s": 601, "spike_recovery_s": 900}, ["spike_hold_s", "600", "got 601"]),
+    (SPIKE | {"spike_recovery_s": 1801}, ["spike_recovery_s", "1800", "got 1801"]),
+    (SPIKE | {"spike_hold_s": 0.5, "spike_recovery_s": 1.5}, ["spike_recovery_s", "greater than or equal to 2",
+                                                             "got 1.5"]),
     (SPIKE | {"scale_up": True, "target_url": "http://lb.example:8000"}, ["target_url='http://lb.example:8000'",
                                                                          "leave target_url empty"]),
 ])
@@ -95,3 +99,47 @@ def test_validate_refuses_scale_up_on_one_node_and_on_the_external_backend(inven
     # the same conf on the ssh backend with two nodes passes validate
     got = pipeline.validate("deploybench_run__spike_ok", conf | {"inventory": inventory(2)})
     assert got["nodes"] == ["n1", "n2"]
+
+
+def test_the_phase_that_starts_a_load_stage_clean_is_the_first_that_runs_not_the_first_listed():
+    from deploybench.load import phases
+
+    cfg = params.to_config({"load_phases": ["spike", "sustained"]})
+    assert [p.value for p in cfg.load.phases] == ["spike", "sustained"]  # as typed ...
+    assert phases.first_asked(cfg.load.phases) == "sustained"  # ... but sustained runs first
+    assert phases.first_asked(["overload", "probe", "spike"]) == "probe"
+
+
+def test_scale_up_is_refused_in_a_matrix_cell_sharing_its_deployment():
+    from deploybench.config import RunConfig
+
+    base = {"inventory": "demo", "nodes": 3, "load": {"phases": ["sustained", "spike"], "scale_up": True}}
+    assert RunConfig.parse(base).load.scale_up
+    for key in ("keep_for", "adopt"):
+        with pytest.raises(ConfigError) as exc:
+            RunConfig.parse(base | {"deployment": {key: "run-cell-2"}})
+        assert f"deployment.{key}='run-cell-2'" in str(exc.value) and "set scale_up=false" in str(exc.value)
+
+
+def test_the_k6_operator_is_refused_off_kubernetes_and_beside_load_generators(inventory):
+    from deploybench.config import RunConfig
+
+    with pytest.raises(ConfigError) as exc:
+        RunConfig.parse({"inventory": "demo", "rollout": {"kubernetes": {"k6_operator": {"parallelism": 2}}}})
+    assert "parallelism=2" in str(exc.value) and "backend='ssh'" in str(exc.value) and "parallelism=0" in str(exc.value)
+    gens = inventory(2)
+    path = Path(os.environ["DEPLOYBENCH_INVENTORIES"]) / f"{gens}.json"
+    doc = json.loads(path.read_text())
+    path.with_name("gens.json").write_text(json.dumps({**doc, "name": "gens", "loadgens": [
+        {"name": "g1", "address": "127.0.0.9"}]}))
+    from deploybench.inventory import Inventory
+    from deploybench.stages import check_load_senders
+
+    k8s = {"backend": "kubernetes", "kubernetes": {"image": "vllm/vllm-openai:v0.6.0"}}
+    cfg = RunConfig.parse({"inventory": "gens", "rollout": k8s | {"kubernetes": k8s["kubernetes"] | {
+        "k6_operator": {"parallelism": 2}}}})
+    with pytest.raises(ConfigError) as exc:
+        check_load_senders(cfg, Inventory.load("gens"))
+    assert "parallelism=2" in str(exc.value) and "load generators (g1)" in str(exc.value)
+    check_load_senders(cfg, Inventory.load(gens))  # no load generators: the TestRun sends it
+    check_load_senders(RunConfig.parse({"inventory": "gens", "rollout": k8s}), Inventory.load("gens"))

@@ -4,7 +4,9 @@
   and stay there (deploybench.load.spike); absent when they did not come back within the recovery window, with
   ``spike_recovery_reason`` saying why;
 - ``load_phases.scale_up_serving_s`` / ``scale_up_slo_s``: scaling up under load, from the spike's start until every
-  added engine served (health OK), and until the SLO held again; absent when that did not happen.
+  added engine served (health OK), and until the SLO held again; absent when that did not happen;
+- ``load_phases.scale_up``: whether the spike phase scaled up under load (also when it failed to: both times then
+  absent); NULL for other phases.
 
 Revision ID: 0012_spike
 Revises: 0011_energy_per_request
@@ -23,7 +25,7 @@ depends_on = None
 
 COLUMNS: tuple[tuple[str, sa.types.TypeEngine], ...] = (
     ("spike_recovery_s", sa.Double()), ("spike_recovery_reason", sa.Text()),
-    ("scale_up_serving_s", sa.Double()), ("scale_up_slo_s", sa.Double()))
+    ("scale_up_serving_s", sa.Double()), ("scale_up_slo_s", sa.Double()), ("scale_up", sa.Boolean()))
 
 
 def upgrade() -> None:
