@@ -135,7 +135,8 @@ def _folders(ctx: Any) -> Any:
     pulled from the results database before, pushed after; nothing without one)."""
     from deploybench.store.run_files import synced
 
-    return synced(_matrix_key(ctx), _dsn(), prefixes=[paths.dag_run_key(RUN_DAG_ID, f"matrix__{ctx['run_id']}__")])
+    key = _matrix_key(ctx)
+    return synced(key, _dsn(), prefixes=[paths.dag_run_key(RUN_DAG_ID, f"matrix__{ctx['run_id']}__")], matrix_key=key)
 
 
 def matrix_tasks() -> dict[str, Any]:

@@ -22,7 +22,6 @@ retry; ``finish`` fails the run if any stage failed.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 from collections.abc import Iterator
 from datetime import timedelta
@@ -36,15 +35,41 @@ from deploybench import paths
 
 # Celery queues a run's tasks are spread over, in turn ("worker-1,worker-2"; empty: Airflow's default queue). Read
 # when the DAG is parsed. The compose stack's Celery check sets it so that consecutive tasks land on different
-# workers, each with its own disk: what one task writes, the next reads through the results database.
+# workers, each with its own disk: what one task writes, the next reads through the results database. A task's queue
+# comes from its place in the chain (``chain_order``), so every parse of every DAG file gives it the same one.
 QUEUES_ENV = "DEPLOYBENCH_TASK_QUEUES"
-_turn = itertools.count()
 
 
-def next_queue() -> dict[str, str]:
-    """``{"queue": ...}`` for the next task declared, in turn over $DEPLOYBENCH_TASK_QUEUES; {} when it is unset."""
+def chain_order() -> list[tuple[str, str | None]]:
+    """The run's tasks in the order ``run_stages`` chains them, as (stage, phase or task): the stages before the
+    lease, its acquire, the leased stages' tasks (a phased stage's phases), the undoing stage, the lease's release,
+    the stages after failures, finish."""
+    from deploybench.stages import REGISTRY
+
+    stages = list(REGISTRY.values())
+
+    def tasks(st: Any) -> list[tuple[str, str | None]]:
+        return [(st.name, p) for p in st.phases] if st.phases else [(st.name, None)]
+
+    order = [t for s in stages if not s.leased and not s.after_failure for t in tasks(s)]
+    order.append(("lease", "acquire"))
+    order += [t for s in stages if s.leased for t in tasks(s)]
+    order += [t for s in stages if s.undoes for t in tasks(s)]
+    order.append(("lease", "release"))
+    order += [t for s in stages if s.after_failure and not s.undoes for t in tasks(s)]
+    order.append(("finish", None))
+    return order
+
+
+def queue_of(stage: str, phase: str | None = None) -> dict[str, str]:
+    """``{"queue": ...}`` for one task, by its place in ``chain_order`` over $DEPLOYBENCH_TASK_QUEUES (consecutive
+    tasks on different queues); {} when it is unset."""
     queues = [q.strip() for q in os.environ.get(QUEUES_ENV, "").split(",") if q.strip()]
-    return {"queue": queues[next(_turn) % len(queues)]} if queues else {}
+    if not queues:
+        return {}
+    order = chain_order()
+    at = order.index((stage, phase)) if (stage, phase) in order else 0
+    return {"queue": queues[at % len(queues)]}
 
 
 RETRY = {"retries": 3, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True,
@@ -93,20 +118,23 @@ def _dsn() -> str | None:
     return results_dsn()
 
 
-def run_folder(key: str) -> contextlib.AbstractContextManager[None]:
+def run_folder(key: str, only_run_json: bool = False) -> contextlib.AbstractContextManager[None]:
     """``with run_folder(key):`` around one task's work on a run: the run's folder on this worker is pulled from
-    the results database before and what the task wrote is pushed after, failed or not
+    the results database before and what the task wrote is pushed after, failed or stopped or not
     (deploybench.store.run_files.synced), so the next task finds it on any worker of any executor. Nothing happens
     without a results database. A matrix cell also brings its matrix's folder (the plan it is checked against) and
-    its sibling cells' (the engines one cell keeps for the next)."""
+    its sibling cells' records (the engines one cell keeps for the next). ``only_run_json``: just the run's run.json
+    (a hook that reads the run's durations; the task body syncs the rest)."""
     from deploybench.matrix.planned import cell_of
     from deploybench.store.run_files import synced
 
+    if only_run_json:
+        return synced(key, _dsn(), files=lambda p: p == "run.json")
     cell = cell_of(key)
     if cell is None:
         return synced(key, _dsn())
     matrix_key, cell_id = cell
-    return synced(key, _dsn(), also=[matrix_key], prefixes=[key[:len(key) - len(cell_id)]])
+    return synced(key, _dsn(), also=[matrix_key], prefixes=[key[:len(key) - len(cell_id)]], matrix_key=matrix_key)
 
 
 @contextlib.contextmanager
@@ -124,7 +152,7 @@ def _budget(stage: str):
     def hook(context: Any) -> None:
         from deploybench import pipeline
 
-        with run_folder(run_key(context)):  # the run's durations, in its run.json on whichever worker wrote it
+        with run_folder(run_key(context), only_run_json=True):  # the run's durations, in its run.json
             seconds = pipeline.budget_s(run_key(context), stage)
         if seconds:
             context["task"].execution_timeout = timedelta(seconds=seconds)
@@ -147,7 +175,8 @@ def _stage_task(name: str, phase: str | None = None, rule: TriggerRule | None = 
     if rule is None and stage.after_failure and not stage.undoes:
         rule = TriggerRule.ALL_DONE  # store and report run whatever failed before; finish gives the verdict
     retry = RETRY if stage.retries else RETRY_OUTSIDE if stage.judges_input else {}
-    kwargs: dict[str, Any] = {**retry, **({"trigger_rule": rule} if rule else {}), **next_queue()}
+    kwargs: dict[str, Any] = {**retry, **({"trigger_rule": rule} if rule else {}),
+                              **queue_of(name, phase)}
 
     @task(task_id=phase or stage.task or name, pre_execute=_budget(phase or name), **kwargs)
     def run_one(conf: dict | None = None) -> Any:
@@ -231,7 +260,7 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
     from deploybench.airflow.lease import AcquireLease
     from deploybench.stages import REGISTRY
 
-    @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("finish"), **next_queue())
+    @task(trigger_rule=TriggerRule.ALL_DONE, pre_execute=_budget("finish"), **queue_of("finish"))
     def finish() -> str:
         """Fails the run when any stage failed, so a green run means every stage passed."""
         from deploybench import pipeline
@@ -239,7 +268,7 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
         with run_folder(run_key()):
             return pipeline.finish(run_key())
 
-    @task(task_id="release", pre_execute=_budget("lease"), **next_queue())
+    @task(task_id="release", pre_execute=_budget("lease"), **queue_of("lease", "release"))
     def release_lease() -> dict:
         from deploybench import pipeline
 
@@ -248,7 +277,7 @@ def run_stages(conf: Any = None) -> dict[str, Any]:
 
     @task_group(group_id="lease")
     def lease_group():
-        take = AcquireLease(task_id="acquire", pre_execute=_budget("lease"), **next_queue())
+        take = AcquireLease(task_id="acquire", pre_execute=_budget("lease"), **queue_of("lease", "acquire"))
         return take, release_lease().as_teardown(setups=take)
 
     stages = list(REGISTRY.values())

@@ -22,14 +22,20 @@ file is checked into a staging folder first, then moved into place.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import json
 import logging
 import os
 import shutil
+import signal
 import stat
+import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -44,7 +50,10 @@ MAX_RUN_BYTES = 512 * 2**20  # the whole folder: bytea rows read into memory one
 MAX_FILES = 20_000  # files per run (a run writes some tens)
 MAX_PATH_CHARS = 1024
 MODE_ENV = "DEPLOYBENCH_RUN_FILES"  # "database" (default) | "shared": the workers mount one shared runs folder
-STAGING = ".pull-staging"  # a pull's checked files wait here (inside the run folder) until all passed
+STAGING = ".pull-staging-"  # prefix of a pull's own staging folder (inside the run folder), removed after it
+SYNC_DIR = ".sync"  # in runs_dir(), beside the run folders: per folder, a lock file and the sync index
+FETCH_CHUNK = 8 * 2**20  # a content is read from the database in pieces of this size, hashed on the way
+REPUSH = "push the run's folder again from a worker that has it, or re-run the run"
 WAY_OUT = (f"keep the run's files smaller (a shorter or slower load phase), or give every worker one shared folder "
            f"as $DEPLOYBENCH_HOME/runs and set {MODE_ENV}=shared")
 
@@ -95,7 +104,7 @@ def check_path(path: object, run_key: str) -> str:
     if any(p in ("", ".", "..") for p in path.split("/")) or "/".join(parts) != path:
         raise RunFileRefused(f"run {run_key}: file path {shown} is not normalised (an empty, '.' or '..' part); "
                              "only paths inside the run folder are accepted")
-    if parts[0] == STAGING:
+    if parts[0].startswith(STAGING.rstrip("-")):
         raise RunFileRefused(f"run {run_key}: file path {shown} is inside the pull's staging folder; refused")
     return path
 
@@ -117,15 +126,16 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def scan(folder: Path, known: Snapshot | None = None) -> Snapshot:
+def scan(folder: Path, known: Snapshot | None = None, only: Callable[[str], bool] | None = None) -> Snapshot:
     """The regular files under ``folder`` (symlinks are neither followed nor listed; temporary ``*.tmp`` files and
-    the staging folder are skipped). A file whose size and mtime are as in ``known`` keeps its sha256 unread."""
+    pulls' staging folders are skipped); ``only``: just the paths it accepts (the others are not hashed). A file
+    whose size and mtime are as in ``known`` keeps its sha256 unread."""
     known = known or {}
     found: Snapshot = {}
     for root, dirs, files in os.walk(folder, followlinks=False):
         rel_root = Path(root).relative_to(folder)
         if rel_root == Path("."):
-            dirs[:] = [d for d in dirs if d != STAGING]
+            dirs[:] = [d for d in dirs if not d.startswith(STAGING.rstrip("-"))]
         for name in files:
             if name.endswith(".tmp"):
                 continue
@@ -137,6 +147,8 @@ def scan(folder: Path, known: Snapshot | None = None) -> Snapshot:
             if not stat.S_ISREG(st.st_mode):
                 continue
             rel = (rel_root / name).as_posix()
+            if only is not None and not only(rel):
+                continue
             was = known.get(rel)
             same = was is not None and was.size == st.st_size and was.mtime_ns == st.st_mtime_ns
             found[rel] = Seen(st.st_size, st.st_mtime_ns, was.sha256 if same and was else _sha256_file(full))
@@ -149,62 +161,152 @@ def _table():
     return RunFile.__table__
 
 
+# -- this disk's sync state: a lock and an index per run folder, beside it (never in it) -----------------------
+def _sync_dir(folder: Path) -> Path:
+    """``runs/.sync``: no run folder starts with ``.`` (paths.run_folder_name), so this is no run's."""
+    d = folder.parent / SYNC_DIR
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive flock on ``runs/.sync/<folder>.lock`` while one pull or push works on ``folder``: two pulls of
+    one folder on one disk (sibling cells, the api-server and a task) take turns, and a push's scan and reads see
+    no pull's half-placed files. Released when the process dies, so a killed task never blocks the next."""
+    fd = os.open(_sync_dir(folder) / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _index_path(folder: Path) -> Path:
+    return _sync_dir(folder) / f"{folder.name}.json"
+
+
+def load_index(folder: Path) -> dict[str, str]:
+    """The sync index of ``folder`` on this disk: path -> the sha256 it had when it last matched the results
+    database (pulled or pushed). A local file whose sha256 differs from it is *dirty*: this disk's work not pushed
+    yet, which a pull neither overwrites nor removes. Unreadable or malformed: empty (every differing file dirty)."""
+    try:
+        data = json.loads(_index_path(folder).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _save_index(folder: Path, index: dict[str, str]) -> None:
+    path = _index_path(folder)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(index, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _dirty(rel: str, local: Snapshot, index: dict[str, str]) -> bool:
+    return rel in local and index.get(rel) != local[rel].sha256
+
+
 # -- pull ----------------------------------------------------------------------------------------------------
-def pull(run_key: str, dsn: str, folder: Path | None = None, only: Callable[[str], bool] | None = None) -> Snapshot:
+def pull(run_key: str, dsn: str, folder: Path | None = None, only: Callable[[str], bool] | None = None,
+         mirror: bool = False, known: Snapshot | None = None) -> Snapshot:
     """Bring the run's files that are missing or differ here from the results database into its folder; returns
     the folder's snapshot afterwards (what ``push`` compares with). ``only``: just the paths it accepts (a reader
-    that needs a few files of the run). RunFileRefused, with nothing written, when a row is hostile."""
+    that needs a few files of the run). ``mirror`` (a task's own run): also remove the local files the database
+    no longer has (a re-run's other worker deleted them). A *dirty* file (``load_index``) is never overwritten nor
+    removed. ``known``: a snapshot whose unchanged files (size, mtime) are not hashed again. RunFileRefused, with
+    nothing written, when a row is hostile."""
     from deploybench.store.db import open_store
 
     folder = folder or paths.run_dir(run_key)
     table = _table()
     engine = open_store(dsn)
-    with engine.connect() as conn:
-        rows = conn.execute(select(table.c.path, table.c.sha256, table.c.size)
-                            .where(table.c.run_key == run_key)).all()
-        if len(rows) > MAX_FILES:
-            raise RunFileRefused(f"run {run_key}: the results database holds {len(rows):,} files for it, over the "
-                                 f"{MAX_FILES:,} a run may have; refused")
-        declared = {check_path(p, run_key): (str(sha), _check_size(run_key, p, size)) for p, sha, size in rows
-                    if only is None or only(p)}
-        total = sum(size for _, size in declared.values())
-        if total > MAX_RUN_BYTES:
-            raise RunFileRefused(f"run {run_key}: its files in the results database add up to {total:,} bytes, over "
-                                 f"the {MAX_RUN_BYTES:,} a run may hold; {WAY_OUT}")
-        local = scan(folder)
-        need = sorted(p for p, (sha, _) in declared.items() if p not in local or local[p].sha256 != sha)
-        if not need:
-            return local
-        staging = folder / STAGING
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        try:
-            for i, rel in enumerate(need):
-                content = conn.execute(select(table.c.content).where(table.c.run_key == run_key,
-                                                                     table.c.path == rel)).scalar_one()
-                sha, size = declared[rel]
-                data = bytes(content)
-                if len(data) != size:
-                    raise RunFileRefused(f"run {run_key}: file {rel!r} holds {len(data):,} bytes where its row "
-                                         f"declares {size:,}; refused (push the run's folder again from a worker "
-                                         "that has it, or re-run the run)")
-                if hashlib.sha256(data).hexdigest() != sha:
-                    raise RunFileRefused(f"run {run_key}: file {rel!r} does not match its sha256 {sha[:16]}...; "
-                                         "refused (push the run's folder again from a worker that has it, or re-run "
-                                         "the run)")
-                _write_new(staging / str(i), data)
-            for i, rel in enumerate(need):
-                _place(folder, rel, staging / str(i), run_key)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    log.info("run %s: pulled %d file(s) from the results database into %s", run_key, len(need), folder)
-    return scan(folder, local)
+    with _locked(folder), engine.connect() as conn:
+        # one snapshot of the database for the listing and every content: a concurrent push is seen whole or not
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            rows = conn.execute(select(table.c.path, table.c.sha256, table.c.size, func.octet_length(table.c.content))
+                                .where(table.c.run_key == run_key)).all()
+            if len(rows) > MAX_FILES:
+                raise RunFileRefused(f"run {run_key}: the results database holds {len(rows):,} files for it, over "
+                                     f"the {MAX_FILES:,} a run may have; refused")
+            declared: dict[str, tuple[str, int]] = {}
+            for p, sha, size, stored in rows:
+                if only is not None and not only(p):
+                    continue
+                rel = check_path(p, run_key)
+                size = _check_size(run_key, rel, size)
+                if stored != size:  # before a byte of it is read
+                    raise RunFileRefused(f"run {run_key}: file {rel!r} holds {int(stored or 0):,} bytes where its "
+                                         f"row declares {size:,}; refused ({REPUSH})")
+                declared[rel] = (str(sha), size)
+            total = sum(size for _, size in declared.values())
+            if total > MAX_RUN_BYTES:
+                raise RunFileRefused(f"run {run_key}: its files in the results database add up to {total:,} bytes, "
+                                     f"over the {MAX_RUN_BYTES:,} a run may hold; {WAY_OUT}")
+            index = load_index(folder)
+            local = scan(folder, known, only)
+            for rel, (sha, _) in declared.items():  # the same on both sides: in sync
+                if rel in local and local[rel].sha256 == sha:
+                    index[rel] = sha
+            need = sorted(p for p, (sha, _) in declared.items()
+                          if (p not in local or local[p].sha256 != sha) and not _dirty(p, local, index))
+            kept = sorted(p for p, (sha, _) in declared.items() if _dirty(p, local, index) and local[p].sha256 != sha)
+            stale = sorted(p for p in local if mirror and p not in declared and not _dirty(p, local, index))
+            if kept:
+                log.info("run %s: %d file(s) changed here and not pushed yet are kept over the database's: %s",
+                         run_key, len(kept), ", ".join(kept[:10]))
+            staged: dict[str, Path] = {}
+            if need:
+                staging = Path(tempfile.mkdtemp(dir=folder, prefix=STAGING))
+                try:
+                    for rel in need:
+                        staged[rel] = _fetch(conn, table, run_key, rel, *declared[rel], staging)
+                    for rel in need:
+                        _place(folder, rel, staged[rel], run_key)
+                        index[rel] = declared[rel][0]
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+        for rel in stale:
+            with contextlib.suppress(FileNotFoundError):
+                (folder / rel).unlink()
+            index.pop(rel, None)
+        _save_index(folder, index)
+    log.info("run %s: pulled %d file(s) from the results database into %s%s", run_key, len(need), folder,
+             f", removed {len(stale)} it no longer has" if stale else "")
+    return scan(folder, local, only)
 
 
-def _write_new(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+def _fetch(conn: Any, table: Any, run_key: str, rel: str, sha: str, size: int, staging: Path) -> Path:
+    """One row's content into a new file under ``staging``, read in FETCH_CHUNK pieces and hashed on the way;
+    RunFileRefused when it is not as declared."""
+    fd, name = tempfile.mkstemp(dir=staging)
+    h, got = hashlib.sha256(), 0
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        while got < size or (size == 0 and got == 0):
+            chunk = conn.execute(select(func.substring(table.c.content, got + 1, FETCH_CHUNK))
+                                 .where(table.c.run_key == run_key, table.c.path == rel)).scalar_one_or_none()
+            if chunk is None:
+                raise RunFileRefused(f"run {run_key}: file {rel!r} is gone from the results database while it was "
+                                     f"read; refused ({REPUSH})")
+            data = bytes(chunk)
+            if not data:
+                break
+            h.update(data)
+            f.write(data)
+            got += len(data)
+            if got > size:
+                break
+    if got != size:
+        raise RunFileRefused(f"run {run_key}: file {rel!r} holds {got:,} bytes where its row declares {size:,}; "
+                             f"refused ({REPUSH})")
+    if h.hexdigest() != sha:
+        raise RunFileRefused(f"run {run_key}: file {rel!r} does not match its sha256 {sha[:16]}...; refused "
+                             f"({REPUSH})")
+    return Path(name)
 
 
 def _place(folder: Path, rel: str, staged: Path, run_key: str) -> None:
@@ -220,62 +322,100 @@ def _place(folder: Path, rel: str, staged: Path, run_key: str) -> None:
     target = d / parts[-1]
     if target.is_dir() and not target.is_symlink():
         raise RunFileRefused(f"run {run_key}: {target} is a folder; file {rel!r} is not written over it")
+    os.chmod(staged, 0o644)
     os.replace(staged, target)  # replaces a symlink itself, never what it points to
 
 
 # -- push ----------------------------------------------------------------------------------------------------
-def push(run_key: str, dsn: str, before: Snapshot, folder: Path | None = None) -> dict[str, int]:
+def _read_regular(folder: Path, rel: str, run_key: str) -> bytes:
+    """The bytes of ``folder/rel``, opened without following a symlink at its last part and checked to be a regular
+    file on the descriptor that is read (a file swapped for a symlink or a fifo after the scan is refused)."""
+    try:
+        fd = os.open(folder / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise RunFileRefused(f"run {run_key}: file {rel!r} cannot be opened as a plain file ({exc}); remove it or "
+                             "make it a plain file") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise RunFileRefused(f"run {run_key}: file {rel!r} is not a regular file; refused")
+        _check_size(run_key, rel, st.st_size)
+        data = f.read(MAX_FILE_BYTES + 1)
+    return data
+
+
+def push(run_key: str, dsn: str, before: Snapshot, folder: Path | None = None,
+         only: Callable[[str], bool] | None = None) -> dict[str, int]:
     """Write the files of the run folder created or changed since ``before`` (by sha256) into the results
-    database and delete the rows of those deleted, in one transaction. RunFileRefused, with nothing written, when
-    a file or the run is over its bound. Returns ``{"written", "deleted", "bytes"}``."""
+    database and delete the rows of those deleted, in one transaction. ``only``: just the paths it accepts (what a
+    task deliberately writes in another run's folder). RunFileRefused, with nothing written, when a file or the
+    run is over its bound. Returns ``{"written", "deleted", "bytes"}``."""
     from deploybench.store.db import open_store
 
     folder = folder or paths.run_dir(run_key)
-    now = scan(folder, before)
-    changed = sorted(p for p, seen in now.items() if p not in before or before[p].sha256 != seen.sha256)
-    gone = sorted(p for p in before if p not in now)
-    if not changed and not gone:
-        return {"written": 0, "deleted": 0, "bytes": 0}
-    if len(now) > MAX_FILES:
-        raise RunFileRefused(f"run {run_key}: its folder {folder} holds {len(now):,} files, over the {MAX_FILES:,} a "
-                             f"run may have; {WAY_OUT}")
-    for rel in changed:
-        check_path(rel, run_key)
-        _check_size(run_key, rel, now[rel].size)
-    table = _table()
-    written = 0
-    with open_store(dsn).begin() as conn:
+    with _locked(folder):
+        now = scan(folder, before, only)
+        index = load_index(folder)
+        changed = sorted(p for p, seen in now.items() if (p not in before or before[p].sha256 != seen.sha256)
+                         and index.get(p) != seen.sha256)
+        gone = sorted(p for p in before if p not in now and p in index and (only is None or only(p)))
+        if not changed and not gone:
+            return {"written": 0, "deleted": 0, "bytes": 0}
+        if len(now) > MAX_FILES:
+            raise RunFileRefused(f"run {run_key}: its folder {folder} holds {len(now):,} files, over the "
+                                 f"{MAX_FILES:,} a run may have; {WAY_OUT}")
         for rel in changed:
-            data = (folder / rel).read_bytes()
-            _check_size(run_key, rel, len(data))
-            stmt = insert(table).values(run_key=run_key, path=rel, sha256=hashlib.sha256(data).hexdigest(),
-                                        size=len(data), content=data, updated_at=func.now())
-            conn.execute(stmt.on_conflict_do_update(index_elements=[table.c.run_key, table.c.path],
-                                                    set_={"sha256": stmt.excluded.sha256, "size": stmt.excluded.size,
-                                                          "content": stmt.excluded.content,
-                                                          "updated_at": stmt.excluded.updated_at}))
-            written += len(data)
-        if gone:
-            conn.execute(delete(table).where(table.c.run_key == run_key, table.c.path.in_(gone)))
-        total = conn.execute(select(func.coalesce(func.sum(table.c.size), 0))
-                             .where(table.c.run_key == run_key)).scalar_one()
-        if total > MAX_RUN_BYTES:  # raising here rolls the transaction back: the database keeps the last good state
-            raise RunFileRefused(f"run {run_key}: its files would add up to {int(total):,} bytes in the results "
-                                 f"database, over the {MAX_RUN_BYTES:,} a run may hold; {WAY_OUT}")
+            check_path(rel, run_key)
+            _check_size(run_key, rel, now[rel].size)
+        table = _table()
+        written = 0
+        shas: dict[str, str] = {}
+        with open_store(dsn).begin() as conn:
+            # pushes of one run take turns, so the bound below holds whatever pushes run at once
+            conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"deploybench.run_files:{run_key}"))))
+            for rel in changed:
+                data = _read_regular(folder, rel, run_key)
+                _check_size(run_key, rel, len(data))
+                shas[rel] = hashlib.sha256(data).hexdigest()
+                stmt = insert(table).values(run_key=run_key, path=rel, sha256=shas[rel], size=len(data), content=data,
+                                            updated_at=func.now())
+                conn.execute(stmt.on_conflict_do_update(
+                    index_elements=[table.c.run_key, table.c.path],
+                    set_={"sha256": stmt.excluded.sha256, "size": stmt.excluded.size,
+                          "content": stmt.excluded.content, "updated_at": stmt.excluded.updated_at}))
+                written += len(data)
+            if gone:
+                conn.execute(delete(table).where(table.c.run_key == run_key, table.c.path.in_(gone)))
+            total = conn.execute(select(func.coalesce(func.sum(table.c.size), 0))
+                                 .where(table.c.run_key == run_key)).scalar_one()
+            if total > MAX_RUN_BYTES:  # raising here rolls the transaction back: the database keeps the last good state
+                raise RunFileRefused(f"run {run_key}: its files would add up to {int(total):,} bytes in the results "
+                                     f"database, over the {MAX_RUN_BYTES:,} a run may hold; {WAY_OUT}")
+        index.update(shas)
+        for rel in gone:
+            index.pop(rel, None)
+        _save_index(folder, index)
     log.info("run %s: pushed %d file(s) (%d bytes) to the results database, deleted %d", run_key, len(changed),
              written, len(gone))
     return {"written": len(changed), "deleted": len(gone), "bytes": written}
 
 
-def related_keys(dsn: str, prefix: str) -> list[str]:
-    """The run keys with files in the results database that start with ``prefix`` (a matrix's cells)."""
+def related_keys(dsn: str, prefix: str, matrix_key: str | None = None) -> list[str]:
+    """The run keys with files in the results database that start with ``prefix`` (a matrix's cells); with
+    ``matrix_key``, only the keys that are exactly that matrix's cells (deploybench.matrix.planned.cell_of): a user's
+    run id that merely starts like a cell's is not one."""
     from deploybench.store.db import open_store
 
     table = _table()
     like = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     with open_store(dsn).connect() as conn:
-        return sorted(conn.execute(select(table.c.run_key).distinct()
+        keys = sorted(conn.execute(select(table.c.run_key).distinct()
                                    .where(table.c.run_key.like(like, escape="\\"))).scalars())
+    if matrix_key is None:
+        return keys
+    from deploybench.matrix.planned import cell_of
+
+    return [k for k in keys if (c := cell_of(k)) is not None and c[0] == matrix_key]
 
 
 # -- a task's work between a pull and a push -------------------------------------------------------------------
@@ -286,41 +426,127 @@ def related_file(path: str) -> bool:
         path.startswith("stages/") and path.count("/") == 1)
 
 
+def written_elsewhere(path: str) -> bool:
+    """The only file a task writes in a run folder not its own, and so the only one it pushes there: a cell's kept
+    deployment (deploybench.matrix.deployment.KEPT), marked by its taker's preflight (``_mark``) and by the matrix's
+    cleanup. Anything else of another run is that run's own tasks' to push (its samples may be half written)."""
+    return path == "deployment.json"
+
+
+def is_record(path: str) -> bool:
+    """A small file a later task decides on (run.json, a stage record, a load phase's result): pushed first when a
+    task is stopped, before the samples, so that the grace period carries what matters most."""
+    return path == "run.json" or (path.startswith("stages/") and path.count("/") == 1) or path.endswith(".result.json")
+
+
+class TaskKilled(BaseException):
+    """SIGTERM reached a task inside ``synced``: raised so that its failure path pushes before the process ends."""
+
+
 @contextlib.contextmanager
-def synced(run_key: str, dsn: str | None, also: Iterable[str] = (), prefixes: Iterable[str] = ()) -> Iterator[None]:
-    """``with synced(key, dsn):`` around one task's work on a run: pulls the run's folder before, pushes what
-    changed after, also when the work failed (a failed stage's record holds what it measured). The runs in ``also``
-    and those whose keys start with one of ``prefixes`` (a matrix and its cells) are pulled for their
-    ``related_file``s only, and pushed like the run's own. Does nothing without a results database (``enabled``)."""
+def _on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into TaskKilled in the main thread while the block runs (Airflow sends SIGTERM, runs the
+    operator's on_kill, then SIGKILL after a grace period). The previous handler runs first (Airflow's own may raise
+    its exception, which the block's failure path handles the same way), and is back in place after the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: Any) -> None:
+        if callable(previous):
+            previous(signum, frame)
+        raise TaskKilled(f"signal {signum} (SIGTERM): the task is being stopped")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+_seen_here: dict[str, Snapshot] = {}  # folder -> its last snapshot in this process: unchanged files keep their sha256
+
+
+def synced(run_key: str, dsn: str | None, also: Iterable[str] = (), prefixes: Iterable[str] = (),
+           matrix_key: str | None = None, files: Callable[[str], bool] | None = None
+           ) -> contextlib.AbstractContextManager[None]:
+    """``with synced(key, dsn):`` around one task's work on a run: pulls the run's folder before (mirroring the
+    database: a file another worker's re-run deleted goes here too, unless it is this disk's unpushed work), pushes
+    what changed after, also when the work failed or the task was stopped by SIGTERM (a failed stage's record holds
+    what it measured; records first, samples last). ``files``: only these paths of the run, pulled and pushed, no
+    mirroring (a hook that reads run.json). The runs in ``also`` and those whose keys start with one of ``prefixes``
+    (a matrix and its cells; with ``matrix_key``, exactly that matrix's cells) are pulled for their
+    ``related_file``s only, and pushed only for the file a task writes there (``written_elsewhere``). Does nothing
+    without a results database (``enabled``)."""
+    return _synced(run_key, dsn, list(also), list(prefixes), matrix_key, files)
+
+
+@contextlib.contextmanager
+def _synced(run_key: str, dsn: str | None, also: list[str], prefixes: list[str], matrix_key: str | None,
+            files: Callable[[str], bool] | None) -> Iterator[None]:
     dsn = configured_dsn(dsn)
     if dsn is None or not enabled(dsn):
         yield
         return
-    keys = list(dict.fromkeys([run_key, *also, *(k for p in prefixes for k in related_keys(dsn, p))]))
-    seen = {k: pull(k, dsn, only=None if k == run_key else related_file) for k in keys}
+    keys = list(dict.fromkeys([run_key, *also, *(k for p in prefixes for k in related_keys(dsn, p, matrix_key))]))
+    pulled = {k: (files, files is None) if k == run_key else (related_file, False) for k in keys}
+    seen: dict[str, Snapshot] = {}
+    for k in keys:
+        folder = paths.run_dir(k)
+        only, mirror = pulled[k]
+        seen[k] = pull(k, dsn, folder, only=only, mirror=mirror, known=_seen_here.get(str(folder)))
+        _seen_here[str(folder)] = {**_seen_here.get(str(folder), {}), **seen[k]}
+    pushed = {k: files if k == run_key else written_elsewhere for k in keys}
+
+    def push_part(k: str, part: Callable[[str], bool] | None) -> None:
+        want = pushed[k]
+        push(k, dsn, seen[k], only=want if part is None else part if want is None
+             else (lambda p: part(p) and want(p)))
+
     try:
-        yield
+        with _on_sigterm():
+            yield
     except BaseException:
-        for k in keys:
-            try:
-                push(k, dsn, seen[k])
-            except Exception:  # noqa: BLE001 - the task's own error is the one to raise; this one is logged
-                log.exception("run %s: pushing its folder after the failed task failed too", k)
+        try:
+            with _on_sigterm():
+                for part in (is_record, None):  # a stopped task has seconds left: the records first, samples last
+                    for k in keys:
+                        try:
+                            push_part(k, part)
+                        except Exception:  # noqa: BLE001 - the task's own error is the one to raise; this is logged
+                            log.exception("run %s: pushing its folder after the failed task failed too", k)
+        except TaskKilled:
+            log.error("run %s: stopped again while pushing its folder after a failure", run_key)
         raise
     for k in keys:
-        push(k, dsn, seen[k])
+        push_part(k, None)
 
 
-def pull_if_missing(run_key: str, dsn: str | None, wanted: str = "run.json") -> bool:
-    """For a reader (the results pages): pull the run's ``wanted`` file (and its run.json, which names the run)
-    when it is not here and a results database is configured. True when a pull brought something."""
+def pull_wanted(run_key: str, dsn: str | None, wanted: Iterable[str] = ("run.json", "report.html")) -> bool:
+    """For a reader (the results pages): bring the run's ``wanted`` files here when they are missing or differ from
+    the database's (one small query of their sha256, no scan of the folder). True when the last of ``wanted`` is
+    here afterwards (the file the reader serves). No database, or a run it does not know: what is on disk."""
     from deploybench.store.db import open_store
 
+    wanted = list(dict.fromkeys(wanted))
     dsn = configured_dsn(dsn)
     folder = paths.runs_dir() / paths.run_folder_name(run_key)
-    if dsn is None or not enabled(dsn) or (folder / wanted).is_file():
-        return False
+    if dsn is None or not enabled(dsn):
+        return (folder / wanted[-1]).is_file()
     table = _table()
-    with open_store(dsn).connect() as conn:  # a key the database does not know leaves no empty folder behind
-        known = conn.execute(select(table.c.path).where(table.c.run_key == run_key).limit(1)).first() is not None
-    return known and bool(pull(run_key, dsn, only=lambda p: p in ("run.json", wanted)))
+    with open_store(dsn).connect() as conn:
+        rows = dict(conn.execute(select(table.c.path, table.c.sha256)
+                                 .where(table.c.run_key == run_key, table.c.path.in_(wanted))).all())
+    if not rows:  # a key the database does not know leaves no empty folder behind
+        return (folder / wanted[-1]).is_file()
+    stale = False
+    for rel, sha in rows.items():
+        target = folder / rel
+        try:
+            stale = stale or not target.is_file() or target.is_symlink() or _sha256_file(target) != sha
+        except OSError:
+            stale = True
+    if stale:
+        pull(run_key, dsn, paths.run_dir(run_key), only=lambda p: p in rows)
+    return (folder / wanted[-1]).is_file()

@@ -167,10 +167,10 @@ def report_file(run_key: str, dsn: str | None = None) -> Path | None:
     if dsn is not None:
         from sqlalchemy.exc import SQLAlchemyError
 
-        from deploybench.store.run_files import pull_if_missing
+        from deploybench.store.run_files import pull_wanted
 
-        try:
-            pull_if_missing(run_key, dsn, wanted="report.html")
+        try:  # one small query of the two files' sha256: a stale report here is replaced, a current one kept
+            pull_wanted(run_key, dsn, wanted=("run.json", "report.html"))
         except (StoreError, SQLAlchemyError, OSError) as exc:  # a hostile or unreadable row: "no report here"
             log.warning("run %r: its folder could not be pulled from the results database: %s", run_key, exc)
     folder = paths.run_dir(run_key).resolve()
