@@ -257,3 +257,219 @@ def test_the_related_files_are_the_matrix_modules_own_names():
         assert run_files.related_file(name), name
     assert not run_files.related_file("load/sustained/samples.csv")
     assert not run_files.related_file("report.html")
+
+
+def _push_from(dsn: str, key: str, home: Path, files: dict[str, bytes | None]) -> None:
+    """Another worker (its own disk, ``home``) pulls the run, writes (None: deletes) ``files`` and pushes."""
+    folder = home / "runs" / paths.run_folder_name(key)
+    folder.mkdir(parents=True, exist_ok=True)
+    before = run_files.pull(key, dsn, folder, mirror=True)
+    for rel, body in files.items():
+        if body is None:
+            (folder / rel).unlink()
+        else:
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_bytes(body)
+    run_files.push(key, dsn, before, folder)
+
+
+def test_concurrent_pulls_of_one_folder_each_stage_their_own_files(dsn, homes):
+    """Sibling cells, or the api-server and a task, pull one folder on one disk at once: each pull stages in its own
+    folder under the folder's lock, and every pull ends with the database's files in place."""
+    import threading
+
+    key = "pulled-twice"
+    files = {f"stages/s{i:02d}.json": f'{{"i": {i}}}'.encode() * 50 for i in range(40)}
+    _push_from(dsn, key, homes(1), files)
+    homes(0)
+    folder = paths.run_dir(key)
+    for _ in range(3):
+        for p in folder.rglob("*.json"):
+            p.unlink()
+        errors: list[BaseException] = []
+
+        def one() -> None:
+            try:
+                run_files.pull(key, dsn)
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert _tree(folder) == files
+    assert not [p for p in folder.iterdir() if p.name.startswith(".pull-staging")]
+
+
+def test_another_pulls_staging_folder_is_left_alone_and_never_pushed(dsn, homes):
+    key = "foreign-staging"
+    _push_from(dsn, key, homes(1), {"run.json": b"{}"})
+    homes(0)
+    folder = paths.run_dir(key)
+    other = folder / ".pull-staging-inflight"  # a pull in another process, mid-way
+    other.mkdir()
+    (other / "tmpabc").write_bytes(b"staged by the other pull")
+    before = run_files.pull(key, dsn, mirror=True)
+    assert (other / "tmpabc").read_bytes() == b"staged by the other pull"
+    assert set(before) == {"run.json"}
+    (folder / "report.html").write_text("<html/>")
+    run_files.push(key, dsn, before)
+    assert set(_rows(dsn, key)) == {"run.json", "report.html"}
+
+
+def test_a_pull_keeps_this_disks_unpushed_work(dsn, homes):
+    """A file changed here and not pushed yet (a lease record rewritten by its release, still pushing) is not
+    overwritten by the database's older copy; a file that was in sync is brought up to date."""
+    key = "dirty-kept"
+    homes(0)
+    with run_files.synced(key, dsn):
+        d = paths.run_dir(key)
+        (d / "stages").mkdir()
+        (d / "stages" / "lease.json").write_text('{"status": "running"}')
+        (d / "stages" / "validate.json").write_text('{"v": 1}')
+    (d / "stages" / "lease.json").write_text('{"status": "released"}')  # this disk's newer work, not pushed yet
+    _push_from(dsn, key, homes(1), {"stages/validate.json": b'{"v": 2}'})
+    homes(0)
+    run_files.pull(key, dsn, mirror=True)
+    assert (d / "stages" / "lease.json").read_text() == '{"status": "released"}'
+    assert (d / "stages" / "validate.json").read_text() == '{"v": 2}'
+    with run_files.synced(key, dsn):  # another task here: the release's record is its writer's to push, not this one's
+        pass
+    assert _rows(dsn, key)["stages/lease.json"][0] == hashlib.sha256(b'{"status": "running"}').hexdigest()
+
+
+def test_a_pull_of_the_own_run_removes_what_a_re_run_deleted_elsewhere(dsn, homes):
+    """A re-run on another worker deleted the previous attempt's records: the pull of the run's own folder removes
+    them here too (the store stage must not ingest them), but keeps a file this disk wrote and never pushed."""
+    key = "re-run"
+    homes(0)
+    with run_files.synced(key, dsn):
+        d = paths.run_dir(key)
+        (d / "run.json").write_text("{}")
+        (d / "stages").mkdir()
+        (d / "stages" / "load.json").write_text('{"attempt": 1}')
+        (d / "load").mkdir()
+        (d / "load" / "sustained.result.json").write_text('{"attempt": 1}')
+    _push_from(dsn, key, homes(1), {"stages/load.json": None, "load/sustained.result.json": None})
+    homes(0)
+    (d / "notes.txt").write_text("written here, never pushed")
+    with run_files.synced(key, dsn):
+        assert set(_tree(d)) == {"run.json", "notes.txt"}
+    # a reader's pull of a few files (not the run's own task) removes nothing
+    _push_from(dsn, key, homes(1), {"run.json": None})
+    homes(0)
+    run_files.pull(key, dsn, only=lambda p: p == "report.html")
+    assert (d / "run.json").is_file()
+
+
+def test_a_stopped_task_pushes_its_records_before_it_ends(dsn, homes):
+    """SIGTERM (Airflow stopping a task, SIGKILL after a grace period) inside synced raises TaskKilled, so the
+    failure path pushes what the task wrote; the previous handler is back afterwards."""
+    import signal
+
+    key = "stopped"
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(run_files.TaskKilled):
+        with run_files.synced(key, dsn):
+            d = paths.run_dir(key)
+            (d / "stages").mkdir()
+            (d / "stages" / "load.json").write_text('{"status": "failed", "measured": 412}')
+            (d / "load").mkdir()
+            (d / "load" / "samples.csv").write_text("ts\n1\n")
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert set(_rows(dsn, key)) == {"stages/load.json", "load/samples.csv"}
+
+
+def test_a_push_during_a_pull_is_seen_whole_or_not_at_all(dsn, homes, monkeypatch, tmp_path):
+    """The pull reads the listing and every content in one REPEATABLE READ transaction: a push landing between its
+    listing and its reads is no 'does not match its sha256' refusal, just not there yet."""
+    key = "raced"
+    _push_from(dsn, key, tmp_path / "w1", {"stages/a.json": b'{"old": 1}', "stages/b.json": b'{"old": 2}'})
+    homes(0)
+    real, raced = run_files._fetch, []
+
+    def fetch_after_a_push(*args, **kwargs):
+        if not raced:
+            raced.append(1)
+            _push_from(dsn, key, tmp_path / "w1", {"stages/a.json": b'{"new": 1}', "stages/b.json": None})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_files, "_fetch", fetch_after_a_push)
+    run_files.pull(key, dsn)
+    d = paths.run_dir(key)
+    assert _tree(d) == {"stages/a.json": b'{"old": 1}', "stages/b.json": b'{"old": 2}'}
+    monkeypatch.setattr(run_files, "_fetch", real)
+    run_files.pull(key, dsn, mirror=True)
+    assert _tree(d) == {"stages/a.json": b'{"new": 1}'}
+
+
+def test_a_size_mismatch_is_refused_before_the_content_is_read(dsn, homes, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the content was read")
+
+    _plant(dsn, "lying-early", "load/samples.csv", b"x" * 100, size=99)
+    monkeypatch.setattr(run_files, "_fetch", never)
+    with pytest.raises(run_files.RunFileRefused, match=r"holds 100 bytes where its row declares 99"):
+        run_files.pull("lying-early", dsn)
+
+
+def test_a_big_content_is_read_in_pieces(dsn, homes, monkeypatch):
+    monkeypatch.setattr(run_files, "FETCH_CHUNK", 1000)
+    body = bytes(range(256)) * 40  # 10,240 bytes: 11 pieces
+    _plant(dsn, "pieces", "load/samples.bin", body)
+    run_files.pull("pieces", dsn)
+    assert (paths.run_dir("pieces") / "load" / "samples.bin").read_bytes() == body
+
+
+def test_a_push_reads_no_file_through_a_symlink_nor_a_fifo(homes, tmp_path):
+    folder = paths.run_dir("odd-files")
+    (tmp_path / "secret").write_text("not the run's")
+    os.symlink(tmp_path / "secret", folder / "link.json")
+    os.mkfifo(folder / "pipe.json")
+    with pytest.raises(run_files.RunFileRefused, match="cannot be opened as a plain file"):
+        run_files._read_regular(folder, "link.json", "odd-files")
+    with pytest.raises(run_files.RunFileRefused, match="is not a regular file"):
+        run_files._read_regular(folder, "pipe.json", "odd-files")
+
+
+def test_a_cell_pushes_only_the_kept_deployment_of_its_siblings(dsn, homes):
+    """A sibling cell's samples half written on this disk, its run.json changed here: not this task's to push; the
+    kept deployment it marks is. A user's run whose id merely starts like the matrix's cells is no cell."""
+    matrix, prefix = "deploybench_matrix__m2", "deploybench_run__matrix__m2__"
+    sibling, user_run = prefix + "c01", prefix + "x__c07"
+    for key in (sibling, user_run):
+        _push_from(dsn, key, homes(1), {"run.json": b"{}", "deployment.json": b'{"kept_for": "c02"}'})
+    assert run_files.related_keys(dsn, prefix, matrix) == [sibling]
+    homes(0)
+    with run_files.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix], matrix_key=matrix):
+        assert not (paths.runs_dir() / paths.run_folder_name(user_run)).exists()
+        s = paths.run_dir(sibling)
+        (s / "deployment.json").write_text('{"kept_for": "c02", "adopted_by": "c02"}')
+        (s / "run.json").write_text('{"rewritten": "by its own task on this disk"}')
+        (s / "load").mkdir()
+        (s / "load" / "samples.csv").write_text("ts\n1\n")  # half written by the sibling's own task
+    rows = _rows(dsn, sibling)
+    assert set(rows) == {"run.json", "deployment.json"}
+    assert rows["run.json"][0] == hashlib.sha256(b"{}").hexdigest()
+    assert rows["deployment.json"][0] == hashlib.sha256(b'{"kept_for": "c02", "adopted_by": "c02"}').hexdigest()
+    from deploybench.matrix import deployment
+
+    assert run_files.written_elsewhere(deployment.KEPT)
+
+
+def test_the_results_page_replaces_a_stale_report_and_says_whether_one_is_there(dsn, homes):
+    key = "stale-page"
+    _push_from(dsn, key, homes(1), {"run.json": json.dumps({"run_key": key}).encode(), "report.html": b"<html>1</html>"})
+    homes(0)
+    assert run_files.pull_wanted(key, dsn) is True
+    _push_from(dsn, key, homes(1), {"report.html": b"<html>2</html>"})
+    homes(0)
+    assert run_files.pull_wanted(key, dsn) is True
+    assert (paths.run_dir(key) / "report.html").read_text() == "<html>2</html>"
+    _push_from(dsn, "no-report", homes(1), {"run.json": b"{}"})
+    homes(0)
+    assert run_files.pull_wanted("no-report", dsn) is False

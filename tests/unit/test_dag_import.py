@@ -139,8 +139,8 @@ def test_tasks_take_the_queues_of_deploybench_task_queues_in_turn(monkeypatch):
     """The compose stack's Celery check spreads a run's tasks over two workers' own queues: consecutive tasks of the
     chain alternate (so a run's hand-overs cross workers); unset, every task stays on Airflow's default queue."""
     order = ["validate", "lease.acquire", "preflight.nodes_and_links", "fanout.copy_and_verify",
-             "rollout.canary_then_scale", "load.probe", "load.sustained", "load.overload", "teardown", "lease.release",
-             "store.write_results", "report.render", "finish"]
+             "rollout.canary_then_scale", "load.probe", "load.sustained", "load.spike", "load.overload", "teardown",
+             "lease.release", "store.write_results", "report.render", "finish"]
     monkeypatch.setenv("DEPLOYBENCH_TASK_QUEUES", "worker-1, worker-2")
     dag = _dagbag().dags["deploybench_run"]
     queues = {t.task_id: t.queue for t in dag.tasks}
@@ -148,5 +148,9 @@ def test_tasks_take_the_queues_of_deploybench_task_queues_in_turn(monkeypatch):
     crossings = sum(queues[a] != queues[b] for a, b in zip(order, order[1:]))
     assert crossings >= len(order) // 2, queues
     assert queues["validate"] != queues["lease.acquire"]
+    assert all(queues[a] != queues[b] for a, b in zip(order, order[1:])), queues  # every hand-over crosses
+    # a task's queue is its place in the chain, not the count of tasks parsed before it in this process
+    again = {t.task_id: t.queue for t in _dagbag().dags["deploybench_run"].tasks}
+    assert again == queues
     monkeypatch.delenv("DEPLOYBENCH_TASK_QUEUES")
     assert {t.queue for t in _dagbag().dags["deploybench_run"].tasks} == {"default"}
