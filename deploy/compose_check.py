@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -279,6 +280,7 @@ class Stack:
             "POSTGRES_PASSWORD": secrets.token_urlsafe(16),
             "DEPLOYBENCH_RESULTS_PASSWORD": results_password,
             "AIRFLOW_JWT_SECRET": secrets.token_urlsafe(32),
+            "REDIS_PASSWORD": secrets.token_urlsafe(24),  # the celery profile's broker (required by the file)
             "AIRFLOW_API_PUBLISH": f"127.0.0.1:{self.port}",
             "AIRFLOW_IMAGE": AIRFLOW_STANDIN,
             "POSTGRES_IMAGE": POSTGRES_STANDIN,
@@ -385,6 +387,37 @@ def task_log(stack: Stack, run_path: str, ti: dict, lines: int = 40) -> str:
     return "\n".join(str(content).splitlines()[-lines:])
 
 
+PULLED = re.compile(r"pulled (\d+) file\(s\) from the results database")
+
+
+def handed_over(stack: Stack, run_path: str, tis: list[dict]) -> str:
+    """The celery pass's proof of the hand-over: the two workers mount different volumes at /var/lib/deploybench
+    (docker inspect), and a task whose predecessor in time ran on the other worker says in its log that it pulled
+    N > 0 files of the run from the results database (deploybench.store.run_files.pull). CheckFailed otherwise."""
+    homes = {}
+    for w in ("airflow-worker-1", "airflow-worker-2"):
+        cid = stack.container(w)
+        got = json.loads(run([DOCKER, "inspect", cid or w], 30, env=stack.d.env, quiet=True).stdout)[0]
+        homes[w] = [m.get("Name") or m.get("Source") for m in got.get("Mounts", [])
+                    if m.get("Destination") == "/var/lib/deploybench"]
+    if any(len(v) != 1 for v in homes.values()) or homes["airflow-worker-1"] == homes["airflow-worker-2"]:
+        raise CheckFailed(f"the workers' mounts at /var/lib/deploybench are not two different volumes: {homes}")
+    ran = sorted((t for t in tis if t.get("hostname") and t.get("start_date") and t.get("state") == "success"),
+                 key=lambda t: t["start_date"])
+    tried = []
+    for before, ti in zip(ran, ran[1:]):
+        if before["hostname"] == ti["hostname"]:
+            continue
+        counts = [int(n) for n in PULLED.findall(task_log(stack, run_path, ti, lines=10_000))]
+        tried.append(f"{ti['task_id']}@{ti['hostname']} after {before['task_id']}@{before['hostname']}: {counts}")
+        if any(n > 0 for n in counts):
+            return (f"worker disks {homes['airflow-worker-1']} and {homes['airflow-worker-2']}; "
+                    f"{ti['task_id']} on {ti['hostname']} pulled {max(counts)} file(s) after {before['task_id']} "
+                    f"ran on {before['hostname']}")
+    raise CheckFailed("no task whose predecessor ran on the other worker logged a pull of any file: "
+                      + ("; ".join(tried) or "no consecutive tasks on different workers"))
+
+
 def check_stack(stack: Stack, steps: Steps) -> str:
     """Steps 3-9 on a built daemon (11 with the celery profile); returns the run id of the successful run."""
     if stack.celery:
@@ -451,6 +484,8 @@ def check_stack(stack: Stack, steps: Steps) -> str:
                 raise CheckFailed(f"the api-server's disk already holds a run folder ({on_api.strip()[:200]}): the "
                                   "results pages' pull from the database would not be tested")
             log(f"{len(where)} task instances on {len(hosts)} workers: {hosts}")
+        with steps(named("the workers' disks differ and a task pulled what the other worker wrote")):
+            log(handed_over(stack, path, tis))
     with steps(named("results pages answer with the run")):
         run_key = f"{DAG_ID}__{run_id}"
         runs = stack.request("GET", "/deploybench/api/runs")

@@ -165,7 +165,27 @@ def test_the_celery_profile_gives_each_worker_its_own_disk_and_both_the_lab(tmp_
     resolved = yaml.safe_load(done.stdout)["services"]
     assert set(resolved) >= CELERY_SERVICES
     assert resolved["airflow-scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
-    assert resolved["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    # the broker behind the .env's password (a Celery message carries its task's Execution-API token)
+    redis = resolved["redis"]
+    assert redis["command"][:2] == ["--requirepass", "change-me-four"], redis["command"]
+    assert redis["command"][redis["command"].index("--protected-mode") + 1] == "yes"
+    assert redis["environment"]["REDISCLI_AUTH"] == "change-me-four"
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+    assert resolved["airflow-scheduler"]["environment"]["AIRFLOW__CELERY__BROKER_URL"] == \
+        "redis://:change-me-four@redis:6379/0"
+    # run folders: the workers through the results database, the api-server reads it, the rest share one volume
+    run_files = {n: s["environment"].get("DEPLOYBENCH_RUN_FILES") for n, s in resolved.items()
+                 if n.startswith("airflow")}
+    assert run_files["airflow-worker-1"] == run_files["airflow-worker-2"] == run_files["airflow-apiserver"] == \
+        "database", run_files
+    assert run_files["airflow-scheduler"] == "shared", run_files
+    no_pw = tmp_path / "no-redis.env"
+    no_pw.write_text("".join(line + "\n" for line in env.read_text().splitlines()
+                             if not line.startswith("REDIS_PASSWORD=")))
+    refused = subprocess.run(["docker-compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "--env-file",
+                              str(no_pw), "--profile", "celery", "config"], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+    assert refused.returncode != 0 and "REDIS_PASSWORD" in refused.stderr
 
     def mounts(name: str) -> dict[str, str]:
         # compose v1 prints "source:target[:mode]" (a bind's source an absolute path, a volume's its name)

@@ -288,7 +288,7 @@ def test_concurrent_pulls_of_one_folder_each_stage_their_own_files(dsn, homes):
             p.unlink()
         errors: list[BaseException] = []
 
-        def one() -> None:
+        def one(errors: list[BaseException] = errors) -> None:
             try:
                 run_files.pull(key, dsn)
             except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
@@ -463,7 +463,8 @@ def test_a_cell_pushes_only_the_kept_deployment_of_its_siblings(dsn, homes):
 
 def test_the_results_page_replaces_a_stale_report_and_says_whether_one_is_there(dsn, homes):
     key = "stale-page"
-    _push_from(dsn, key, homes(1), {"run.json": json.dumps({"run_key": key}).encode(), "report.html": b"<html>1</html>"})
+    _push_from(dsn, key, homes(1), {"run.json": json.dumps({"run_key": key}).encode(),
+                                    "report.html": b"<html>1</html>"})
     homes(0)
     assert run_files.pull_wanted(key, dsn) is True
     _push_from(dsn, key, homes(1), {"report.html": b"<html>2</html>"})
