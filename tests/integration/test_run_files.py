@@ -474,3 +474,20 @@ def test_the_results_page_replaces_a_stale_report_and_says_whether_one_is_there(
     _push_from(dsn, "no-report", homes(1), {"run.json": b"{}"})
     homes(0)
     assert run_files.pull_wanted("no-report", dsn) is False
+
+
+def test_prune_drops_old_runs_files_but_what_the_pages_serve(dsn, homes):
+    old, new = "pruned-old", "pruned-new"
+    for key in (old, new):
+        _push_from(dsn, key, homes(1), {"run.json": b"{}", "report.html": b"<html/>", "load/samples.csv": b"x" * 300})
+    with db.open_store(dsn).begin() as conn:
+        conn.execute(text("UPDATE run_files SET updated_at = now() - interval '40 days' WHERE run_key = :k"),
+                     {"k": old})
+    got = run_files.prune(dsn, 30)
+    assert got["files"] >= 1 and got["bytes"] >= 300
+    assert set(_rows(dsn, old)) == {"run.json", "report.html"}
+    assert set(_rows(dsn, new)) == {"run.json", "report.html", "load/samples.csv"}
+    with pytest.raises(run_files.RunFileRefused, match=r"--older-than -1: give a number of days"):
+        run_files.prune(dsn, -1)
+    with pytest.raises(run_files.RunFileRefused, match=r"--older-than nan"):
+        run_files.prune(dsn, float("nan"))

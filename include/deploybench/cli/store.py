@@ -27,6 +27,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     include = sub.add_parser("include", help="take an excluded run back into the analysis")
     include.add_argument("run_key")
     include.set_defaults(func=_exclude, excluded=False, reason=None)
+    prune = sub.add_parser("prune-run-files", help="drop the run-folder files (samples) of runs finished long ago "
+                                                   "from the results database; run.json and report.html stay")
+    prune.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                       help="runs whose last file was pushed more than DAYS days ago")
+    prune.set_defaults(func=_prune)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from deploybench.store.db import resolve_dsn
+    from deploybench.store.run_files import prune
+
+    got = prune(resolve_dsn(args.dsn).dsn, args.older_than)
+    sys.stdout.write(f"dropped {got['files']} file(s) ({got['bytes']:,} bytes) of {got['runs']} run(s) last pushed "
+                     f"more than {args.older_than:g} days ago\n")
+    return 0
 
 
 def _exclude(args: argparse.Namespace) -> int:

@@ -550,3 +550,28 @@ def pull_wanted(run_key: str, dsn: str | None, wanted: Iterable[str] = ("run.jso
     if stale:
         pull(run_key, dsn, paths.run_dir(run_key), only=lambda p: p in rows)
     return (folder / wanted[-1]).is_file()
+
+
+KEPT_BY_PRUNE = ("run.json", "report.html")  # what the results pages serve of a run (pull_wanted)
+
+
+def prune(dsn: str | None, older_than_days: float) -> dict[str, int]:
+    """Retention of ``run_files``: drop the files of the runs whose last push is more than ``older_than_days`` days
+    old (their tasks are long done; a stored run's samples are in the store's ``request_samples``), except
+    ``KEPT_BY_PRUNE``, so that the results pages still serve their reports. Returns ``{"runs", "files", "bytes"}``.
+    RunFileRefused for a negative or non-finite number of days, before anything is deleted."""
+    import math
+
+    from deploybench.store.db import open_store
+
+    if isinstance(older_than_days, bool) or not isinstance(older_than_days, int | float) \
+            or not math.isfinite(older_than_days) or older_than_days < 0:
+        raise RunFileRefused(f"--older-than {older_than_days!r}: give a number of days, 0 or more (e.g. 30)")
+    table = _table()
+    with open_store(configured_dsn(dsn)).begin() as conn:
+        last = (select(table.c.run_key).group_by(table.c.run_key)
+                .having(func.max(table.c.updated_at) < func.now() - func.make_interval(0, 0, 0, 0, 0, 0,
+                                                                                      older_than_days * 86400)))
+        gone = conn.execute(delete(table).where(table.c.run_key.in_(last), table.c.path.not_in(KEPT_BY_PRUNE))
+                            .returning(table.c.run_key, table.c.size)).all()
+    return {"runs": len({k for k, _ in gone}), "files": len(gone), "bytes": int(sum(n for _, n in gone))}
