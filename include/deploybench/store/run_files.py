@@ -536,18 +536,19 @@ def pull_wanted(run_key: str, dsn: str | None, wanted: Iterable[str] = ("run.jso
         return (folder / wanted[-1]).is_file()
     table = _table()
     with open_store(dsn).connect() as conn:
-        rows = dict(conn.execute(select(table.c.path, table.c.sha256)
-                                 .where(table.c.run_key == run_key, table.c.path.in_(wanted))).all())
+        listed = conn.execute(select(table.c.path, table.c.sha256)
+                              .where(table.c.run_key == run_key, table.c.path.in_(wanted))).all()
+    rows: dict[str, str] = {str(p): str(sha) for p, sha in listed}
     if not rows:  # a key the database does not know leaves no empty folder behind
         return (folder / wanted[-1]).is_file()
-    stale = False
-    for rel, sha in rows.items():
+    def differs(rel: str, sha: str) -> bool:
         target = folder / rel
         try:
-            stale = stale or not target.is_file() or target.is_symlink() or _sha256_file(target) != sha
+            return not target.is_file() or target.is_symlink() or _sha256_file(target) != sha
         except OSError:
-            stale = True
-    if stale:
+            return True
+
+    if any(differs(rel, sha) for rel, sha in rows.items()):
         pull(run_key, dsn, paths.run_dir(run_key), only=lambda p: p in rows)
     return (folder / wanted[-1]).is_file()
 
