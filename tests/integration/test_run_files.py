@@ -15,7 +15,7 @@ from sqlalchemy import select, text
 from deploybench import paths
 from deploybench.records import StageRecord
 from deploybench.run import read_record, recording
-from deploybench.store import db, run_files
+from deploybench.store import db, run_files, run_sync
 from deploybench.store.models import RunFile
 
 pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
@@ -50,7 +50,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
 def test_what_one_worker_writes_the_next_reads_and_changes(dsn, homes):
     key = "deploybench_run__manual__2026-12-06T10:00:00+00:00"
     homes(0)
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         d = paths.run_dir(key)
         (d / "run.json").write_text(json.dumps({"run_key": key}))
         (d / "stages").mkdir()
@@ -63,7 +63,7 @@ def test_what_one_worker_writes_the_next_reads_and_changes(dsn, homes):
 
     homes(1)  # another worker: nothing of the run on its disk
     assert not (paths.runs_dir() / paths.run_folder_name(key)).exists()
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         d = paths.run_dir(key)
         assert _tree(d) == {k: v for k, v in first.items() if not k.endswith(".tmp")}
         (d / "stages" / "preflight.json").write_text('{"stage": "preflight"}')
@@ -74,7 +74,7 @@ def test_what_one_worker_writes_the_next_reads_and_changes(dsn, homes):
     assert rows["stages/validate.json"][0] == hashlib.sha256(b'{"stage": "validate", "again": 1}').hexdigest()
 
     homes(0)  # back on the first worker: its stale copy is brought up to date
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         d = paths.run_dir(key)
         assert (d / "stages" / "preflight.json").read_text() == '{"stage": "preflight"}'
         assert (d / "stages" / "validate.json").read_text() == '{"stage": "validate", "again": 1}'
@@ -83,22 +83,22 @@ def test_what_one_worker_writes_the_next_reads_and_changes(dsn, homes):
 def test_nothing_happens_without_a_results_database(homes, monkeypatch):
     monkeypatch.delenv(db.ENV_DSN, raising=False)
     key = "laptop-run"
-    with run_files.synced(key, None):
+    with run_sync.synced(key, None):
         (paths.run_dir(key) / "run.json").write_text("{}")
     homes(1)
-    with run_files.synced(key, None):
+    with run_sync.synced(key, None):
         assert not (paths.run_dir(key) / "run.json").exists()  # no database: nothing travelled
 
 
 def test_shared_mode_leaves_the_folder_to_the_shared_disk(dsn, homes, monkeypatch):
     monkeypatch.setenv(run_files.MODE_ENV, "shared")
     key = "shared-run"
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         (paths.run_dir(key) / "run.json").write_text("{}")
     assert _rows(dsn, key) == {}
     monkeypatch.setenv(run_files.MODE_ENV, "nfs")
     with pytest.raises(run_files.RunFileRefused, match="DEPLOYBENCH_RUN_FILES='nfs' is neither"):
-        with run_files.synced(key, dsn):
+        with run_sync.synced(key, dsn):
             pass
 
 
@@ -106,12 +106,12 @@ def test_a_task_that_fails_after_measuring_still_hands_on_what_it_measured(dsn, 
     key = "failing-run"
     homes(0)
     with pytest.raises(RuntimeError, match="the node went away"):
-        with run_files.synced(key, dsn):
+        with run_sync.synced(key, dsn):
             with recording(paths.run_dir(key), "load") as rec:
                 rec.result = {"measured": {"requests": 412, "p99_ms": 930.5}}
                 raise RuntimeError("the node went away")
     homes(1)
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         got = read_record(paths.run_dir(key), "load")
     assert isinstance(got, StageRecord) and got.status == "failed"
     assert got.result == {"measured": {"requests": 412, "p99_ms": 930.5}}
@@ -181,12 +181,12 @@ def test_nothing_is_written_through_a_symlink(dsn, homes, tmp_path):
 def test_a_push_over_the_bounds_is_refused_naming_the_file_and_leaves_the_database_as_it_was(dsn, homes,
                                                                                               monkeypatch):
     key = "too-much"
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         (paths.run_dir(key) / "run.json").write_text("{}")
     monkeypatch.setattr(run_files, "MAX_FILE_BYTES", 2000)
     with pytest.raises(run_files.RunFileRefused, match=r"file 'load/k6.csv' is 2,001 bytes, over the 2,000 .*"
                                                        r"DEPLOYBENCH_RUN_FILES=shared"):
-        with run_files.synced(key, dsn):
+        with run_sync.synced(key, dsn):
             (paths.run_dir(key) / "load").mkdir()
             (paths.run_dir(key) / "load" / "k6.csv").write_bytes(b"y" * 2001)
             (paths.run_dir(key) / "run.json").write_text('{"changed": 1}')
@@ -205,7 +205,7 @@ def test_the_results_page_pulls_a_report_its_server_never_saw(dsn, homes):
 
     key = "paged-run"
     homes(0)
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         d = paths.run_dir(key)
         (d / "run.json").write_text(json.dumps({"run_key": key}))
         (d / "report.html").write_text("<html>the report</html>")
@@ -230,12 +230,12 @@ def test_a_matrix_cell_brings_its_matrix_and_sibling_cells_records_not_their_sam
     for key, files in ((matrix, {"plan.json": "{}", "comparison.html": "<html/>"}),
                        (prefix + "c01", {"run.json": "{}", "stages/rollout.json": "{}", "deployment.json": "{}",
                                          "load/samples.csv": "ts\n1\n"})):
-        with run_files.synced(key, dsn):
+        with run_sync.synced(key, dsn):
             for rel, body in files.items():
                 (paths.run_dir(key) / rel).parent.mkdir(parents=True, exist_ok=True)
                 (paths.run_dir(key) / rel).write_text(body)
     homes(1)
-    with run_files.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix]):
+    with run_sync.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix]):
         assert set(_tree(paths.run_dir(matrix))) == {"plan.json"}
         c01 = paths.run_dir(prefix + "c01")
         assert set(_tree(c01)) == {"run.json", "stages/rollout.json", "deployment.json"}
@@ -254,9 +254,9 @@ def test_the_related_files_are_the_matrix_modules_own_names():
     from deploybench.matrix import deployment, planned
 
     for name in (deployment.KEPT, deployment.ADOPTED, planned.PLAN_FILE, "run.json", "stages/rollout.json"):
-        assert run_files.related_file(name), name
-    assert not run_files.related_file("load/sustained/samples.csv")
-    assert not run_files.related_file("report.html")
+        assert run_sync.related_file(name), name
+    assert not run_sync.related_file("load/sustained/samples.csv")
+    assert not run_sync.related_file("report.html")
 
 
 def _push_from(dsn: str, key: str, home: Path, files: dict[str, bytes | None]) -> None:
@@ -325,7 +325,7 @@ def test_a_pull_keeps_this_disks_unpushed_work(dsn, homes):
     overwritten by the database's older copy; a file that was in sync is brought up to date."""
     key = "dirty-kept"
     homes(0)
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         d = paths.run_dir(key)
         (d / "stages").mkdir()
         (d / "stages" / "lease.json").write_text('{"status": "running"}')
@@ -336,7 +336,7 @@ def test_a_pull_keeps_this_disks_unpushed_work(dsn, homes):
     run_files.pull(key, dsn, mirror=True)
     assert (d / "stages" / "lease.json").read_text() == '{"status": "released"}'
     assert (d / "stages" / "validate.json").read_text() == '{"v": 2}'
-    with run_files.synced(key, dsn):  # another task here: the release's record is its writer's to push, not this one's
+    with run_sync.synced(key, dsn):  # another task here: the release's record is its writer's to push, not this one's
         pass
     assert _rows(dsn, key)["stages/lease.json"][0] == hashlib.sha256(b'{"status": "running"}').hexdigest()
 
@@ -346,7 +346,7 @@ def test_a_pull_of_the_own_run_removes_what_a_re_run_deleted_elsewhere(dsn, home
     them here too (the store stage must not ingest them), but keeps a file this disk wrote and never pushed."""
     key = "re-run"
     homes(0)
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         d = paths.run_dir(key)
         (d / "run.json").write_text("{}")
         (d / "stages").mkdir()
@@ -356,7 +356,7 @@ def test_a_pull_of_the_own_run_removes_what_a_re_run_deleted_elsewhere(dsn, home
     _push_from(dsn, key, homes(1), {"stages/load.json": None, "load/sustained.result.json": None})
     homes(0)
     (d / "notes.txt").write_text("written here, never pushed")
-    with run_files.synced(key, dsn):
+    with run_sync.synced(key, dsn):
         assert set(_tree(d)) == {"run.json", "notes.txt"}
     # a reader's pull of a few files (not the run's own task) removes nothing
     _push_from(dsn, key, homes(1), {"run.json": None})
@@ -372,8 +372,8 @@ def test_a_stopped_task_pushes_its_records_before_it_ends(dsn, homes):
 
     key = "stopped"
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(run_files.TaskKilled):
-        with run_files.synced(key, dsn):
+    with pytest.raises(run_sync.TaskKilled):
+        with run_sync.synced(key, dsn):
             d = paths.run_dir(key)
             (d / "stages").mkdir()
             (d / "stages" / "load.json").write_text('{"status": "failed", "measured": 412}')
@@ -445,7 +445,7 @@ def test_a_cell_pushes_only_the_kept_deployment_of_its_siblings(dsn, homes):
         _push_from(dsn, key, homes(1), {"run.json": b"{}", "deployment.json": b'{"kept_for": "c02"}'})
     assert run_files.related_keys(dsn, prefix, matrix) == [sibling]
     homes(0)
-    with run_files.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix], matrix_key=matrix):
+    with run_sync.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix], matrix_key=matrix):
         assert not (paths.runs_dir() / paths.run_folder_name(user_run)).exists()
         s = paths.run_dir(sibling)
         (s / "deployment.json").write_text('{"kept_for": "c02", "adopted_by": "c02"}')
@@ -458,7 +458,7 @@ def test_a_cell_pushes_only_the_kept_deployment_of_its_siblings(dsn, homes):
     assert rows["deployment.json"][0] == hashlib.sha256(b'{"kept_for": "c02", "adopted_by": "c02"}').hexdigest()
     from deploybench.matrix import deployment
 
-    assert run_files.written_elsewhere(deployment.KEPT)
+    assert run_sync.written_elsewhere(deployment.KEPT)
 
 
 def test_the_results_page_replaces_a_stale_report_and_says_whether_one_is_there(dsn, homes):

@@ -121,12 +121,12 @@ def _dsn() -> str | None:
 def run_folder(key: str, only_run_json: bool = False) -> contextlib.AbstractContextManager[None]:
     """``with run_folder(key):`` around one task's work on a run: the run's folder on this worker is pulled from
     the results database before and what the task wrote is pushed after, failed or stopped or not
-    (deploybench.store.run_files.synced), so the next task finds it on any worker of any executor. Nothing happens
+    (deploybench.store.run_sync.synced), so the next task finds it on any worker of any executor. Nothing happens
     without a results database. A matrix cell also brings its matrix's folder (the plan it is checked against) and
     its sibling cells' records (the engines one cell keeps for the next). ``only_run_json``: just the run's run.json
     (a hook that reads the run's durations; the task body syncs the rest)."""
     from deploybench.matrix.planned import cell_of
-    from deploybench.store.run_files import synced
+    from deploybench.store.run_sync import synced
 
     if only_run_json:
         return synced(key, _dsn(), files=lambda p: p == "run.json")
