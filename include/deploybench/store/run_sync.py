@@ -46,9 +46,12 @@ class TaskKilled(BaseException):
 
 @contextlib.contextmanager
 def _on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into TaskKilled in the main thread while the block runs (Airflow sends SIGTERM, runs the
-    operator's on_kill, then SIGKILL after a grace period). The previous handler runs first (Airflow's own may raise
-    its exception, which the block's failure path handles the same way), and is back in place after the block."""
+    """Turn SIGTERM into TaskKilled in the main thread while the block runs. Airflow's supervisor sends the task
+    process SIGTERM, then SIGKILL after a grace period; the task runner's own handler only calls the operator's
+    on_kill and returns (airflow/sdk/execution_time/task_runner.py, ``_run_task_and_map_outcome._on_term``, in
+    apache-airflow-task-sdk for Airflow 3.3), so the task would go on until killed and push nothing. The previous
+    handler runs first (on_kill still happens; one that raises ends the block the same way), and is back in place
+    after the block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
