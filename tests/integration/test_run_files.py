@@ -4,6 +4,7 @@ written; a task that fails after measuring still hands on what it measured."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -498,3 +499,44 @@ def test_prune_drops_old_runs_files_but_what_the_pages_serve(dsn, homes):
         run_files.prune(dsn, -1)
     with pytest.raises(run_files.RunFileRefused, match=r"--older-than nan"):
         run_files.prune(dsn, float("nan"))
+
+
+def test_concurrent_pushes_of_one_run_keep_its_bound(dsn, tmp_path, monkeypatch):
+    """Two workers push 1,000 bytes each of one run at once, with room for 1,500: the pushes take turns on the run's
+    advisory lock, so the second sees the first's rows and is refused; never both in."""
+    import threading
+
+    monkeypatch.setattr(run_files, "MAX_RUN_BYTES", 1500)
+    key = "pushed-at-once"
+    folders = []
+    for name in ("w1", "w2"):
+        f = tmp_path / name / "runs" / paths.run_folder_name(key)
+        f.mkdir(parents=True)
+        (f / f"{name}.csv").write_bytes(b"s" * 1000)
+        folders.append(f)
+    errors: list[BaseException] = []
+    # both pushes inside their transactions at once, if the lock lets them (it does not: the first waits out the
+    # barrier alone, bounded, and goes on)
+    together, real = threading.Barrier(2, timeout=3), run_files._read_regular
+
+    def read_together(*args):
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait()
+        return real(*args)
+
+    monkeypatch.setattr(run_files, "_read_regular", read_together)
+
+    def one(folder: Path) -> None:
+        try:
+            run_files.push(key, dsn, {}, folder)
+        except run_files.RunFileRefused as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(f,)) for f in folders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(errors) == 1, errors
+    assert "would add up to 2,000 bytes" in str(errors[0])
+    assert sum(n for _, n in _rows(dsn, key).values()) == 1000
