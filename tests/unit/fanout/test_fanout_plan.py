@@ -54,3 +54,25 @@ def test_a_manifest_mismatch_names_each_file():
     assert "d: present (1 bytes) but not in the manifest" in lines
     assert "b: 51 bytes, the manifest says 50" in lines
     assert any(line.startswith("a: sha256 9999") for line in lines)
+
+
+def test_a_relay_status_inspection_is_taken_only_when_it_reads_as_one():
+    """The inspection a relay puts in its status replaces the controller's SSH inspect of that node; text from a
+    node that does not read as an inspection leaves the node to be inspected over SSH."""
+    from types import SimpleNamespace
+
+    from deploybench.config import FanoutSpec, Policy
+    from deploybench.fanout.stage import _Fanout
+
+    f = _Fanout(SimpleNamespace(inventory=None), ORDER, "n01", "m", FanoutSpec(), Policy.ABORT, 1)  # type: ignore[arg-type]
+    good = {"published": True, "bad": [], "staged": {}, "free_bytes": 123, "hashed_bytes": 0}
+    told = f.states_from_status({
+        "n02": {"published": True, "inspect": good},
+        "n03": {"published": True},  # an older relay: no inspection
+        "n04": {"inspect": {**good, "free_bytes": "plenty"}},  # not a number
+        "n05": {"inspect": {"error": "refused", "paths": ["../x"]}},
+    })
+    assert told == {"n02"}
+    assert f.states["n02"].published and f.states["n02"].free_bytes == 123
+    assert set(f.states) == {"n02"}
+    assert f.states_from_status({"n03": {"inspect": ["not", "a", "dict"]}}) == set()

@@ -1,0 +1,196 @@
+"""How fast a lab's links can be on this host: measured at ``lab up``, so preflight finds what it was promised.
+
+A lab's links are tc-shaped veth pairs, and every byte on them is copied by this machine's cores. Preflight
+tests links in rounds of disjoint pairs, both directions at once (preflight.links): a ring or a mesh of N
+nodes runs N // 2 pairs, 2 x (N // 2) streams, together. 8 pairs at 500 Mbit/s fit a 2-core host; 24
+pairs at 500 (a 48-node lab) did not (60-86 % of nominal, issue 31), and preflight refused every link.
+
+So ``lab up`` without ``--link-mbit`` runs those pairs itself, as preflight's largest round will, for
+PROBE_S seconds on links shaped at the ceiling (DEFAULT_LINK_MBIT), and reads each stream's rate. When the
+slowest stream reaches REACHED of the ceiling, the host carries the ceiling and the lab keeps it. Otherwise the
+host, not the shaping, set the pace: the lab's links get HEADROOM of the slowest stream's rate (rounded
+down). Preflight judges every link by its own slower direction, and on a CPU-bound host the streams do not
+share the cores evenly (the slowest read 0.73 of the mean on this 2-core host): half the mean (200 Mbit/s
+of a 400 mean) still failed five of 24 links at 77-88 %; half the slowest leaves room for that unevenness,
+for the scheduling noise of a machine shared with other work, and for the SSH sessions preflight adds. The figure and how it was reached are printed
+by ``lab up`` and kept in the lab's state; the inventory's nominal speed and the tc shaping both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deploybench.errors import LabError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LINK_MBIT = 500.0  # the ceiling: 8 concurrent pairs at 1000 Mbit/s were CPU-bound on a 2-core host
+PROBE_S = 1.0
+PROBE_PORT = 5290  # clear of preflight's 5201..5210: a lab's probe never meets a run's iperf3 servers
+HEADROOM = 0.5
+REACHED = 0.9  # preflight's default link threshold: a stream at this share of the shaped rate reached it
+MIN_LINK_MBIT = 1.0
+WAIT_S = 10.0  # beyond PROBE_S, for every client to connect, finish and report
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One end of a probe pair: the argv prefix that runs a program there (``ip netns exec <ns>``; empty on this
+    machine's own addresses) and the address it binds."""
+
+    prefix: tuple[str, ...]
+    address: str
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the probe found and the link speed it gives: ``link_mbit``, and the sentence saying why."""
+
+    link_mbit: float
+    pairs: int
+    streams: list[float]  # each stream's received rate, Mbit/s
+    ceiling: float
+
+    @property
+    def total_mbit(self) -> float:
+        return sum(self.streams)
+
+    @property
+    def mean_mbit(self) -> float:
+        return self.total_mbit / len(self.streams) if self.streams else 0.0
+
+    @property
+    def note(self) -> str:
+        if not self.streams:
+            return f"links {self.link_mbit:g} Mbit/s (not measured)"
+        head = (f"{self.pairs} pair{'s' * (self.pairs != 1)} at once ({len(self.streams)} streams, as preflight's largest round) carried "
+                f"{self.total_mbit:.0f} Mbit/s in total, {self.mean_mbit:.0f} a stream (slowest "
+                f"{min(self.streams):.0f})")
+        if self.link_mbit >= self.ceiling:
+            return f"links {self.link_mbit:g} Mbit/s: {head}, the ceiling is reached"
+        return (f"links {self.link_mbit:g} Mbit/s: {head}, under the {self.ceiling:g} Mbit/s ceiling; "
+                f"{HEADROOM:.0%} of the slowest stream leaves the cores room")
+
+
+def concurrent_pairs(nodes: int) -> int:
+    """Link tests preflight runs at once on ``nodes`` nodes (a ring or mesh round: disjoint pairs)."""
+    return nodes // 2
+
+
+def probe_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
+    """The pairs of preflight's largest round: (n01, n02), (n03, n04), ..."""
+    return [(names[i], names[i + 1]) for i in range(0, 2 * concurrent_pairs(len(names)), 2)]
+
+
+def choose(streams: Sequence[float], pairs: int, ceiling: float = DEFAULT_LINK_MBIT) -> Capacity:
+    """The link speed for what the probe measured (pure). LabError when even MIN_LINK_MBIT would not fit."""
+    rates = [float(s) for s in streams]
+    bad = [s for s in rates if not math.isfinite(s) or s < 0]
+    if not rates or bad:
+        raise LabError(f"the link probe gave no usable stream rates ({rates[:6]}); pass --link-mbit to set the "
+                       "lab's link speed yourself")
+    if min(rates) >= REACHED * ceiling:
+        return Capacity(ceiling, pairs, rates, ceiling)
+    want = HEADROOM * min(rates)
+    step = 10.0 if want >= 100 else 5.0 if want >= 20 else 1.0
+    link = min(ceiling, math.floor(want / step) * step)
+    if link < MIN_LINK_MBIT:
+        raise LabError(f"this host carried {sum(rates):.1f} Mbit/s over {len(rates)} streams at once, "
+                       f"{want:.2f} Mbit/s a link after headroom, under {MIN_LINK_MBIT:g}: too little for preflight "
+                       f"to test {2 * pairs} nodes; bring up fewer nodes, or pass --link-mbit")
+    return Capacity(link, pairs, rates, ceiling)
+
+
+def stream_rates(text: str) -> list[float]:
+    """Each stream's received rate (Mbit/s) from ``iperf3 -J --bidir`` output (text from iperf3: checked)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise LabError(f"the link probe's iperf3 gave no JSON ({exc}): {text.strip()[-200:]!r}") from exc
+    end = data.get("end") if isinstance(data, dict) else None
+    if not isinstance(end, dict):
+        why = data.get("error") if isinstance(data, dict) else data
+        raise LabError(f"the link probe's iperf3 failed: {str(why)[:200]}")
+    out = []
+    for st in end.get("streams") or []:
+        bps = ((st or {}).get("receiver") or {}).get("bits_per_second")
+        if isinstance(bps, (int, float)) and math.isfinite(bps) and bps >= 0:
+            out.append(bps / 1e6)
+    if not out:
+        raise LabError(f"the link probe's iperf3 reported no stream: {text.strip()[-200:]!r}")
+    return out
+
+
+def measure(pairs: Sequence[tuple[Endpoint, Endpoint]], seconds: float = PROBE_S) -> list[float]:
+    """Run one bidirectional iperf3 test per pair, all at once; every stream's rate. Servers and clients are
+    this call's own processes, ended (and waited for) before it returns, whatever happened."""
+    if not pairs:
+        return []
+    iperf3 = shutil.which("iperf3")
+    if iperf3 is None:
+        raise LabError("iperf3 is not installed: the lab measures its host with it, and preflight tests links with "
+                       "it (apt-get install iperf3)")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        servers = [subprocess.Popen([*srv.prefix, iperf3, "-s", "-1", "-B", srv.address, "-p", str(PROBE_PORT)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                   for _, srv in pairs]
+        procs += servers
+        _wait_listening(pairs, servers)
+        clients = [subprocess.Popen([*cli.prefix, iperf3, "-c", srv.address, "-B", cli.address, "-p", str(PROBE_PORT),
+                                     "-t", f"{seconds:g}", "--bidir", "-J", "--connect-timeout", "3000"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                   for cli, srv in pairs]
+        procs += clients
+        rates: list[float] = []
+        deadline = time.monotonic() + seconds + WAIT_S
+        for (cli, srv), proc in zip(pairs, clients, strict=True):
+            try:
+                out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as exc:
+                raise LabError(f"the link probe {cli.address} -> {srv.address} did not finish within "
+                               f"{seconds + WAIT_S:g} s; pass --link-mbit to set the lab's link speed") from exc
+            rates += stream_rates(out.decode(errors="replace"))
+        return rates
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                log.warning("link probe: process %d did not exit after SIGKILL", p.pid)
+
+
+def _wait_listening(pairs: Sequence[tuple[Endpoint, Endpoint]], servers: list[subprocess.Popen[bytes]]) -> None:
+    """Until every probe server listens (at most WAIT_S). Asked of ss, not by connecting: ``iperf3 -s -1`` serves
+    one client, and a test connection would be it."""
+    deadline = time.monotonic() + WAIT_S
+    waiting = list(zip([s for _, s in pairs], servers, strict=True))
+    while waiting:
+        srv, proc = waiting[0]
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise LabError(f"the link probe's iperf3 server on {srv.address}:{PROBE_PORT} exited: {err.strip()[-300:]}")
+        if _listening(srv, PROBE_PORT):
+            waiting.pop(0)
+            continue
+        if time.monotonic() > deadline:
+            raise LabError(f"the link probe's iperf3 server on {srv.address}:{PROBE_PORT} did not listen within "
+                           f"{WAIT_S:g} s")
+        time.sleep(0.02)
+
+
+def _listening(end: Endpoint, port: int) -> bool:
+    """Whether something listens on ``end``'s address and ``port`` (read from /proc, nothing is connected)."""
+    out = subprocess.run([*end.prefix, "ss", "-Hltn", f"src {end.address}:{port}"], capture_output=True, text=True,
+                         timeout=5, check=False)
+    return out.returncode == 0 and bool(out.stdout.strip())
