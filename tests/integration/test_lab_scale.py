@@ -48,7 +48,7 @@ def test_a_48_node_lab_gets_links_its_host_carries_and_runs_end_to_end(lab, dsn)
     params = {"canary_nodes": NODES, "link_threshold": 0.9, "load_rate": 2 * NODES, "ready_timeout_s": 120,
               "k6_max_vus": 200}
     out = fault_runs.lab_run(key, paths.lab_dir(LAB) / "inventory.json", dsn, params=params)
-    assert out.stopped is None, out.stopped
+    assert out.stopped is None, (st.link_note, out.stopped)
 
     run = Run.open(key)
     pre = run.stage("preflight")
@@ -68,4 +68,18 @@ def test_a_48_node_lab_gets_links_its_host_carries_and_runs_end_to_end(lab, dsn)
     served = {n["node"]: n["requests"] for n in load.result["phases"]["sustained"]["result"]["nodes"]}
     assert set(served) == {n.name for n in lab.nodes}
     assert all(r > 0 for r in served.values()), {n: r for n, r in served.items() if r <= 0}
-    print(f"48-node run: {out.seconds:.1f} s; stages {out.stages}; links {st.link_mbit:g} Mbit/s")
+
+    # what the run left in the store, table by table (README, "How it scales": the store's rows per run)
+    from sqlalchemy import inspect, text
+
+    from deploybench.store import db
+
+    engine = db.get_engine(dsn)
+    with engine.connect() as conn:
+        rows = {t: conn.execute(text(f'SELECT count(*) FROM "{t}"')).scalar_one()
+                for t in inspect(engine).get_table_names() if t != "alembic_version"}
+    assert rows["preflight_nodes"] == NODES and rows["preflight_links"] == NODES
+    assert rows["fanout_nodes"] == NODES  # the source and every copy
+    assert rows["request_samples"] >= sum(served.values())
+    print(f"48-node run: {out.seconds:.1f} s; stages {out.stages}; links {st.link_mbit:g} Mbit/s; store rows "
+          f"{ {t: n for t, n in sorted(rows.items()) if n} }")

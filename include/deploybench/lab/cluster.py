@@ -164,7 +164,8 @@ def up(
 
 def _up_netns(name: str, count: int, asked_mbit: float | None, model_name: str, model_mb: float,
               files: LabFiles, loadgens: int = 0) -> LabState:
-    link_mbit = DEFAULT_LINK_MBIT if asked_mbit is None else asked_mbit
+    # asked for none: shaped far above any lab speed until the probe measured what the host carries
+    link_mbit = capacity.PROBE_MBIT if asked_mbit is None else asked_mbit
     names = NetnsNames.of(name)
     files.root.mkdir(parents=True, exist_ok=True)
     with _machine_lock():
@@ -189,9 +190,12 @@ def _up_netns(name: str, count: int, asked_mbit: float | None, model_name: str, 
 
     netns.parallel(build, indexed)
     if asked_mbit is None:
-        state = _measured_links(state, files, lambda n: ("ip", "netns", "exec", names.namespace(n)))
-        if state.link_mbit != link_mbit:
-            netns.parallel(lambda item: netns.shape(names, item[0], item[1], state.link_mbit), indexed)
+        def shape(mbit: float) -> None:
+            netns.parallel(lambda item: netns.shape(names, item[0], item[1], mbit), indexed)
+
+        state = _measured_links(state, files, lambda n: ("ip", "netns", "exec", names.namespace(n)), shape)
+        if state.link_mbit != link_mbit:  # one node: the ceiling (the other case left the links at what it chose)
+            shape(state.link_mbit)
     files.known_hosts.write_text("".join(
         commands.known_hosts_line(state.address(n), files.host_key(n).with_suffix(".pub").read_text()) + "\n"
         for n in state.machines
@@ -334,14 +338,20 @@ def _up_loopback(name: str, count: int, asked_mbit: float | None, model_name: st
     return _measured_links(state, files, lambda n: ()) if asked_mbit is None else state
 
 
-def _measured_links(state: LabState, files: LabFiles, prefix: Callable[[str], tuple[str, ...]]) -> LabState:
-    """``state`` with the link speed this host carries for preflight's largest round (lab.capacity), saved."""
+def _measured_links(state: LabState, files: LabFiles, prefix: Callable[[str], tuple[str, ...]],
+                    shape: Callable[[float], None] | None = None) -> LabState:
+    """``state`` with the link speed this host carries for preflight's largest round (lab.capacity), saved.
+    ``shape(mbit)`` shapes every link (netns): the chosen speed is then checked by the same round, shaped."""
     pairs = capacity.probe_pairs(state.nodes)
-    if not pairs:
+    if not pairs:  # one node: no link is ever tested
+        state = state.model_copy(update={"link_mbit": DEFAULT_LINK_MBIT, "link_note": None})
+        files.write_state(state)
         return state
-    rates = capacity.measure([(capacity.Endpoint(prefix(a), state.address(a)),
-                               capacity.Endpoint(prefix(b), state.address(b))) for a, b in pairs])
-    found = capacity.choose(rates, len(pairs), DEFAULT_LINK_MBIT)
+    ends = [(capacity.Endpoint(prefix(a), state.address(a)), capacity.Endpoint(prefix(b), state.address(b)))
+            for a, b in pairs]
+    found = capacity.choose(capacity.measure(ends), len(pairs), DEFAULT_LINK_MBIT)
+    if shape is not None:
+        found = capacity.settle(found, lambda: capacity.measure(ends), shape)
     state = state.model_copy(update={"link_mbit": found.link_mbit, "link_note": found.note})
     files.write_state(state)
     return state
