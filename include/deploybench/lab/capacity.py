@@ -7,14 +7,16 @@ pairs at 500 (a 48-node lab) did not (60-86 % of nominal, issue 31), and preflig
 
 So ``lab up`` without ``--link-mbit`` runs those pairs itself, as preflight's largest round will, for
 PROBE_S seconds on links shaped far above any lab speed (PROBE_MBIT: the cores, not tc, set the pace), and
-reads each stream's rate. The links then get HEADROOM of the slowest stream's rate, rounded down, at most
-DEFAULT_LINK_MBIT, and that speed is checked by the same round on links shaped to it (``settle``). Preflight judges every link by its slower direction, and on a CPU-bound host the streams
-do not share the cores evenly (the slowest read 0.73 of the mean here); half the mean (200 Mbit/s of a 400
-mean, probed on links shaped at 500) still failed five of 24 links at 77-88 %, and half the slowest (430,
-checked at 90 %) one link at 87-89 % a minute later, on a machine whose other work came and went. 40 % of
-the slowest of an unshaped round, checked at 95 %, leaves room for that unevenness, for the scheduling noise
-of a shared machine, and for the SSH sessions preflight adds. The figure and how it was reached are printed by ``lab up``
-and kept in the lab's state; the inventory's nominal speed and the tc shaping both use it.
+reads each stream's rate. The links get HEADROOM of the slowest stream's rate, rounded down, at most
+DEFAULT_LINK_MBIT; then that speed is checked by the same round on links shaped to it (``settle``), and
+lowered until the round's slowest stream reads VERIFY of it. Preflight judges every link by its slower
+direction, and on a CPU-bound host the streams do not share the cores evenly (the slowest read 0.73 of
+the mean here), and a machine shared with other work changes from minute to minute: half the mean (200
+Mbit/s of a 400 mean) failed five of 24 links at 77-88 %, half the slowest (430, checked at 90 %) one link at
+87-89 % a minute later. 40 % of the slowest, checked at 95 %, leaves room for the unevenness, the noise and
+the SSH sessions preflight adds. (A slow link also needs a short queue for a 1-second test to read it
+right: commands.leaf_queue.) The figure and how it was reached are printed by ``lab up`` and kept in the
+lab's state; the inventory's nominal speed and the tc shaping both use it.
 """
 
 from __future__ import annotations
