@@ -13,6 +13,10 @@ Kept short for CI: a 1 MB model, 1-second link tests, one rollout step of all 48
 
 from __future__ import annotations
 
+import ipaddress
+import threading
+from pathlib import Path
+
 import pytest
 
 from deploybench import paths
@@ -44,10 +48,16 @@ def test_a_48_node_lab_gets_links_its_host_carries_and_runs_end_to_end(lab, dsn)
     assert 0 < st.link_mbit <= capacity.DEFAULT_LINK_MBIT
     assert {n.link_mbit for n in lab.nodes} == {st.link_mbit}
 
+    # the controller's threads and its SSH connections to the lab's nodes, sampled through the run
+    sampler = _Sampler(st.subnet)
+    sampler.start()
     key = "deploybench_run/scale48"
     params = {"canary_nodes": NODES, "link_threshold": 0.9, "load_rate": 2 * NODES, "ready_timeout_s": 120,
               "k6_max_vus": 200}
-    out = fault_runs.lab_run(key, paths.lab_dir(LAB) / "inventory.json", dsn, params=params)
+    try:
+        out = fault_runs.lab_run(key, paths.lab_dir(LAB) / "inventory.json", dsn, params=params)
+    finally:
+        sampler.stop()
     assert out.stopped is None, (st.link_note, out.stopped)
 
     run = Run.open(key)
@@ -81,5 +91,39 @@ def test_a_48_node_lab_gets_links_its_host_carries_and_runs_end_to_end(lab, dsn)
     assert rows["preflight_nodes"] == NODES and rows["preflight_links"] == NODES
     assert rows["fanout_nodes"] == NODES  # the source and every copy
     assert rows["request_samples"] >= sum(served.values())
-    print(f"48-node run: {out.seconds:.1f} s; stages {out.stages}; links {st.link_mbit:g} Mbit/s; store rows "
+    # one SSH connection per node and open Cluster (each command is a channel on it), however many threads use it:
+    # a connection per command would count in the hundreds; two Clusters may be open at a moment
+    assert NODES <= sampler.ssh_max <= 2 * NODES, sampler.ssh_max
+    print(f"48-node run: {out.seconds:.1f} s; stages {out.stages}; links {st.link_mbit:g} Mbit/s; controller: at most "
+          f"{sampler.threads_max} threads, {sampler.ssh_max} SSH connections; store rows "
           f"{ {t: n for t, n in sorted(rows.items()) if n} }")
+
+
+class _Sampler(threading.Thread):
+    """Every 50 ms: this process's threads, and the established TCP connections from this machine to port 22 of
+    an address in ``subnet`` (the lab's nodes; the subnet is this lab's alone)."""
+
+    def __init__(self, subnet: str):
+        super().__init__(daemon=True)
+        self.net = ipaddress.IPv4Network(subnet)
+        self.threads_max = self.ssh_max = 0
+        self.done = threading.Event()
+
+    def ssh(self) -> int:
+        count = 0
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            parts = line.split()
+            addr, port = parts[2].split(":")
+            if parts[3] == "01" and int(port, 16) == 22 and \
+                    ipaddress.IPv4Address(bytes.fromhex(addr)[::-1]) in self.net:
+                count += 1
+        return count
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            self.threads_max = max(self.threads_max, threading.active_count())
+            self.ssh_max = max(self.ssh_max, self.ssh())
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(5)
