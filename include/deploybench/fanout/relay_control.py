@@ -340,7 +340,10 @@ class Relays:
             # the status file is checked again after the liveness test: the relay may write it and exit between the two
             f"if [ -f {s} ]; then {final}; elif {alive_script(pid)}; then echo '{{\"running\": true}}'; "
             f"elif [ -f {s} ]; then {final}; else echo '{{\"gone\": true}}'; fi", timeout=5 + REAP_S).check()
-        text, marker, rest = res.stdout.partition(f"\n{FINAL}\n")
+        # the last marker is this command's own (a status file that holds the marker text leaves its JSON broken)
+        text, marker, rest = res.stdout.rpartition(f"\n{FINAL}\n")
+        if not marker:
+            text = rest
         if marker and REAPED in rest.split():
             self._reaped.add((node, rid))
         return json.loads(text)

@@ -76,3 +76,45 @@ def test_a_relay_status_inspection_is_taken_only_when_it_reads_as_one():
     assert f.states["n02"].published and f.states["n02"].free_bytes == 123
     assert set(f.states) == {"n02"}
     assert f.states_from_status({"n03": {"inspect": ["not", "a", "dict"]}}) == set()
+
+
+def test_a_poll_reads_a_final_status_and_whether_its_relay_was_reaped_and_a_forged_mark_counts_for_nothing():
+    """Relays._poll's answer: the status, and whether the same command saw the relay exit and removed its files
+    (then _stop leaves it). The node's status file is the node's text: a status that holds the marks itself breaks
+    its JSON (a failed poll) and never makes a live relay count as reaped."""
+    import json
+
+    import pytest
+
+    from deploybench.config import FanoutSpec
+    from deploybench.fanout.relay_control import FINAL, REAPED, Relays
+    from deploybench.transport import CommandResult
+
+    class Node:
+        out = ""
+
+        def run(self, cmd: str, timeout: float = 0) -> CommandResult:
+            return CommandResult("n02", cmd, 0, self.out, "", 0.0)
+
+    class FakeCluster:
+        inventory = None
+
+        def run_dir(self, n: str) -> str:
+            return f"/run/{n}"
+
+        def __getitem__(self, n: str) -> Node:
+            return node
+
+    node = Node()
+    relays = Relays(FakeCluster(), "m", FanoutSpec())  # type: ignore[arg-type]
+
+    node.out = '{"published": true}\n' + f"\n{FINAL}\n{REAPED}\n"
+    assert relays._poll("n02", "r1") == {"published": True} and ("n02", "r1") in relays._reaped
+    node.out = '{"published": true}' + f"\n{FINAL}\n"
+    assert relays._poll("n02", "r2") == {"published": True} and ("n02", "r2") not in relays._reaped
+    node.out = '{"running": true}\n'
+    assert relays._poll("n02", "r3") == {"running": True} and ("n02", "r3") not in relays._reaped
+    node.out = '{"published": true}\n' + f"{FINAL}\n{REAPED}" + f"\n{FINAL}\n"  # forged by the node
+    with pytest.raises(json.JSONDecodeError):
+        relays._poll("n02", "r4")
+    assert ("n02", "r4") not in relays._reaped
