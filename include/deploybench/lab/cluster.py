@@ -343,8 +343,12 @@ def _measured_links(state: LabState, files: LabFiles, prefix: Callable[[str], tu
     """``state`` with the link speed this host carries for preflight's largest round (lab.capacity), saved.
     ``shape(mbit)`` shapes every link (netns): the chosen speed is then checked by the same round, shaped."""
     pairs = capacity.probe_pairs(state.nodes)
-    if not pairs:  # one node: no link is ever tested
-        state = state.model_copy(update={"link_mbit": DEFAULT_LINK_MBIT, "link_note": None})
+    if not pairs or shutil.which("iperf3") is None:  # one node: no link is ever tested
+        note = None if not pairs else (f"links {DEFAULT_LINK_MBIT:g} Mbit/s, not measured: iperf3 is not installed "
+                                       "(apt-get install iperf3; preflight needs it too)")
+        if note:
+            log.warning("lab %s: %s", state.name, note)
+        state = state.model_copy(update={"link_mbit": DEFAULT_LINK_MBIT, "link_note": note})
         files.write_state(state)
         return state
     ends = [(capacity.Endpoint(prefix(a), state.address(a)), capacity.Endpoint(prefix(b), state.address(b)))

@@ -112,3 +112,18 @@ def test_the_chosen_speed_is_checked_shaped_and_lowered_until_the_round_carries_
     worst = capacity.settle(first, lambda: [shaped[-1] * 0.5], shaped.append)
     assert shaped == [310.0, 210.0, 140.0] and worst.link_mbit == 140.0
     assert "none reached 95%: the lowest is kept, unverified" in worst.note
+
+
+def test_without_iperf3_a_loopback_lab_keeps_the_ceiling_and_says_it_was_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPLOYBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(cluster.shutil, "which", lambda name, *a, **k: None)
+    from tests.support import lab_names
+
+    name = lab_names.unique("capx")
+    try:
+        inv = cluster.up(name, nodes=2, mode="loopback", model_mb=1)
+        st = cluster.status(name)
+        assert st.link_mbit == capacity.DEFAULT_LINK_MBIT == inv.nodes[0].link_mbit
+        assert st.link_note is not None and "not measured: iperf3 is not installed" in st.link_note
+    finally:
+        cluster.down(name)
