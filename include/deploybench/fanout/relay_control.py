@@ -12,7 +12,8 @@ distant node) left a relay without one, and the round waited for its timeout. A 
 did not start is known at once, by node and why, and its path is not fed. The relay program
 is checked against its sha256 before every run: a truncated or altered copy is replaced, never
 run. The controller watches the last node of each path, collects every node's status, and always stops
-every relay it started, whatever happened.
+every relay it started, whatever happened: a relay whose final status was read is waited for and its round
+files removed by that same command (``_poll``); ``_stop`` visits every other one.
 """
 
 from __future__ import annotations

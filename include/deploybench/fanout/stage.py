@@ -8,7 +8,8 @@
    byte is sent.
 3. Rounds: ``chain`` streams source -> n1 -> n2 -> ... (each hop writes, hashes and
    forwards as the bytes pass); ``tree`` runs doubling rounds of one-hop streams. After a
-   round every receiver is inspected again; nodes still incomplete (a dead upstream, a
+   round every receiver is inspected again (a relay that published did it itself, on its copy, and
+   says so in its status; the others over SSH); nodes still incomplete (a dead upstream, a
    file that failed its hash) go again from their nearest verified neighbour, resuming
    what they already hold, up to ``1 + retries`` attempts. Dead nodes are left out; a node whose
    relay did not start is fed alone next time, so that nobody behind it waits.
