@@ -73,6 +73,41 @@ def test_clean_chain_then_a_rerun_that_moves_no_bytes(lab):
     assert sorted(again.verified_nodes) == inv.names
 
 
+def test_an_empty_node_is_inspected_by_the_shell_as_the_relay_would_and_a_copy_by_the_relay(lab):
+    """Relays.inspect answers for a node holding nothing of the model without starting Python (the first fan-out's
+    common case); the answer is the relay's own for that node; anything there (a copy, a staged file, a link by
+    the model's name) goes to the relay."""
+    from deploybench.fanout.relay_control import Relays
+    from deploybench.fanout.stage import _manifest
+
+    name, inv, files = lab
+    lab.wipe(inv.names[1:3])
+    with Cluster(inv) as c:
+        relays = Relays(c, MODEL, FanoutSpec())
+        m = _manifest(relays.manifest("n01", relays.final("n01"))["manifest"])
+        args = ["inspect", "--final", relays.final("n02"), "--staging", relays.staging("n02"), "--cache",
+                relays.cache("n02")]
+        shell = relays.call("n02", args, stdin=m.to_json().encode(), shortcut=relays._empty_node("n02"))
+        python = relays.call("n02", args, stdin=m.to_json().encode())
+        assert shell.pop("shell") is True and "shell" not in python
+        assert abs(shell.pop("free_bytes") - python.pop("free_bytes")) < 64 << 20
+        assert shell == python == {"published": False, "bad": [], "staged": {}, "hashed_bytes": 0}
+        # a partly staged file, a link named like the model: the relay answers
+        staged = files.models("n02") / ".staging" / MODEL / shard(m)
+        staged.parent.mkdir(parents=True)
+        staged.write_bytes(b"x" * 10)
+        (files.models("n03") / MODEL).symlink_to("/etc")
+        try:
+            assert "shell" not in relays.call("n02", args, stdin=m.to_json().encode(),
+                                               shortcut=relays._empty_node("n02"))
+            st = relays.inspect("n02", m)
+            assert st.staged == {shard(m): 10} and not st.published
+            st3 = relays.inspect("n03", m)
+            assert not st3.published
+        finally:
+            lab.wipe(inv.names[1:3])
+
+
 def test_a_flipped_byte_is_detected_and_repaired_from_a_neighbour(lab):
     name, inv, files = lab
     src = manifest.Manifest.read(copy_of(files, "n01"))

@@ -49,6 +49,11 @@ def test_rollout_is_the_setup_of_the_engine_teardown_and_phases_can_be_skipped()
     assert dag.get_task("load.probe").trigger_rule == "all_success"  # Airflow's rule right after a setup
     for phase in ("load.sustained", "load.spike", "load.overload"):
         assert dag.get_task(phase).trigger_rule == "none_failed", phase  # a skipped phase does not skip the next
+    # each phase waits for every phase before it: a phase not asked for is skipped when the rollout succeeds, and
+    # the next would otherwise start then, beside the earlier ones (overload during the probe)
+    phases = ["load.probe", "load.sustained", "load.spike", "load.overload"]
+    for j, tid in enumerate(phases):
+        assert set(phases[:j]) <= dag.get_task(tid).upstream_task_ids, tid
     for tid in ("store.write_results", "report.render"):
         t = dag.get_task(tid)
         assert t.retries >= 2 and t.retry_exponential_backoff, tid

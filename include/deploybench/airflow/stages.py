@@ -242,8 +242,11 @@ def _declare(name: str, conf: Any = None, then: str | None = None) -> tuple[Any,
         with task_group_named(name):
             tasks = [_stage_task(name, p, TriggerRule.ALL_SUCCESS if i == 0 else TriggerRule.NONE_FAILED)()
                      for i, p in enumerate(stage.phases)]
-        for a, b in zip(tasks, tasks[1:]):
-            a >> b
+        # each phase hangs off every phase before it, not only the one just before: a phase this run does not ask
+        # for is marked skipped as soon as the rollout succeeds, and a NONE_FAILED task after a skipped one alone
+        # would start then, beside the phases before it (overload running while the probe still searched)
+        for j, b in enumerate(tasks[1:], start=1):
+            tasks[:j] >> b
         return tasks[0], tasks[-1]
     with task_group_named(name) if stage.task else contextlib.nullcontext():
         one = _stage_task(name, then=then)(conf) if "params" in stage.needs else _stage_task(name, then=then)()

@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--loadgens", type=int, default=0,
                    help="load-generator machines (g01, g02, ...: own namespace and sshd, serving nothing) that split "
                         "each load phase by k6 execution segments (default: 0, the controller alone)")
-    p.add_argument("--link-mbit", type=float, default=DEFAULT_LINK_MBIT,
-                   help=f"nominal link speed of every node, Mbit/s (default: {DEFAULT_LINK_MBIT:g})")
+    p.add_argument("--link-mbit", type=float, default=None,
+                   help="nominal link speed of every node, Mbit/s (default: what this host carries when preflight "
+                        f"tests the links, measured by a short iperf3 at up, at most {DEFAULT_LINK_MBIT:g})")
     p.add_argument("--mode", choices=["netns", "loopback", "auto"], default="auto",
                    help="netns (root: namespaces, sshd, tc), loopback (127.x addresses), auto (netns when root)")
     p.add_argument("--model-mb", type=float, default=DEFAULT_MODEL_MB,
@@ -62,6 +63,8 @@ def _status(args: argparse.Namespace) -> int:
 
     st = cluster.status(args.name)
     print(f"lab {st.name}: {st.mode.value} mode, subnet {st.subnet}, links {st.link_mbit:g} Mbit/s")
+    if st.link_note:
+        print(f"link speed measured at up: {st.link_note}")
     print(f"inventory: {st.inventory}")
     print(f"prometheus: {st.prometheus} (node exporters on every node's port 9100)" if st.prometheus
           else "prometheus: none (the lab runs without Prometheus; netns mode with the prometheus and "

@@ -46,15 +46,19 @@ would otherwise be sent to every node).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
-import socket
 import stat
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: typing costs the relay's start ~2 ms on every node
+    import socket
+    from typing import Any
+
+# hashlib, shutil and socket are imported where they are used: ``inspect``, which runs on every node before and
+# after each round, needs none of them when its hash cache holds every file (~6 ms of CPU fewer per start).
 
 MANIFEST_NAME = ".deploybench-manifest.json"
 MAX_PATH = 4096
@@ -101,6 +105,7 @@ class HashCache:
         self.entries[_key(st)] = [_sig(st), digest]
 
     def sha256(self, path: str) -> str:
+        import hashlib
         digest = self.lookup(path)
         if digest is None:
             h = hashlib.sha256()
@@ -228,6 +233,7 @@ def regular_file(path: str) -> bool:
 
 
 def manifest_doc(files: list[dict]) -> dict:
+    import hashlib
     files = sorted(files, key=lambda f: f["path"])
     canon = [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in files]
     blob = json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()
@@ -260,7 +266,7 @@ def cmd_manifest(a: argparse.Namespace) -> dict:
     except (OSError, ValueError):
         pass
     return {"manifest": manifest_doc(files), "declared": declared, "hashed_bytes": cache.hashed_bytes,
-            "free_bytes": shutil.disk_usage(a.dir).free}
+            "free_bytes": _free_bytes(a.dir)}
 
 
 # -- inspect ---------------------------------------------------------------------------------
@@ -273,16 +279,21 @@ def _published_digest(final: str) -> str | None:
 
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
-    m = json.load(sys.stdin)
+    return inspect_folder(json.load(sys.stdin), a.final, a.staging, a.cache)
+
+
+def inspect_folder(m: dict, final: str, staging: str, cache_path: str | None) -> dict:
+    """``inspect``'s answer for manifest ``m``; ``serve`` also runs it on the copy it just published, so the
+    controller reads the verification in the relay's status instead of starting one more program per node."""
     bad_entries = [why for f in m["files"] if (why := entry_problem(f))]
     if bad_entries:
         return {"error": "refused", "paths": bad_entries[:20]}
-    cache = HashCache(a.cache)
-    published = _published_digest(a.final) == m["digest"]
+    cache = HashCache(cache_path)
+    published = _published_digest(final) == m["digest"]
     bad, good_final = [], {}
-    if os.path.isdir(a.final):
+    if os.path.isdir(final):
         for f in m["files"]:
-            p = os.path.join(a.final, f["path"])
+            p = os.path.join(final, f["path"])
             ok = regular_file(p) and os.path.getsize(p) == f["size"] and cache.sha256(p) == f["sha256"]
             if ok:
                 good_final[f["path"]] = p
@@ -292,7 +303,7 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
     staged: dict = {}
     if not clean:
         for f in m["files"]:
-            s = os.path.join(a.staging, f["path"])
+            s = os.path.join(staging, f["path"])
             if regular_file(s) and os.path.getsize(s) == f["size"] and cache.lookup(s) == f["sha256"]:
                 staged[f["path"]] = "ok"
             elif f["path"] in good_final:  # reuse the good published file: link it into staging
@@ -305,21 +316,23 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
             elif regular_file(s):
                 staged[f["path"]] = min(os.path.getsize(s), f["size"])
     cache.save()
-    root = a.final
+    root = final
     while root and not os.path.isdir(root):
         root = os.path.dirname(root)
-    return {"published": clean, "bad": bad, "staged": staged, "free_bytes": shutil.disk_usage(root or "/").free,
+    return {"published": clean, "bad": bad, "staged": staged, "free_bytes": _free_bytes(root or "/"),
             "hashed_bytes": cache.hashed_bytes}
 
 
 # -- serve / send ----------------------------------------------------------------------------
 def _tune(sock: socket.socket, timeout: float) -> None:
+    import socket
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(timeout)
 
 
 def _connect(addr: str, port: int, bind: str, deadline: float, timeout: float) -> socket.socket:
+    import socket
     last: Exception | None = None
     while time.monotonic() < deadline:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -364,6 +377,7 @@ class Downstream:
             self.close()
 
     def close(self) -> None:
+        import socket
         if self.sock is not None:
             try:
                 self.sock.shutdown(socket.SHUT_WR)
@@ -415,7 +429,8 @@ def header_problem(header: object, expect: str, free_bytes: int, held=lambda f: 
 def _free_bytes(path: str) -> int:
     while path and not os.path.isdir(path):
         path = os.path.dirname(path)
-    return shutil.disk_usage(path or "/").free
+    st = os.statvfs(path or "/")  # what shutil.disk_usage(path).free says, without importing shutil
+    return st.f_bavail * st.f_frsize
 
 
 def _held(staging: str, cache: HashCache):
@@ -434,6 +449,7 @@ def _ready(a: argparse.Namespace, **facts: Any) -> None:
 
 
 def _listen(a: argparse.Namespace) -> socket.socket:
+    import socket
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -492,6 +508,7 @@ def _recv_some(conn: socket.socket, n: int, buf: bytearray, deadline_at: float):
 
 def _receive_file(conn, f: dict, staging: str, need: bool, down: Downstream, cache: HashCache, st: dict,
                   buf: bytearray, deadline_at: float) -> None:
+    import hashlib
     path = os.path.join(staging, f["path"])
     left = f["size"] - f["offset"]
     out, h = None, None
@@ -542,6 +559,7 @@ def old_name(final: str) -> str:
 
 def publish(staging: str, final: str, manifest: dict) -> None:
     """Write the manifest into staging, then swap staging into place with renames."""
+    import shutil
     tmp = os.path.join(staging, MANIFEST_NAME + ".tmp")
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -603,6 +621,12 @@ def cmd_serve(a: argparse.Namespace) -> dict:
         if complete:
             publish(a.staging, a.final, m)
             st["published"] = True
+            # the published copy checked as ``inspect`` checks it (sizes, each file's sha256 by the cache the
+            # stream just filled), in this process: no further program start on the node to verify it
+            try:
+                st["inspect"] = inspect_folder(m, a.final, a.staging, a.cache)
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # the controller inspects this node itself
     except OSError as exc:
         st["error"] = str(exc)
     finally:
@@ -613,6 +637,7 @@ def cmd_serve(a: argparse.Namespace) -> dict:
 
 
 def cmd_send(a: argparse.Namespace) -> dict:
+    import socket
     st: dict[str, Any] = {
           "role": "feeder", "pid": os.getpid(), "started": time.time(), "first_byte": None, "finished": None,
           "bytes_sent": 0, "error": None}

@@ -12,7 +12,8 @@ distant node) left a relay without one, and the round waited for its timeout. A 
 did not start is known at once, by node and why, and its path is not fed. The relay program
 is checked against its sha256 before every run: a truncated or altered copy is replaced, never
 run. The controller watches the last node of each path, collects every node's status, and always stops
-every relay it started, whatever happened.
+every relay it started, whatever happened: a relay whose final status was read is waited for and its round
+files removed by that same command (``_poll``); ``_stop`` visits every other one.
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 START_S = 15.0  # a relay that has not read its token (a receiver: and listened) by then did not start
-START_TICK_S = 0.02
 DEAD_AFTER = 2  # consecutive failed polls (each bounded) before a node counts as dead
+# Threads for per-node SSH commands. Each mostly waits on its node (a relay starting, a status), so a cap below the
+# node count only queues nodes behind others: at 48 nodes a cap of 16 ran every step in three waves.
+WORKERS = 64
+REAP_S = 1.0  # how long the poll that read a final status waits for the relay to exit before leaving it to _stop
+ROUND_FILES = ("plan.json", "status.json", "status.json.tmp", "ready", "ready.tmp")  # removed after a round
+FINAL, REAPED = "@@deploybench-final@@", "@@deploybench-reaped@@"
 
 
 NOT_INSTALLED = 97  # exit code of a call whose relay (this version) is not on the node yet
@@ -64,6 +70,7 @@ class Relays:
 
     def __init__(self, cluster: Cluster, model: str, spec: FanoutSpec):
         self._dead: dict[str, str] = {}
+        self._reaped: set[tuple[str, str]] = set()  # (node, round id): relays whose poll saw them exit, files removed
         self.cluster = cluster
         self.inv = cluster.inventory
         self.model = model
@@ -109,12 +116,14 @@ class Relays:
                                  "after the copy; check free space and sha256sum on the node")
         self._installed.add(node)
 
-    def call(self, node: str, args: list[str], stdin: bytes | None = None, timeout: float = 3600) -> dict:
-        """Run the relay's ``args`` on ``node``: one SSH command when this relay version is there already."""
-        argv = shlex.join([*isolated(self.inv.python), self.program(node), *args])
+    def call(self, node: str, args: list[str], stdin: bytes | None = None, timeout: float = 3600,
+             shortcut: str = "") -> dict:
+        """Run the relay's ``args`` on ``node``: one SSH command when this relay version is there already.
+        ``shortcut``: shell that may answer instead of the relay (and exit), run once the relay is verified."""
+        argv = shlex.join([*self._python(), self.program(node), *args])
         # Not installed (or not this exact program): drain stdin before exiting, so sending the input never meets
         # a closed channel; then install it, and run it only once its hash checks.
-        guarded = f"{self.verified(node)} || {{ cat > /dev/null; exit {NOT_INSTALLED}; }}; exec {argv}"
+        guarded = f"{self.verified(node)} || {{ cat > /dev/null; exit {NOT_INSTALLED}; }}; {shortcut}exec {argv}"
         res = self.cluster[node].run(guarded, stdin=stdin, timeout=timeout)
         if res.rc == NOT_INSTALLED:
             self._installed.discard(node)
@@ -135,8 +144,23 @@ class Relays:
 
     def inspect(self, node: str, manifest: Manifest) -> NodeState:
         data = self.call(node, ["inspect", "--final", self.final(node), "--staging", self.staging(node),
-                                "--cache", self.cache(node)], stdin=manifest.to_json().encode())
+                                "--cache", self.cache(node)], stdin=manifest.to_json().encode(),
+                         shortcut=self._empty_node(node))
         return NodeState.from_inspect(node, data)
+
+    def _empty_node(self, node: str) -> str:
+        """Shell that answers ``inspect`` for a node holding nothing of the model (no final folder, no staging,
+        nor a link by either name; a model root that is a real folder): what the relay would answer there, with
+        the free space as it computes it (f_bavail x f_frsize: ``stat -f`` %a x %S), without starting Python.
+        A first fan-out finds every target so: at 48 nodes the relay's start was ~1 s of the stage's 4 s of
+        fixed cost. Anything else (a copy to verify, staged files to resume) goes to the relay."""
+        root = self.inv.model_root_of(node).rstrip("/") or "/"
+        r, f, s = (shlex.quote(x) for x in (root, self.final(node), self.staging(node)))
+        nothing = f"[ -d {r} ] && [ ! -L {r} ] && ! [ -e {f} -o -L {f} -o -e {s} -o -L {s} ]"
+        answer = ('{"published": false, "bad": [], "staged": {}, "free_bytes": %s, "hashed_bytes": 0, '
+                  '"shell": true}\n')
+        return (f"if {nothing} && set -- $(stat -f -c '%a %S' {r} 2>/dev/null) && [ $# -eq 2 ]; then "
+                f"cat > /dev/null; printf {shlex.quote(answer)} $(($1 * $2)); exit 0; fi; ")
 
     # -- one round ---------------------------------------------------------------------------
     def run_round(self, paths: list[list[str]], manifest: Manifest, states: dict[str, NodeState],
@@ -197,7 +221,12 @@ class Relays:
 
     def _common(self, node: str) -> list[str]:
         self.install(node)
-        return [*isolated(self.inv.python), self.program(node)]
+        return [*self._python(), self.program(node)]
+
+    def _python(self) -> list[str]:
+        """The relay's interpreter: isolated, and without ``site`` (-S): the relay needs the standard library only,
+        and site's path set-up is ~2 ms of every one of the two or three relay starts per node and round."""
+        return [*isolated(self.inv.python), "-S"]
 
     def _timeouts(self, rid: str, node: str, down: Node | None, deadline: float) -> list[str]:
         left = max(1.0, deadline - time.monotonic())
@@ -233,7 +262,7 @@ class Relays:
 
         if not spawns:
             return {}
-        with ThreadPoolExecutor(max_workers=min(16, len(spawns))) as pool:
+        with ThreadPoolExecutor(max_workers=min(WORKERS, len(spawns))) as pool:
             return {key: st for key, st in pool.map(one, spawns) if st is not None}
 
     def _spawn(self, node: str, rid: str, token: str, argv: list[str], started: list) -> str | None:
@@ -246,9 +275,13 @@ class Relays:
         # the command has ended, and a relay given no token exits without a status.
         # The wait forks nothing but sleep ($! is the relay; /proc/<pid>/stat, read by the shell itself, says a
         # zombie or a reaped pid: it exited); the verdict uses the full liveness test.
-        wait = (f"p=$!; i=0; while [ ! -e {ready} ] && [ $i -lt {int(START_S / START_TICK_S)} ]; do "
+        # Its ticks grow from 10 to 100 ms: with every node's relay starting at once on a busy host a start takes
+        # most of a second, and a fixed 20-ms tick forked ~50 sleeps per node (at 48 nodes, more CPU than the
+        # relays' own starts); ``e`` counts the milliseconds slept, against START_S.
+        wait = (f"p=$!; t=0.01; e=0; while [ ! -e {ready} ] && [ $e -lt {int(START_S * 1000)} ]; do "
                 f"{{ read -r s < /proc/$p/stat; }} 2>/dev/null || break; case \"$s\" in *') '[ZX]' '*) break;; esac; "
-                f"sleep {START_TICK_S:g}; i=$((i+1)); done; "
+                f"sleep $t; case $t in 0.01) e=$((e+10)); t=0.02;; 0.02) e=$((e+20)); t=0.04;; "
+                f"0.04) e=$((e+40)); t=0.08;; 0.08) e=$((e+80)); t=0.1;; *) e=$((e+100));; esac; done; "
                 f"if [ -e {ready} ]; then echo READY; elif {alive_script(pid_path)}; then echo SLOW; "
                 f"else echo GONE; cat {status} 2>/dev/null || tail -c 1000 {logq}; fi")
         started.append((node, rid, argv))
@@ -292,12 +325,29 @@ class Relays:
         return out
 
     def _poll(self, node: str, rid: str) -> dict:
+        """The relay's status (``running``, ``gone``, or what it wrote when it ended). A final status is read in the
+        same command that waits (at most REAP_S, by the shell's own reads of /proc) for the relay to exit and then
+        removes the round's files: such a relay is not visited again by ``_stop`` (one SSH command fewer per relay
+        and round). One still there after REAP_S, or a pid file that holds no pid, is left to ``_stop``."""
         s, pid = shlex.quote(self._file(node, rid, "status.json")), self._file(node, rid, "pid")
+        files = " ".join(shlex.quote(self._file(node, rid, x)) for x in ROUND_FILES)
+        gone = "! { read -r st < /proc/$p/stat; } 2>/dev/null || case \"$st\" in *') '[ZX]' '*) true;; *) false;; esac"
+        reap = (f"p=; {{ read -r p < {shlex.quote(pid)}; }} 2>/dev/null; case \"$p\" in ''|*[!0-9]*|0|1) p=;; esac; "
+                f"i=0; while [ -n \"$p\" ] && [ $i -lt {int(REAP_S / 0.05)} ] && ! {{ {gone}; }}; do sleep 0.05; "
+                f"i=$((i+1)); done; if [ -n \"$p\" ] && {{ {gone}; }}; then rm -f {files} {shlex.quote(pid)}; "
+                f"echo {REAPED}; fi")
+        final = f"cat {s}; echo; echo {FINAL}; {reap}"
         res = self.cluster[node].run(
             # the status file is checked again after the liveness test: the relay may write it and exit between the two
-            f"if [ -f {s} ]; then cat {s}; elif {alive_script(pid)}; then echo '{{\"running\": true}}'; "
-            f"elif [ -f {s} ]; then cat {s}; else echo '{{\"gone\": true}}'; fi", timeout=5).check()
-        return json.loads(res.stdout)
+            f"if [ -f {s} ]; then {final}; elif {alive_script(pid)}; then echo '{{\"running\": true}}'; "
+            f"elif [ -f {s} ]; then {final}; else echo '{{\"gone\": true}}'; fi", timeout=5 + REAP_S).check()
+        # the last marker is this command's own (a status file that holds the marker text leaves its JSON broken)
+        text, marker, rest = res.stdout.rpartition(f"\n{FINAL}\n")
+        if not marker:
+            text = rest
+        if marker and REAPED in rest.split():
+            self._reaped.add((node, rid))
+        return json.loads(text)
 
     def _watch(self, jobs: list[tuple[str, list[str]]], deadline: float) -> dict[str, dict]:
         """Watch the last node of every path until it is done (the others finish with it), then collect all."""
@@ -332,7 +382,7 @@ class Relays:
             elif not st.get("running"):
                 out[(rid, node)] = st
 
-        with ThreadPoolExecutor(max_workers=16) as pool:
+        with ThreadPoolExecutor(max_workers=min(WORKERS, max(1, sum(len(p) for _, p in jobs)))) as pool:
             for tails_only in (True, False):
                 while todo := unresolved(tails_only):
                     if time.monotonic() > deadline:
@@ -360,18 +410,17 @@ class Relays:
 
         def stop(item: tuple[str, str, list[str]]) -> None:
             node, rid, argv = item
-            if node in dead:
+            if node in dead or (node, rid) in self._reaped:
                 return
             try:
                 pid, wd = self._file(node, rid, "pid"), self.workdir(node)
-                rm = " ".join(shlex.quote(f"{wd}/{rid}.{x}")
-                              for x in ("plan.json", "status.json", "status.json.tmp", "ready", "ready.tmp"))
+                rm = " ".join(shlex.quote(f"{wd}/{rid}.{x}") for x in ROUND_FILES)
                 warn_left_alone(self.cluster[node].run(stop_script(pid, 2, argv) + f"; rm -f {rm}", timeout=15))
             except DeploybenchError as exc:
                 log.warning("node %s: could not stop relay %s: %s", node, rid, exc)
 
         if started:
-            with ThreadPoolExecutor(max_workers=min(16, len(started))) as pool:
+            with ThreadPoolExecutor(max_workers=min(WORKERS, len(started))) as pool:
                 list(pool.map(stop, started))
 
 

@@ -8,7 +8,8 @@
    byte is sent.
 3. Rounds: ``chain`` streams source -> n1 -> n2 -> ... (each hop writes, hashes and
    forwards as the bytes pass); ``tree`` runs doubling rounds of one-hop streams. After a
-   round every receiver is inspected again; nodes still incomplete (a dead upstream, a
+   round every receiver is inspected again (a relay that published did it itself, on its copy, and
+   says so in its status; the others over SSH); nodes still incomplete (a dead upstream, a
    file that failed its hash) go again from their nearest verified neighbour, resuming
    what they already hold, up to ``1 + retries`` attempts. Dead nodes are left out; a node whose
    relay did not start is fed alone next time, so that nobody behind it waits.
@@ -26,7 +27,7 @@ from typing import Any
 from deploybench.config import FanoutSpec, FanoutStrategy, Policy
 from deploybench.errors import DeploybenchError, StageFailed
 from deploybench.fanout.plan import NodeState, chain_paths, tree_paths
-from deploybench.fanout.relay_control import Relays
+from deploybench.fanout.relay_control import WORKERS, Relays
 from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestMismatch
 from deploybench.transport import Cluster
@@ -118,13 +119,28 @@ class _Fanout:
                 return n, str(exc)
 
         errors = {}
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(WORKERS, len(nodes)))) as pool:
             for n, st in pool.map(one, nodes):
                 if isinstance(st, str):
                     errors[n] = st
                 else:
                     self.states[n] = st
         return errors
+
+    def states_from_status(self, statuses: dict[str, dict[str, Any]]) -> set[str]:
+        """Take the inspection a relay put in its status (``serve`` after publishing); the nodes whose status held
+        one that reads as an inspection. Text from a node: one that does not parse is inspected over SSH."""
+        told = set()
+        for n, st in statuses.items():
+            doc = st.get("inspect")
+            if not isinstance(doc, dict) or doc.get("error") is not None:
+                continue
+            try:
+                self.states[n] = NodeState.from_inspect(n, doc)
+            except (TypeError, ValueError):
+                continue
+            told.add(n)
+        return told
 
     def refuse_or_exclude(self, problems: dict[str, str], what: str) -> None:
         if not problems:
@@ -231,7 +247,10 @@ class _Fanout:
             for n, status in statuses.items():
                 self.account(n, status, manifest)
             alive = [n for n, status in statuses.items() if "dead" not in status]
-            lost = self.inspect(alive, manifest)
+            # a relay that published says what ``inspect`` would (it ran the same check in-process, on the copy it
+            # just published, against the manifest the controller gave it); the others are inspected over SSH
+            told = self.states_from_status({n: statuses[n] for n in alive})
+            lost = self.inspect([n for n in alive if n not in told], manifest)
             for n, why in lost.items():
                 self.copies[n].error = f"could not be inspected after the transfer: {why}"
             for n in alive:

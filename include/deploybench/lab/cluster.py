@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +26,7 @@ from deploybench import manifest
 from deploybench.config import ModelSpec
 from deploybench.errors import DeploybenchError, LabError
 from deploybench.inventory import Inventory
-from deploybench.lab import commands, netns
+from deploybench.lab import capacity, commands, netns
 from deploybench.lab.naming import (
     NetnsNames,
     check_name,
@@ -41,9 +41,8 @@ from deploybench.transport import connect
 
 log = logging.getLogger(__name__)
 
-# 8 concurrent iperf3 pairs at 1000 Mbit/s are CPU-bound on a 2-core machine; at 500 they
-# reach the shaped rate (see the lab's report in the README).
-DEFAULT_LINK_MBIT = 500.0
+# the most a lab's link is shaped to; without --link-mbit, lab up measures what the host carries (lab.capacity)
+DEFAULT_LINK_MBIT = capacity.DEFAULT_LINK_MBIT
 DEFAULT_MODEL_MB = 64.0
 SSHD_WAIT_S = 20.0
 TELEMETRY_WAIT_S = 20.0  # a node exporter answers in well under a second, Prometheus in one or two
@@ -67,6 +66,7 @@ class LabStatus:
     nodes: list[NodeStatus]
     inventory: Path
     prometheus: str | None = None
+    link_note: str | None = None  # how lab up chose the link speed, when it measured the host
 
     @property
     def healthy(self) -> bool:
@@ -105,7 +105,7 @@ def _machine_lock() -> Iterator[None]:
 def up(
     name: str = "demo",
     nodes: int = 16,
-    link_mbit: float = DEFAULT_LINK_MBIT,
+    link_mbit: float | None = None,
     mode: Mode | str = Mode.AUTO,
     model_mb: float = DEFAULT_MODEL_MB,
     model_name: str | None = None,
@@ -113,21 +113,23 @@ def up(
 ) -> Inventory:
     """Build lab ``name`` (or find it running) and return its inventory, also saved as inventory.json.
     ``loadgens`` more machines (g01...) get a namespace and an sshd each like nodes, and serve nothing: the inventory
-    lists them as its load generators."""
+    lists them as its load generators. ``link_mbit`` None: the links get what this host carries when preflight's
+    largest round runs (measured here, at most DEFAULT_LINK_MBIT; lab.capacity), said in the log and the state."""
     check_name(name)
     check_nodes(nodes, loadgens)
-    if link_mbit <= 0:
-        raise LabError(f"--link-mbit {link_mbit} must be positive")
+    if link_mbit is not None and not (0 < link_mbit < float("inf")):
+        raise LabError(f"--link-mbit {link_mbit} must be a positive number of Mbit/s (leave it out to have the lab "
+                       f"measure what this host carries, at most {DEFAULT_LINK_MBIT:g})")
     m = resolve_mode(mode)
     files = LabFiles(name)
     old = files.read_state()
     if old is not None and files.inventory.exists() and _running(old, files):
-        wanted = (m, nodes, float(link_mbit), loadgens)
+        wanted = (m, nodes, old.link_mbit if link_mbit is None else float(link_mbit), loadgens)
         if (old.mode, old.node_count, old.link_mbit, old.loadgen_count) != wanted:
             log.warning(
                 "lab %s is already running with %s nodes at %g Mbit/s in %s mode (asked: %s nodes at %g Mbit/s, %s); "
                 "keeping it - run `deploybench lab down --name %s` first to rebuild",
-                name, old.node_count, old.link_mbit, old.mode.value, nodes, link_mbit, m.value, name,
+                name, old.node_count, old.link_mbit, old.mode.value, nodes, link_mbit or old.link_mbit, m.value, name,
             )
         else:
             log.info("lab %s is already running (%d nodes); nothing to do", name, old.node_count)
@@ -152,14 +154,18 @@ def up(
         except DeploybenchError as exc:
             log.error("lab %s: cleanup after the failed up also failed: %s", name, exc)
         raise
+    if state.link_note:
+        log.info("lab %s: %s", name, state.link_note)
     log.info("lab %s up: %d %s nodes%s in %s, %.1f s; inventory %s", name, nodes, m.value,
              f" and {loadgens} load generators" if loadgens else "", state.subnet, time.monotonic() - t0,
              files.inventory)
     return inventory
 
 
-def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb: float,
+def _up_netns(name: str, count: int, asked_mbit: float | None, model_name: str, model_mb: float,
               files: LabFiles, loadgens: int = 0) -> LabState:
+    # asked for none: shaped far above any lab speed until the probe measured what the host carries
+    link_mbit = capacity.PROBE_MBIT if asked_mbit is None else asked_mbit
     names = NetnsNames.of(name)
     files.root.mkdir(parents=True, exist_ok=True)
     with _machine_lock():
@@ -183,6 +189,13 @@ def _up_netns(name: str, count: int, link_mbit: float, model_name: str, model_mb
             d.mkdir(parents=True, exist_ok=True)
 
     netns.parallel(build, indexed)
+    if asked_mbit is None:
+        def shape(mbit: float) -> None:
+            netns.parallel(lambda item: netns.shape(names, item[0], item[1], mbit), indexed)
+
+        state = _measured_links(state, files, lambda n: ("ip", "netns", "exec", names.namespace(n)), shape)
+        if state.link_mbit != link_mbit:  # one node: the ceiling (the other case left the links at what it chose)
+            shape(state.link_mbit)
     files.known_hosts.write_text("".join(
         commands.known_hosts_line(state.address(n), files.host_key(n).with_suffix(".pub").read_text()) + "\n"
         for n in state.machines
@@ -312,8 +325,9 @@ def _start_node_sshd(names: NetnsNames, files: LabFiles, state: LabState, node: 
     return netns.start_sshd(names.namespace(node), binds, config, nd / "sshd.log")
 
 
-def _up_loopback(name: str, count: int, link_mbit: float, model_name: str, model_mb: float,
+def _up_loopback(name: str, count: int, asked_mbit: float | None, model_name: str, model_mb: float,
                  files: LabFiles, loadgens: int = 0) -> LabState:
+    link_mbit = DEFAULT_LINK_MBIT if asked_mbit is None else asked_mbit
     net = pick_subnet(loopback_candidates(name), other_lab_subnets(name), "loopback")
     state = LabState(name=name, mode=Mode.LOOPBACK, subnet=str(net), node_count=count, link_mbit=link_mbit,
                      model_name=model_name, model_mb=model_mb, loadgen_count=loadgens)
@@ -321,6 +335,29 @@ def _up_loopback(name: str, count: int, link_mbit: float, model_name: str, model
     for node in state.nodes:
         files.models(node).mkdir(parents=True, exist_ok=True)
     (files.root / "run").mkdir(exist_ok=True)
+    return _measured_links(state, files, lambda n: ()) if asked_mbit is None else state
+
+
+def _measured_links(state: LabState, files: LabFiles, prefix: Callable[[str], tuple[str, ...]],
+                    shape: Callable[[float], None] | None = None) -> LabState:
+    """``state`` with the link speed this host carries for preflight's largest round (lab.capacity), saved.
+    ``shape(mbit)`` shapes every link (netns): the chosen speed is then checked by the same round, shaped."""
+    pairs = capacity.probe_pairs(state.nodes)
+    if not pairs or shutil.which("iperf3") is None:  # one node: no link is ever tested
+        note = None if not pairs else (f"links {DEFAULT_LINK_MBIT:g} Mbit/s, not measured: iperf3 is not installed "
+                                       "(apt-get install iperf3; preflight needs it too)")
+        if note:
+            log.warning("lab %s: %s", state.name, note)
+        state = state.model_copy(update={"link_mbit": DEFAULT_LINK_MBIT, "link_note": note})
+        files.write_state(state)
+        return state
+    ends = [(capacity.Endpoint(prefix(a), state.address(a)), capacity.Endpoint(prefix(b), state.address(b)))
+            for a, b in pairs]
+    found = capacity.choose(capacity.measure(ends), len(pairs), DEFAULT_LINK_MBIT)
+    if shape is not None:
+        found = capacity.settle(found, lambda: capacity.measure(ends), shape)
+    state = state.model_copy(update={"link_mbit": found.link_mbit, "link_note": found.note})
+    files.write_state(state)
     return state
 
 
@@ -403,7 +440,8 @@ def status(name: str, timeout: float = 5.0) -> LabStatus:
         return NodeStatus(node.name, node.address, ok, detail)
 
     nodes = netns.parallel(probe, [*inv.names, *inv.loadgen_names])  # load generators answer like nodes
-    return LabStatus(name, state.mode, state.subnet, state.link_mbit, nodes, files.inventory, state.prometheus)
+    return LabStatus(name, state.mode, state.subnet, state.link_mbit, nodes, files.inventory, state.prometheus,
+                     state.link_note)
 
 
 # -- faults (netns mode) -----------------------------------------------------------------------

@@ -15,6 +15,13 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # One HTB class per link: its quantum only matters between classes, but the default
 # (rate / r2q) overflows at Gbit rates and makes tc warn.
 HTB_QUANTUM = 60000
+# The plain leaf's queue, in bytes: LEAF_QUEUE_MS of the link's rate, at least LEAF_QUEUE_MIN (two 64 KiB GSO
+# segments). It was a pfifo of 1000 packets, and a veth's packets are GSO segments of up to 64 KiB: tens of MB,
+# a quarter of a second at 120 Mbit/s. A 1-second iperf3 (preflight's iperf_seconds=1) then read 79-90 % of a
+# 120 Mbit/s link and 52-88 % of a 50 Mbit/s one on an idle 8-node lab; with this queue 93-94 % and 89-93 %
+# (500 Mbit/s: 94 % either way). Slower links are what a large lab gets on a small host (lab.capacity).
+LEAF_QUEUE_MS = 5.0
+LEAF_QUEUE_MIN = 2 * 65536
 
 
 def _tc(ns: str | None) -> list[str]:
@@ -41,8 +48,8 @@ def shape_commands(
     loss_pct: float | None = None,
 ) -> list[list[str]]:
     """Egress shaping of ``dev`` (whose root qdisc was deleted first: ``delete_root``): an HTB root, a class at
-    ``mbit``, and a netem leaf for delay/loss. Without delay or loss the leaf is a plain pfifo, so a degraded
-    link can be restored.
+    ``mbit``, and a netem leaf for delay/loss. Without delay or loss the leaf is a plain FIFO (``leaf_queue``), so
+    a degraded link can be restored.
     """
     tc = _tc(ns)
     rate = rate_arg(mbit)
@@ -58,8 +65,13 @@ def shape_commands(
             netem += ["loss", f"{loss_pct:g}%"]
         cmds.append(leaf + netem)
     else:
-        cmds.append(leaf + ["pfifo", "limit", "1000"])
+        cmds.append(leaf + leaf_queue(mbit))
     return cmds
+
+
+def leaf_queue(mbit: float) -> list[str]:
+    """The plain leaf of a link shaped to ``mbit``: a byte-limited FIFO of LEAF_QUEUE_MS at that rate."""
+    return ["bfifo", "limit", str(max(LEAF_QUEUE_MIN, round(mbit * 1e6 / 8 * LEAF_QUEUE_MS / 1000)))]
 
 
 # Per-flow caps (a fast link emulated: one TCP stream cannot fill it, several can): TCP flows to or from the

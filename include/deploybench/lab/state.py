@@ -43,6 +43,7 @@ class LabState(BaseModel):
     model_name: str
     model_mb: float
     loadgen_count: int = 0  # load-generator machines, after the nodes (their addresses follow the nodes')
+    link_note: str | None = None  # how ``up`` chose link_mbit when it measured the host (lab.capacity); None: asked
     prometheus: str | None = None  # the lab's Prometheus (netns mode, when installed): its URL; None: none runs
 
     @property

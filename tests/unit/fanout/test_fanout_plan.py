@@ -54,3 +54,67 @@ def test_a_manifest_mismatch_names_each_file():
     assert "d: present (1 bytes) but not in the manifest" in lines
     assert "b: 51 bytes, the manifest says 50" in lines
     assert any(line.startswith("a: sha256 9999") for line in lines)
+
+
+def test_a_relay_status_inspection_is_taken_only_when_it_reads_as_one():
+    """The inspection a relay puts in its status replaces the controller's SSH inspect of that node; text from a
+    node that does not read as an inspection leaves the node to be inspected over SSH."""
+    from types import SimpleNamespace
+
+    from deploybench.config import FanoutSpec, Policy
+    from deploybench.fanout.stage import _Fanout
+
+    f = _Fanout(SimpleNamespace(inventory=None), ORDER, "n01", "m", FanoutSpec(), Policy.ABORT, 1)  # type: ignore[arg-type]
+    good = {"published": True, "bad": [], "staged": {}, "free_bytes": 123, "hashed_bytes": 0}
+    told = f.states_from_status({
+        "n02": {"published": True, "inspect": good},
+        "n03": {"published": True},  # an older relay: no inspection
+        "n04": {"inspect": {**good, "free_bytes": "plenty"}},  # not a number
+        "n05": {"inspect": {"error": "refused", "paths": ["../x"]}},
+    })
+    assert told == {"n02"}
+    assert f.states["n02"].published and f.states["n02"].free_bytes == 123
+    assert set(f.states) == {"n02"}
+    assert f.states_from_status({"n03": {"inspect": ["not", "a", "dict"]}}) == set()
+
+
+def test_a_poll_reads_a_final_status_and_whether_its_relay_was_reaped_and_a_forged_mark_counts_for_nothing():
+    """Relays._poll's answer: the status, and whether the same command saw the relay exit and removed its files
+    (then _stop leaves it). The node's status file is the node's text: a status that holds the marks itself breaks
+    its JSON (a failed poll) and never makes a live relay count as reaped."""
+    import json
+
+    import pytest
+
+    from deploybench.config import FanoutSpec
+    from deploybench.fanout.relay_control import FINAL, REAPED, Relays
+    from deploybench.transport import CommandResult
+
+    class Node:
+        out = ""
+
+        def run(self, cmd: str, timeout: float = 0) -> CommandResult:
+            return CommandResult("n02", cmd, 0, self.out, "", 0.0)
+
+    class FakeCluster:
+        inventory = None
+
+        def run_dir(self, n: str) -> str:
+            return f"/run/{n}"
+
+        def __getitem__(self, n: str) -> Node:
+            return node
+
+    node = Node()
+    relays = Relays(FakeCluster(), "m", FanoutSpec())  # type: ignore[arg-type]
+
+    node.out = '{"published": true}\n' + f"\n{FINAL}\n{REAPED}\n"
+    assert relays._poll("n02", "r1") == {"published": True} and ("n02", "r1") in relays._reaped
+    node.out = '{"published": true}' + f"\n{FINAL}\n"
+    assert relays._poll("n02", "r2") == {"published": True} and ("n02", "r2") not in relays._reaped
+    node.out = '{"running": true}\n'
+    assert relays._poll("n02", "r3") == {"running": True} and ("n02", "r3") not in relays._reaped
+    node.out = '{"published": true}\n' + f"{FINAL}\n{REAPED}" + f"\n{FINAL}\n"  # forged by the node
+    with pytest.raises(json.JSONDecodeError):
+        relays._poll("n02", "r4")
+    assert ("n02", "r4") not in relays._reaped

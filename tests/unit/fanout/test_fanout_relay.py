@@ -80,6 +80,9 @@ def test_a_two_hop_stream_is_written_verified_and_published(tmp_path, wait_for):
     for root in nodes.values():
         st = json.loads(Path(str(root) + ".status").read_text())
         assert st["published"] and st["bytes_written"] == m.total_bytes and not st["files_bad"], st
+        # the relay's own inspection of what it published, in its status: the controller's verification, through
+        # the cache the stream filled (nothing read twice)
+        assert st["inspect"]["published"] and st["inspect"]["bad"] == [] and st["inspect"]["hashed_bytes"] == 0, st
         assert manifest.verify(root / "m").digest == m.digest
         assert not (root / ".staging" / "m").exists()
     first = json.loads(Path(str(nodes["127.0.0.2"]) + ".status").read_text())

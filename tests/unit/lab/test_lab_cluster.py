@@ -48,7 +48,8 @@ def test_cli_registers_up_down_status():
     assert (args.name, args.nodes, args.link_mbit, args.mode, args.model_mb) == ("t4a", 3, 200.0, "loopback", 64.0)
     assert callable(args.func)
     defaults = parser.parse_args(["lab", "up"])
-    assert (defaults.name, defaults.nodes, defaults.link_mbit, defaults.mode) == ("demo", 16, 500.0, "auto")
+    # no --link-mbit: lab up measures what the host carries (lab.capacity)
+    assert (defaults.name, defaults.nodes, defaults.link_mbit, defaults.mode) == ("demo", 16, None, "auto")
     assert parser.parse_args(["lab", "down", "--purge"]).purge
     assert callable(parser.parse_args(["lab", "status"]).func)
 

@@ -19,7 +19,9 @@ def test_shaping_on_the_host_end():
     assert cmds[0] == ["tc", "qdisc", "add", "dev", "dbvabc12301", "root", "handle", "1:", "htb", "default", "10"]
     assert cmds[1][:10] == ["tc", "class", "replace", "dev", "dbvabc12301", "parent", "1:", "classid", "1:10", "htb"]
     assert cmds[1][cmds[1].index("rate") + 1] == "200000kbit" == cmds[1][cmds[1].index("ceil") + 1]
-    assert cmds[2][-3:] == ["pfifo", "limit", "1000"]  # a restored link has no netem left
+    # a restored link has no netem left; its queue holds 5 ms of the rate (125 kB at 200 Mbit/s), at least 128 KiB
+    assert cmds[2][-3:] == ["bfifo", "limit", str(2 * 65536)]
+    assert commands.shape_commands("dbvabc12301", 1000)[2][-3:] == ["bfifo", "limit", "625000"]
 
 
 def test_shaping_inside_a_namespace_with_delay_and_loss():
