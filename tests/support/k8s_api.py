@@ -11,7 +11,7 @@ A tiny "controller" runs on every request: each Deployment gets ``spec.replicas`
 scheduled like the real scheduler under the manifests' rules (a required node affinity
 ``kubernetes.io/hostname In [...]`` and a required pod anti-affinity on the instance label:
 at most one pod of the instance per node; no allowed free node = Pending/Unschedulable).
-A pod turns Ready ``ready_after_s`` after it was created, unless its node is in ``broken``
+A pod turns Ready ``ready_after_s`` (or its node's ``ready_after``) after it was created, unless its node is in ``broken``
 (CrashLoopBackOff, restarts counting up, never ready) or in ``crash_after_ready`` (ready,
 then restarting). Deployment status follows the controller's fields (observedGeneration,
 replicas, updatedReplicas, readyReplicas, availableReplicas) and a Progressing condition
@@ -44,6 +44,7 @@ class FakeCluster:
     def __init__(self, nodes: list[str], ready_after_s: float = 0.3, deadline_scale: float = 0.01):
         self.nodes = list(nodes)
         self.ready_after_s = ready_after_s
+        self.ready_after: dict[str, float] = {}  # node -> its own ready_after_s (pods there turn Ready that late)
         self.deadline_scale = deadline_scale
         self.broken: dict[str, str] = {}  # node -> log text of an engine that never starts
         self.crash_after_ready: set[str] = set()
@@ -125,9 +126,10 @@ class FakeCluster:
                 "containerStatuses": [{"name": "engine", "ready": False, "restartCount": restarts, "state": {
                     "waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container"}}}]}
             return
-        ready = age >= self.ready_after_s
+        after = self.ready_after.get(node, self.ready_after_s)
+        ready = age >= after
         restarts = 0
-        if ready and node in self.crash_after_ready and age >= 2 * self.ready_after_s:
+        if ready and node in self.crash_after_ready and age >= 2 * after:
             ready, restarts = False, 1
         p["status"] = {"phase": "Running", "podIP": ip, "conditions": [
             {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}],

@@ -12,6 +12,7 @@ cncf.kubernetes provider's KubernetesHook (``deploybench.airflow.connections.kub
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import time
@@ -74,6 +75,19 @@ def _pod_ready(pod: dict[str, Any]) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
+def _pod_ip(pod: dict[str, Any]) -> str | None:
+    """The pod's IP as its status gives it, when it is an IP address (a node's answer: checked); IPv6 bracketed for
+    a URL."""
+    raw = (pod.get("status") or {}).get("podIP")
+    try:
+        ip = ipaddress.ip_address(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    if ip is None:
+        return None
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
 def _pod_problem(pod: dict[str, Any]) -> str:
     """Why a pod is not serving, from its phase, conditions and container statuses."""
     st = pod.get("status") or {}
@@ -98,7 +112,8 @@ def _pod_problem(pod: dict[str, Any]) -> str:
 class KubernetesDeployer(Deployer):
     backend = "kubernetes"
     # pods, not processes on the nodes: no port or binary on a node to check, one object set per run (not shared)
-    capabilities = Capabilities(engines_on_nodes=False, needs_kube=True, stopped="objects deleted {n}")
+    capabilities = Capabilities(engines_on_nodes=False, needs_kube=True, scales_under_load=True,
+                                stopped="objects deleted {n}")
     exact_placement = False  # the scheduler picks which allowed node a new stable pod lands on
 
     @classmethod
@@ -119,6 +134,18 @@ class KubernetesDeployer(Deployer):
         self._by_host = {inventory.node(n).kubernetes_name: n for n in names}
         self._ready_at: dict[str, float] = {}  # pod -> when this deployer first saw it ready
         self._restarts: dict[str, int] = {}
+        self._kept: list[str] | None = None  # scale-up under load: the nodes shrink() left serving
+
+    @classmethod
+    def validate_config(cls, cfg: RunConfig, names: list[str]) -> None:
+        """Scale-up under load scales the stable Deployment only: the canary's pods serve throughout, so
+        ``scale_up_from`` cannot be below the canary's count."""
+        canary = cfg.scale_plan(len(names))[0]
+        if cfg.load.scale_up and cfg.load.scale_up_from < canary:
+            raise ConfigError(f"load.scale_up_from={cfg.load.scale_up_from} is below the canary's {canary} pods "
+                              f"(rollout.canary_nodes={cfg.rollout.canary_nodes}): the kubernetes backend scales the "
+                              "stable Deployment down for the spike, never the canary's; choose scale_up_from between "
+                              f"{canary} and {len(names) - 1}, or lower rollout.canary_nodes")
 
     # -- API helpers ----------------------------------------------------------------------------
     @staticmethod
@@ -237,7 +264,71 @@ class KubernetesDeployer(Deployer):
         return out
 
     def rollback(self, nodes: list[str]) -> None:
-        self._scale_stable(max(0, len(nodes) - len(self.canary)))
+        self._scale_stable(max(0, len(nodes) - self._canary_count()))
+
+    def _canary_count(self) -> int:
+        """The canary Deployment's pods: the canary this deployer deployed, else the plan's first step (a deployer
+        made after the rollout, as the load stage's)."""
+        return len(self.canary) if self.canary else self.cfg.scale_plan(len(self.names))[0]
+
+    # -- scale-up under load (deploybench.load.scale_up) --------------------------------------------
+    def shrink(self, keep: list[str], timeout_s: float) -> list[str]:
+        """Scale the stable Deployment down to ``len(keep)`` pods in all (the canary's included) and wait, at most
+        ``timeout_s``, until exactly that many pods of the run are left and ready; their nodes, in the run's order
+        (the ReplicaSet controller, not deploybench, chooses which pods go)."""
+        want = len(keep)
+        self.rollback(keep)
+        t0 = time.monotonic()
+        while True:
+            pods = self._pods()
+            ready = [p for p in pods if _pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+            if len(pods) == want and len(ready) == want:
+                order = {n: i for i, n in enumerate(self.names)}
+                self._kept = sorted((self._node_of(p) for p in ready), key=lambda n: order.get(n, len(order)))
+                log.info("kubernetes: %d pods serving before the spike, on %s", want, self._kept)
+                return list(self._kept)
+            if time.monotonic() - t0 > timeout_s:
+                raise DeploybenchError(f"kubernetes: deployment {self.ns}/{self.obj.stable} scaled down for the spike "
+                                       f"still has {len(pods)} pods ({len(ready)} ready), not {want}, after "
+                                       f"{timeout_s:g} s (rollout.ready_timeout_s)")
+            time.sleep(POLL_S)
+
+    def start_each(self, nodes: list[str]) -> dict[str, Exception]:
+        """One patch of the stable Deployment's scale back to the pods of the kept nodes and ``nodes``: the scheduler
+        puts one on each of ``nodes`` (the only allowed nodes left free: node affinity and one pod per node). The
+        patch failing fails every node of ``nodes``, named."""
+        total = len(set(self._kept) | set(nodes)) if self._kept is not None else len(self.names)
+        try:
+            self._scale_stable(max(0, total - self._canary_count()))
+        except Exception as exc:  # noqa: BLE001 - ApiException, connection errors: every node's
+            err = DeploybenchError(f"kubernetes: patching the scale of deployment {self.ns}/{self.obj.stable} to "
+                                   f"{total - self._canary_count()} replicas failed: {exc}")
+            return dict.fromkeys(nodes, err)
+        return {}
+
+    def wait_serving(self, node: str, timeout_s: float) -> dict[str, Any]:
+        """Wait (``timeout_s``) for a ready pod of the run on ``node``'s Kubernetes node; its endpoint (the pod's
+        own address: a new pod has a new one). NodeFailure naming the pod and its problem when none is ready."""
+        host = self.inv.node(node).kubernetes_name
+        t0 = time.monotonic()
+        last: dict[str, Any] | None = None
+        while True:
+            for pod in self._pods():
+                if (pod.get("spec") or {}).get("nodeName") != host or pod["metadata"].get("deletionTimestamp"):
+                    continue
+                last = pod
+                ip = _pod_ip(pod)
+                if _pod_ready(pod) and ip:
+                    name = pod["metadata"]["name"]
+                    self._ready_at.setdefault(name, time.monotonic())
+                    return {"node": node, "url": f"http://{ip}:{self.cfg.rollout.port}", "model": self.cfg.model.name,
+                            "pod": name}
+            if time.monotonic() - t0 > timeout_s:
+                why = f"no ready pod on {host} after {timeout_s:g} s (rollout.ready_timeout_s)"
+                if last is not None:
+                    raise self._failure(last, f"{_pod_problem(last)}; {why}")
+                raise NodeFailure(node, f"no pod of the run was scheduled on {host}: {why}")
+            time.sleep(POLL_S)
 
     def teardown(self, names: list[str] | None = None) -> dict[str, str]:
         """Delete the run's objects: by the run's label when it has a run key (whatever names they have),
