@@ -573,7 +573,8 @@ class LoadSpec(_Strict):
     scale_up: bool = Field(False, title="Spike: scale up under load",
                            description="The spike phase starts serving on scale_up_from nodes only and, when the "
                                        "spike starts, the rollout starts engines on the others; the load reaches each "
-                                       "once it is healthy (ssh backend; the kubernetes backend renders an HPA).")
+                                       "once it is healthy (ssh: engines started; kubernetes: the stable Deployment's "
+                                       "replicas patched back).")
     scale_up_from: int = Field(1, ge=1, le=MAX_NODES, title="Spike: nodes before scaling up",
                                description="Nodes serving when the spike starts (scale_up); at most the run's nodes "
                                            "less one.")

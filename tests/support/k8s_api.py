@@ -11,7 +11,8 @@ A tiny "controller" runs on every request: each Deployment gets ``spec.replicas`
 scheduled like the real scheduler under the manifests' rules (a required node affinity
 ``kubernetes.io/hostname In [...]`` and a required pod anti-affinity on the instance label:
 at most one pod of the instance per node; no allowed free node = Pending/Unschedulable).
-A pod turns Ready ``ready_after_s`` (or its node's ``ready_after``) after it was created, unless its node is in ``broken``
+A pod turns Ready ``ready_after_s`` (or its node's ``ready_after``) after it was created, unless its node is in
+``broken``
 (CrashLoopBackOff, restarts counting up, never ready) or in ``crash_after_ready`` (ready,
 then restarting). Deployment status follows the controller's fields (observedGeneration,
 replicas, updatedReplicas, readyReplicas, availableReplicas) and a Progressing condition

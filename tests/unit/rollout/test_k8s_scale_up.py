@@ -74,7 +74,8 @@ class Rig:
 
     def replicas(self) -> int:
         with self.srv.cluster.lock:
-            return self.srv.cluster.objects[("Deployment", self.cfg.rollout.kubernetes.namespace, self.stable)]["spec"]["replicas"]
+            dep = self.srv.cluster.objects[("Deployment", self.cfg.rollout.kubernetes.namespace, self.stable)]
+            return dep["spec"]["replicas"]
 
     def ready_pods(self) -> dict[str, str]:
         """node -> the pod IP of each Ready pod of the run, as the fake has them now."""
