@@ -61,6 +61,13 @@ class ScaleUp:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # set by finish()/restore(): the spike is not asked for any more
         self._after_s = 0.0
+        self._scraped: list[Endpoint] = []  # the phase's scrape list (follow): an added engine's new address goes in
+
+    def follow(self, scraped: list[Endpoint]) -> list[Endpoint]:
+        """``scraped``, the list the phase's scraper reads at each scrape (deploybench.load.scrape): an added engine
+        that serves at a new address (a new pod) replaces its entry there, so its /metrics are read from it."""
+        self._scraped = scraped
+        return scraped
 
     @property
     def added(self) -> list[str]:
@@ -154,6 +161,9 @@ class ScaleUp:
         with self._lock:
             self._serving[ep.node] = time.monotonic()
             self._targets.append(ep)
+            for i, s in enumerate(self._scraped):
+                if s.node == ep.node and s != ep:
+                    self._scraped[i] = ep  # one item assignment: the scraper's loop sees the old or the new one
         LOG.info("scale-up: %s serving; k6's targets now %s", ep.node, [e.node for e in self._targets])
 
     def _cancel(self) -> None:

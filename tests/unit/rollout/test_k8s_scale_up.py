@@ -105,6 +105,7 @@ def test_scaled_down_before_the_spike_patched_back_at_its_start_and_each_added_p
         patches = len(rig.scale_patches())
         # the added pods' nodes turn Ready at different delays: their serving times must come out in that order
         srv.cluster.ready_after = {"gpu-n02": 0.3, "gpu-n03": 1.2}
+        scraped = grow.follow(list(rig.eps))  # as the phase gives its scraper every node's endpoint
         url = grow.serve(first, after_s=0.5)
         page = _read(url)  # k6's first read: the phase's scenario starts, the spike 0.5 s later
         assert [t["node"] for t in page["targets"]] == ["n00", "n01"] and page["final"] is False
@@ -120,6 +121,10 @@ def test_scaled_down_before_the_spike_patched_back_at_its_start_and_each_added_p
         for n in ("n02", "n03"):  # a new pod has a new address: k6 is given it, not the one the rollout recorded
             assert got[n] == f"http://{ips[n]}:{rig.cfg.rollout.port}" and got[n] != before[n]
         assert got["n00"] == before["n00"] and got["n01"] == before["n01"]  # the kept pods are the same pods
+        # the scraper reads each added pod's /metrics at its new address, and knows its pod (DCGM's "pod" label)
+        assert {e.node: e.url for e in scraped} == got
+        assert {e.node: e.page for e in scraped}["n03"] == f"{got['n03']}/metrics"
+        assert {e.node: e.pod for e in scraped}["n03"] != {e.node: e.pod for e in rig.eps}["n03"]
         out = grow.finish()
         by = {a["node"]: a for a in out["added"]}
         assert all(a["error"] is None for a in out["added"]), out
