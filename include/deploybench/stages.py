@@ -414,17 +414,25 @@ class Load(Stage):
         own error (``failed``) a restore error is logged and chained to it, never put in its place."""
         if grow is None:
             return
-        try:
-            grow.restore()
-        except Exception as exc:
-            if failed is None:
-                raise StageFailed(f"load spike: the engines stopped for the scale-up could not serve again: {exc}"
-                                  ) from exc
-            log.error("load spike: after the phase failed (%s), the engines stopped for the scale-up could not serve "
-                      "again: %s", failed, exc)
-            failed.add_note(f"and the engines stopped for the scale-up could not serve again: {exc}"[:2000])
-            if failed.__context__ is None:
-                failed.__context__ = exc
+        errors: list[Exception] = []
+        # kubernetes: the phase's autoscaler deleted and the replicas back (settle); then the engines the spike never
+        # asked for started again (restore): each tried even when the other failed
+        for step in (grow.deployer.settle, grow.restore):
+            try:
+                step()
+            except Exception as err:  # noqa: BLE001 - the first is reported below
+                errors.append(err)
+        if not errors:
+            return
+        first = errors[0]
+        if failed is None:
+            raise StageFailed(f"load spike: the engines stopped for the scale-up could not serve again: {first}"
+                              ) from first
+        log.error("load spike: after the phase failed (%s), the engines stopped for the scale-up could not serve "
+                  "again: %s", failed, first)
+        failed.add_note(f"and the engines stopped for the scale-up could not serve again: {first}"[:2000])
+        if failed.__context__ is None:
+            failed.__context__ = first
 
     @staticmethod
     def _scale_down(ctx: Context, cluster: Cluster, eps: list) -> tuple[Any, list]:

@@ -6,6 +6,8 @@ Python client: server-side apply (PATCH application/apply-patch+yaml, fieldManag
 required) of Deployments, Services, ConfigMaps and PodDisruptionBudgets; merge-patches of a Deployment's scale
 subresource; GET of Deployments; lists of pods, Deployments, Services, ConfigMaps and
 PodDisruptionBudgets (stored, not enforced: the fake evicts nothing) by label selector; pod logs; DELETE.
+autoscaling/v2 HorizontalPodAutoscalers (apply, list, DELETE) get a stand-in of the HPA controller's rule on a metric
+value the test sets (``metric_per_pod``).
 
 A tiny "controller" runs on every request: each Deployment gets ``spec.replicas`` pods,
 scheduled like the real scheduler under the manifests' rules (a required node affinity
@@ -30,6 +32,7 @@ return each runner's exit code and log, which become the pods' terminated states
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -65,6 +68,9 @@ class FakeCluster:
         self.linger_gets = 0
         self.lingering: dict[tuple[str, str, str], list[Any]] = {}  # key -> [object, GETs left]
         self.hook_errors: list[BaseException] = []
+        # HorizontalPodAutoscalers (autoscaling/v2): the stand-in reads this as every pod's value of the HPA's metric
+        # (the engines' waiting-requests gauge, as a metrics adapter would serve it)
+        self.metric_per_pod = 0.0
 
     # -- the controller -------------------------------------------------------------------------
     def _allowed(self, dep: dict) -> list[str]:
@@ -75,8 +81,27 @@ class FakeCluster:
     def _instance(self, obj: dict) -> str:
         return obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"]
 
+    def _autoscale(self) -> None:
+        """The HPA controller's rule (desired = ceil(current x metric / target), within min and max), on the
+        stand-in's ``metric_per_pod``; a Deployment at 0 replicas is left alone, as Kubernetes leaves it."""
+        for (kind, ns, _), hpa in list(self.objects.items()):
+            if kind != "HorizontalPodAutoscaler":
+                continue
+            spec = hpa["spec"]
+            dep = self.objects.get(("Deployment", ns, spec["scaleTargetRef"]["name"]))
+            current = (dep or {}).get("spec", {}).get("replicas", 0)
+            if not dep or not current:
+                continue
+            target = float(spec["metrics"][0]["pods"]["target"]["averageValue"])
+            want = math.ceil(current * self.metric_per_pod / target) if self.metric_per_pod else current
+            want = max(spec.get("minReplicas", 1), min(spec["maxReplicas"], want))
+            if want != current:
+                dep["spec"]["replicas"] = want
+                dep["metadata"]["generation"] += 1
+
     def reconcile(self) -> None:
         now = time.monotonic()
+        self._autoscale()
         for (kind, ns, name), dep in list(self.objects.items()):
             if kind != "Deployment":
                 continue
@@ -239,6 +264,10 @@ _ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$"), "ConfigMap", "list"),
     (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets/([^/]+)$"), "PodDisruptionBudget", "obj"),
     (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "PodDisruptionBudget", "list"),
+    (re.compile(r"^/apis/autoscaling/v2/namespaces/([^/]+)/horizontalpodautoscalers/([^/]+)$"),
+     "HorizontalPodAutoscaler", "obj"),
+    (re.compile(r"^/apis/autoscaling/v2/namespaces/([^/]+)/horizontalpodautoscalers$"), "HorizontalPodAutoscaler",
+     "list"),
     (re.compile(r"^/apis/k6.io/v1alpha1/namespaces/([^/]+)/testruns/([^/]+)$"), "TestRun", "obj"),
     (re.compile(r"^/apis/k6.io/v1alpha1/namespaces/([^/]+)/testruns$"), "TestRun", "list"),
 ]

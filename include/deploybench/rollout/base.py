@@ -125,6 +125,11 @@ class Deployer(ABC):
         self.rollback(keep)
         return list(keep)
 
+    def settle(self) -> None:  # noqa: B027 - optional hook
+        """Scale-up under load, after the phase whatever happened: remove what the backend put in place for it (an
+        autoscaler) and leave no engine scaled down. Nothing by default (ScaleUp.restore starts what never was)."""
+        return None
+
     def wait_serving(self, node: str, timeout_s: float) -> dict[str, Any] | None:
         """Scale-up under load: wait (``timeout_s``) until the engine started on ``node`` serves. Its endpoint
         ({"node", "url", "model", "pod"}) where it is a new one (a new pod has a new address), None where it is the

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deploybench import engines
-from deploybench.config import RunConfig
+from deploybench.config import RunConfig, ScaleUpMode
 from deploybench.errors import ConfigError, DeploybenchError
 from deploybench.inventory import Inventory
 from deploybench.rollout import manifests
@@ -41,13 +41,14 @@ class KubeClients:
     core: Any  # kubernetes.client.CoreV1Api
     policy: Any  # kubernetes.client.PolicyV1Api (the engine pods' PodDisruptionBudget)
     custom: Any = None  # kubernetes.client.CustomObjectsApi (k6-operator TestRuns: deploybench.load.kube_load)
+    autoscaling: Any = None  # kubernetes.client.AutoscalingV2Api (scale-up under load with scale_up_mode=hpa)
 
     @classmethod
     def from_api_client(cls, api_client: Any) -> KubeClients:
         from kubernetes import client
 
         return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.PolicyV1Api(api_client),
-                   client.CustomObjectsApi(api_client))
+                   client.CustomObjectsApi(api_client), client.AutoscalingV2Api(api_client))
 
 
 def rollout_status(dep: dict[str, Any]) -> tuple[bool, bool, str]:
@@ -141,6 +142,11 @@ class KubernetesDeployer(Deployer):
         """Scale-up under load scales the stable Deployment only: the canary's pods serve throughout, so
         ``scale_up_from`` cannot be below the canary's count."""
         canary = cfg.scale_plan(len(names))[0]
+        if cfg.load.scale_up and cfg.load.scale_up_mode == ScaleUpMode.HPA and cfg.load.scale_up_from <= canary:
+            raise ConfigError(f"load.scale_up_mode='hpa' with scale_up_from={cfg.load.scale_up_from} would scale the "
+                              f"stable Deployment to 0 pods beside the canary's {canary}, and a "
+                              "HorizontalPodAutoscaler does not act on a Deployment at 0 replicas; choose "
+                              f"scale_up_from between {canary + 1} and {len(names) - 1}, or scale_up_mode='replicas'")
         if cfg.load.scale_up and cfg.load.scale_up_from < canary:
             raise ConfigError(f"load.scale_up_from={cfg.load.scale_up_from} is below the canary's {canary} pods "
                               f"(rollout.canary_nodes={cfg.rollout.canary_nodes}): the kubernetes backend scales the "
@@ -158,10 +164,18 @@ class KubernetesDeployer(Deployer):
         fn = {"Deployment": self.kube.apps.patch_namespaced_deployment,
               "Service": self.kube.core.patch_namespaced_service,
               "ConfigMap": self.kube.core.patch_namespaced_config_map,
-              "PodDisruptionBudget": self.kube.policy.patch_namespaced_pod_disruption_budget}[kind]
+              "PodDisruptionBudget": self.kube.policy.patch_namespaced_pod_disruption_budget,
+              "HorizontalPodAutoscaler": lambda *a, **kw: (
+                  self._autoscaling().patch_namespaced_horizontal_pod_autoscaler(*a, **kw))}[kind]
         fn(name, self.ns, obj, field_manager=FIELD_MANAGER, force=True,
            _content_type="application/apply-patch+yaml", _preload_content=False)
         log.info("applied %s %s/%s", kind, self.ns, name)
+
+    def _autoscaling(self) -> Any:
+        if self.kube.autoscaling is None:
+            raise ConfigError("load.scale_up_mode='hpa' needs the autoscaling/v2 API client (KubeClients.autoscaling; "
+                              "KubeClients.from_api_client makes it)")
+        return self.kube.autoscaling
 
     def _deployment(self, name: str) -> dict[str, Any]:
         return self._json(self.kube.apps.read_namespaced_deployment(name, self.ns, _preload_content=False))
@@ -277,6 +291,11 @@ class KubernetesDeployer(Deployer):
         ``timeout_s``, until exactly that many pods of the run are left and ready; their nodes, in the run's order
         (the ReplicaSet controller, not deploybench, chooses which pods go)."""
         want = len(keep)
+        hpa = None
+        if self.cfg.load.scale_up_mode == ScaleUpMode.HPA:  # rendered and checked before anything changes
+            hpa = manifests.hpa(self.cfg, len(self.names), self.run_key)
+            manifests.validate(hpa)
+            self._autoscaling()
         self.rollback(keep)
         t0 = time.monotonic()
         while True:
@@ -286,6 +305,8 @@ class KubernetesDeployer(Deployer):
                 order = {n: i for i, n in enumerate(self.names)}
                 self._kept = sorted((self._node_of(p) for p in ready), key=lambda n: order.get(n, len(order)))
                 log.info("kubernetes: %d pods serving before the spike, on %s", want, self._kept)
+                if hpa is not None:  # from now on the autoscaler adds pods when the engines' queue grows
+                    self._apply(hpa)
                 return list(self._kept)
             if time.monotonic() - t0 > timeout_s:
                 raise DeploybenchError(f"kubernetes: deployment {self.ns}/{self.obj.stable} scaled down for the spike "
@@ -298,6 +319,10 @@ class KubernetesDeployer(Deployer):
         puts one on each of ``nodes`` (the only allowed nodes left free: node affinity and one pod per node). The
         patch failing fails every node of ``nodes``, named."""
         total = len(set(self._kept) | set(nodes)) if self._kept is not None else len(self.names)
+        if self._kept is not None and self.cfg.load.scale_up_mode == ScaleUpMode.HPA:
+            log.info("kubernetes: the spike started; the HorizontalPodAutoscaler %s adds pods as the queue grows",
+                     self.obj.stable)
+            return {}
         try:
             self._scale_stable(max(0, total - self._canary_count()))
         except Exception as exc:  # noqa: BLE001 - ApiException, connection errors: every node's
@@ -305,6 +330,26 @@ class KubernetesDeployer(Deployer):
                                    f"{total - self._canary_count()} replicas failed: {exc}")
             return dict.fromkeys(nodes, err)
         return {}
+
+    def settle(self) -> None:
+        """After the scale-up phase, whatever happened: its HorizontalPodAutoscaler deleted (absent: fine), and the
+        stable Deployment's replicas back at the run's node count (nothing left scaled down)."""
+        errors = []
+        if self.cfg.load.scale_up_mode == ScaleUpMode.HPA:
+            try:
+                self._autoscaling().delete_namespaced_horizontal_pod_autoscaler(self.obj.stable, self.ns,
+                                                                                _preload_content=False)
+                log.info("kubernetes: deleted the HorizontalPodAutoscaler %s/%s", self.ns, self.obj.stable)
+            except Exception as exc:  # noqa: BLE001 - 404: never applied (the phase failed before it)
+                if getattr(exc, "status", None) != 404:
+                    errors.append(f"deleting the HorizontalPodAutoscaler {self.ns}/{self.obj.stable}: {exc}")
+        try:
+            self._scale_stable(max(0, len(self.names) - self._canary_count()))
+        except Exception as exc:  # noqa: BLE001 - ApiException, connection errors
+            errors.append(f"patching deployment {self.ns}/{self.obj.stable} back to "
+                          f"{len(self.names) - self._canary_count()} replicas: {exc}")
+        if errors:
+            raise DeploybenchError("kubernetes: after the scale-up: " + "; ".join(errors)[:2000])
 
     def wait_serving(self, node: str, timeout_s: float) -> dict[str, Any]:
         """Wait (``timeout_s``) for a ready pod of the run on ``node``'s Kubernetes node; its endpoint (the pod's
@@ -343,6 +388,9 @@ class KubernetesDeployer(Deployer):
                  ("service", self.obj.headless, self.kube.core.delete_namespaced_service),
                  ("configmap", self.obj.config, self.kube.core.delete_namespaced_config_map),
                  ("poddisruptionbudget", self.obj.budget, self.kube.policy.delete_namespaced_pod_disruption_budget)]
+        if self.kube.autoscaling is not None:
+            calls.append(("horizontalpodautoscaler", self.obj.stable,
+                          self.kube.autoscaling.delete_namespaced_horizontal_pod_autoscaler))
         out = {}
         for kind, name, fn in calls:
             try:
@@ -363,6 +411,9 @@ def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[
              ("configmap", kube.core.list_namespaced_config_map, kube.core.delete_namespaced_config_map),
              ("poddisruptionbudget", kube.policy.list_namespaced_pod_disruption_budget,
               kube.policy.delete_namespaced_pod_disruption_budget)]
+    if kube.autoscaling is not None:  # a scale-up phase's autoscaler left by a dead run (scale_up_mode=hpa)
+        kinds.append(("horizontalpodautoscaler", kube.autoscaling.list_namespaced_horizontal_pod_autoscaler,
+                      kube.autoscaling.delete_namespaced_horizontal_pod_autoscaler))
     if kube.custom is not None:  # a load phase's k6-operator TestRun left by a dead run (deploybench.load.kube_load)
         from deploybench.load import k6_operator as op
 

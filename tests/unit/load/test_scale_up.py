@@ -42,6 +42,9 @@ class Recorder:
                 time.sleep(self.late_s)
         return dict.fromkeys(nodes, 0.0)
 
+    def settle(self) -> None:
+        """As the base Deployer's: nothing (the ssh backend leaves no autoscaler behind)."""
+
     def wait_serving(self, node: str, timeout_s: float) -> None:
         """As the base Deployer's: the rollout's readiness check, the endpoint the rollout recorded (None)."""
         self.wait_ready([node], timeout_s)

@@ -41,10 +41,10 @@ def _inv() -> Inventory:
         for i, n in enumerate(NODES)]})
 
 
-def _cfg() -> RunConfig:
+def _cfg(mode: str = "replicas") -> RunConfig:
     return RunConfig.parse({"inventory": "x", "engine": {"profile": "vllm"}, "rollout": {
         "backend": "kubernetes", "canary_nodes": 1, "ready_timeout_s": 10, "kubernetes": {"progress_deadline_s": 60}},
-        "load": {"phases": ["spike"], "scale_up": True, "scale_up_from": 2}})
+        "load": {"phases": ["spike"], "scale_up": True, "scale_up_from": 2, "scale_up_mode": mode}})
 
 
 def _checks() -> dict:
@@ -62,8 +62,8 @@ def _until(pred, timeout_s: float = 10.0) -> None:
 class Rig:
     """A rolled-out run of 4 pods (canary n00, stable n01-n03) on the fake, and the Load stage's context for it."""
 
-    def __init__(self, srv: FakeApiServer):
-        self.srv, self.cfg = srv, _cfg()
+    def __init__(self, srv: FakeApiServer, mode: str = "replicas"):
+        self.srv, self.cfg = srv, _cfg(mode)
         self.kube = KubeClients.from_api_client(srv.api_client())
         self.cluster = Cluster(_inv(), run_key="run-up")
         res = rollout.run(self.cluster, NODES, self.cfg, kube=self.kube, **_checks())
@@ -132,8 +132,8 @@ def test_scaled_down_before_the_spike_patched_back_at_its_start_and_each_added_p
         assert by["n03"]["serving_s"] >= 1.2 - 0.2  # its pod is Ready 1.2 s after the patch (the poll's slack)
         assert out["deployer_asked_s"] is not None and out["deployer_asked_s"] >= 0
         assert out["all_serving_s"] == by["n03"]["serving_s"] and out["nodes_after"] == NODES
-        Load._restore(grow, None)  # asked at the spike: a no-op
-        assert len(rig.scale_patches()) == patches + 1
+        Load._restore(grow, None)  # asked at the spike: nothing to start; the replicas stay at the node count
+        assert rig.replicas() == 3 and sorted(rig.ready_pods()) == NODES
 
 
 def test_a_phase_that_fails_before_the_spike_puts_the_replicas_back():
@@ -209,3 +209,66 @@ def test_validate_accepts_scale_up_on_kubernetes_and_refuses_scaling_below_the_c
     with pytest.raises(ConfigError) as exc:
         pipeline.validate("deploybench_run__k8s_up2", conf | {"canary_nodes": 2, "scale_up_from": 1})
     assert "scale_up_from=1 is below the canary's 2 pods" in str(exc.value) and "between 2 and 2" in str(exc.value)
+
+
+def test_hpa_mode_applies_the_autoscaler_for_the_phase_times_the_pods_it_adds_and_deletes_it_after():
+    """scale_up_mode=hpa: the fake's stand-in of the HPA controller applies Kubernetes' rule (desired = ceil(current x
+    metric / target)) to a per-pod metric value the test sets, standing in for the engines' waiting-requests gauge
+    under the spike (no engine, no metrics adapter runs here)."""
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv, "hpa")
+        ns = rig.cfg.rollout.kubernetes.namespace
+        grow, first = Load._scale_down(rig.ctx, rig.cluster, rig.eps)
+        hpa = srv.cluster.objects[("HorizontalPodAutoscaler", ns, rig.stable)]
+        assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 3  # 2 and 4 pods less the canary
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+        assert rig.replicas() == 1 and len(first) == 2
+        patches = len(rig.scale_patches())
+        srv.cluster.ready_after = {"gpu-n02": 0.3, "gpu-n03": 1.0}
+        url = grow.serve(first, after_s=0.3)
+        _read(url)
+        time.sleep(0.5)  # the spike has started: its queue builds up on the two engines
+        assert rig.replicas() == 1  # the queue is short yet: the autoscaler holds its minimum
+        srv.cluster.metric_per_pod = 100.0  # 100 waiting per pod, target max_num_seqs/4: the autoscaler adds pods
+        _until(lambda: _read(url)["final"])
+        assert rig.replicas() == 3 and len(rig.scale_patches()) == patches  # the autoscaler, not deploybench
+        out = grow.finish()
+        by = {a["node"]: a for a in out["added"]}
+        assert all(a["error"] is None for a in out["added"]), out
+        assert 0.5 < by["n02"]["serving_s"] < by["n03"]["serving_s"]  # after the queue grew, in their nodes' order
+        srv.cluster.metric_per_pod = 0.0
+        Load._restore(grow, None)
+        assert ("HorizontalPodAutoscaler", ns, rig.stable) in srv.cluster.deleted
+        assert ("HorizontalPodAutoscaler", ns, rig.stable) not in srv.cluster.objects
+        assert rig.replicas() == 3
+
+
+def test_hpa_mode_a_failed_phase_deletes_the_autoscaler_and_puts_the_replicas_back():
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv, "hpa")
+        ns = rig.cfg.rollout.kubernetes.namespace
+        grow, first = Load._scale_down(rig.ctx, rig.cluster, rig.eps)
+        assert ("HorizontalPodAutoscaler", ns, rig.stable) in srv.cluster.objects
+        grow.serve(first, after_s=60.0)
+        Load._restore(grow, RuntimeError("k6 exited 107 in setup()"))
+        assert ("HorizontalPodAutoscaler", ns, rig.stable) not in srv.cluster.objects
+        assert rig.replicas() == 3 and sorted(rig.ready_pods()) == NODES
+        # a dead run's autoscaler goes with the run's other objects, by its label
+        rig.srv.cluster.objects[("HorizontalPodAutoscaler", ns, rig.stable)] = dict(hpa := manifests.hpa(
+            rig.cfg, len(NODES), "run-up"), metadata={**hpa["metadata"], "generation": 1})
+        out = rollout.teardown(rig.cluster, NODES, rig.cfg, kube=rig.kube)
+        assert out.get(f"horizontalpodautoscaler/{rig.stable}") == "stopped", out
+        assert not srv.cluster.objects
+
+
+def test_hpa_mode_is_refused_off_kubernetes_and_with_no_stable_pod_to_scale_from(inventory):
+    with pytest.raises(ConfigError) as exc:
+        RunConfig.parse({"inventory": "x", "load": {"phases": ["spike"], "scale_up": True,
+                                                     "scale_up_mode": "hpa"}})
+    assert "scale_up_mode='hpa'" in str(exc.value) and "rollout.backend='ssh'" in str(exc.value)
+    conf = params.defaults() | {"inventory": inventory, "rollout_backend": "kubernetes", "load_phases": ["spike"],
+                                "scale_up": True, "canary_nodes": 1, "scale_up_mode": "hpa"}
+    with pytest.raises(ConfigError) as exc:
+        pipeline.validate("deploybench_run__k8s_hpa", conf | {"scale_up_from": 1})
+    assert "does not act on a Deployment at 0 replicas" in str(exc.value) and "between 2 and 2" in str(exc.value)
+    assert pipeline.validate("deploybench_run__k8s_hpa2", conf | {"scale_up_from": 2})["nodes"] == ["n1", "n2", "n3"]
