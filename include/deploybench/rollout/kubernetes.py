@@ -165,8 +165,9 @@ class KubernetesDeployer(Deployer):
               "Service": self.kube.core.patch_namespaced_service,
               "ConfigMap": self.kube.core.patch_namespaced_config_map,
               "PodDisruptionBudget": self.kube.policy.patch_namespaced_pod_disruption_budget,
+              # scale_up_mode=hpa: shrink() checked the client is there (_autoscaling) before anything changed
               "HorizontalPodAutoscaler": lambda *a, **kw: (
-                  self._autoscaling().patch_namespaced_horizontal_pod_autoscaler(*a, **kw))}[kind]
+                  self.kube.autoscaling.patch_namespaced_horizontal_pod_autoscaler(*a, **kw))}[kind]
         fn(name, self.ns, obj, field_manager=FIELD_MANAGER, force=True,
            _content_type="application/apply-patch+yaml", _preload_content=False)
         log.info("applied %s %s/%s", kind, self.ns, name)
