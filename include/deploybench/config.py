@@ -483,6 +483,13 @@ SPIKE_HOLD_MAX_S = 600.0  # a spike held longer is a sustained overload (the ove
 SPIKE_RECOVERY_MAX_S = 1800.0
 
 
+class ScaleUpMode(str, Enum):
+    """How the kubernetes backend adds pods under load (load.scale_up)."""
+
+    REPLICAS = "replicas"  # deploybench patches the stable Deployment's replicas back at the spike's start
+    HPA = "hpa"  # a HorizontalPodAutoscaler on the engine's waiting-requests gauge adds them (manifests.hpa)
+
+
 class LoadPhase(str, Enum):
     PROBE = "probe"
     SUSTAINED = "sustained"
@@ -573,7 +580,14 @@ class LoadSpec(_Strict):
     scale_up: bool = Field(False, title="Spike: scale up under load",
                            description="The spike phase starts serving on scale_up_from nodes only and, when the "
                                        "spike starts, the rollout starts engines on the others; the load reaches each "
-                                       "once it is healthy (ssh backend; the kubernetes backend renders an HPA).")
+                                       "once it is healthy (ssh: engines started; kubernetes: the stable Deployment's "
+                                       "replicas patched back).")
+    scale_up_mode: ScaleUpMode = Field(ScaleUpMode.REPLICAS, title="Spike: how pods are added (kubernetes)",
+                                       description="kubernetes backend, scale_up: replicas = the stable Deployment's "
+                                                   "replicas patched back at the spike's start; hpa = an autoscaling/"
+                                                   "v2 HorizontalPodAutoscaler on the engine's waiting-requests gauge "
+                                                   "(rendered from this run's config, applied for the phase, deleted "
+                                                   "after it) adds them when the queue grows.")
     scale_up_from: int = Field(1, ge=1, le=MAX_NODES, title="Spike: nodes before scaling up",
                                description="Nodes serving when the spike starts (scale_up); at most the run's nodes "
                                            "less one.")
@@ -714,7 +728,7 @@ LOAD_SHAPE_FIELDS = {
     "phases", "probe_start_rps", "probe_max_rps", "probe_step_s", "probe_warmup_s", "probe_tolerance",
     "probe_max_steps", "min_achieved_ratio", "sustained_fraction", "drift_threshold", "window_s",
     "overload_factor", "overload_ramp_s", "recovery_s", "ttft_sample_rps", "scrape_interval_s", "target_url",
-    "spike_factor", "spike_hold_s", "spike_recovery_s", "scale_up", "scale_up_from",
+    "spike_factor", "spike_hold_s", "spike_recovery_s", "scale_up", "scale_up_from", "scale_up_mode",
 }
 
 
@@ -789,6 +803,10 @@ class RunConfig(_Strict):
                              f"matrix cell shares its deployment with another ({', '.join(shared)}): that cell's "
                              "engines would not be the ones it measured; set scale_up=false in the matrix, or run "
                              "the scale-up as a run of its own (no shared deployment)")
+        if self.load.scale_up_mode == ScaleUpMode.HPA and self.rollout.backend != RolloutBackend.KUBERNETES:
+            raise ValueError(f"load.scale_up_mode='hpa' adds pods through a Kubernetes HorizontalPodAutoscaler, but "
+                             f"rollout.backend={self.rollout.backend.value!r}; set scale_up_mode='replicas' or use the "
+                             "kubernetes backend")
         par = self.rollout.kubernetes.k6_operator.parallelism
         if par and self.rollout.backend != RolloutBackend.KUBERNETES:
             raise ValueError(f"rollout.kubernetes.k6_operator.parallelism={par} sends the load from a k6-operator "

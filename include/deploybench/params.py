@@ -190,6 +190,7 @@ FIELDS: list[FormField] = [
     _f("spike_recovery_s", "load.spike_recovery_s", "Phase settings"),
     _f("scale_up", "load.scale_up", "Phase settings"),
     _f("scale_up_from", "load.scale_up_from", "Phase settings"),
+    _f("scale_up_mode", "load.scale_up_mode", "Phase settings"),
     _f("ttft_sample_rps", "load.ttft_sample_rps", "Load generator"),
     _f("scrape_interval_s", "load.scrape_interval_s", "Load generator"),
     _f("k6_max_vus", "load.max_vus", "Load generator"),

@@ -414,17 +414,25 @@ class Load(Stage):
         own error (``failed``) a restore error is logged and chained to it, never put in its place."""
         if grow is None:
             return
-        try:
-            grow.restore()
-        except Exception as exc:
-            if failed is None:
-                raise StageFailed(f"load spike: the engines stopped for the scale-up could not serve again: {exc}"
-                                  ) from exc
-            log.error("load spike: after the phase failed (%s), the engines stopped for the scale-up could not serve "
-                      "again: %s", failed, exc)
-            failed.add_note(f"and the engines stopped for the scale-up could not serve again: {exc}"[:2000])
-            if failed.__context__ is None:
-                failed.__context__ = exc
+        errors: list[Exception] = []
+        # kubernetes: the phase's autoscaler deleted and the replicas back (settle); then the engines the spike never
+        # asked for started again (restore): each tried even when the other failed
+        for step in (grow.deployer.settle, grow.restore):
+            try:
+                step()
+            except Exception as err:  # noqa: BLE001 - the first is reported below
+                errors.append(err)
+        if not errors:
+            return
+        first = errors[0]
+        if failed is None:
+            raise StageFailed(f"load spike: the engines stopped for the scale-up could not serve again: {first}"
+                              ) from first
+        log.error("load spike: after the phase failed (%s), the engines stopped for the scale-up could not serve "
+                  "again: %s", failed, first)
+        failed.add_note(f"and the engines stopped for the scale-up could not serve again: {first}"[:2000])
+        if failed.__context__ is None:
+            failed.__context__ = first
 
     @staticmethod
     def _scale_down(ctx: Context, cluster: Cluster, eps: list) -> tuple[Any, list]:
@@ -440,16 +448,25 @@ class Load(Stage):
         if len(keep) >= len(nodes):
             raise StageFailed(f"load spike: scale_up_from={cfg.load.scale_up_from} leaves none of the {len(nodes)} "
                               f"serving nodes ({', '.join(nodes)}) to add; lower scale_up_from")
-        dep = rollout.deployer(cluster, list(ctx.run.nodes), cfg)
+        dep = rollout.deployer(cluster, list(ctx.run.nodes), cfg, ctx.kube)
         dep.serving = list(nodes)  # type: ignore[attr-defined]  # the rollout's engines, this run's own
-        grow = ScaleUp(dep, keep, eps, ready_timeout_s(cfg))
+        timeout = ready_timeout_s(cfg)
+        grow = ScaleUp(dep, keep, eps, timeout)
         try:
-            dep.rollback(keep)
+            # ssh: the engines past keep stop; kubernetes: the stable Deployment scales down and the cluster
+            # chooses which pods go (the nodes still serving are then those it kept)
+            left = set(dep.shrink(keep, timeout))
+            kept = [n for n in nodes if n in left]
+            if len(kept) != len(left) or not kept or len(kept) >= len(nodes):
+                raise StageFailed(f"load spike: scaled down to {sorted(left)} for the scale-up, which is not "
+                                  f"{len(keep)} of the serving nodes ({', '.join(nodes)})")
+            if kept != keep:
+                grow = ScaleUp(dep, kept, eps, timeout)
         except Exception as exc:  # stopped some, not all: those it stopped serve again before the error goes up
             Load._restore(grow, exc)
             raise
-        log.info("load spike: serving on %s; %s start when the spike does", keep, nodes[len(keep):])
-        return grow, [e for e in eps if e.node in keep]
+        log.info("load spike: serving on %s; %s start when the spike does", kept, grow.added)
+        return grow, [e for e in eps if e.node in kept]
 
     def _assembled(self, ctx: Context) -> LoadStageResult:
         from deploybench.load import phases
@@ -583,11 +600,10 @@ class Validate(Stage):
         caps = rollout.capabilities(cfg)
         if cfg.load.scale_up and not caps.scales_under_load:
             how = ("measures engines it did not start (it cannot add any)" if not caps.deploys else
-                   "scales through the cluster's HorizontalPodAutoscaler: `deploybench.rollout.manifests.hpa` renders "
-                   "one from this run's config, for the operator to apply")
+                   "cannot start engines one by one")
             raise ConfigError(f"scale_up=true starts engines while the spike runs, which the "
-                              f"{cfg.rollout.backend.value} backend does not: it {how}; use the ssh backend, or set "
-                              "scale_up=false")
+                              f"{cfg.rollout.backend.value} backend does not: it {how}; use the ssh or kubernetes "
+                              "backend, or set scale_up=false")
         work = workloads.workload(cfg.load.workload)  # an unknown name, a bad file: refused here
         work.check_fits(cfg.load.prompt_tokens, cfg.load.output_tokens, cfg.load.output_spread,
                         cfg.engine.max_model_len, [p.value for p in cfg.load.phases])

@@ -299,16 +299,16 @@ def test_the_role_allows_every_call_the_kubernetes_backend_makes():
     """Each ``kube.apps.<verb>_namespaced_<kind>`` / ``kube.core...`` call in deploybench.rollout maps to a rule."""
     calls = set()
     for path in (ROOT / "include" / "deploybench" / "rollout").glob("*.py"):
-        calls |= set(re.findall(r"kube\.(apps|core|policy)\.(\w+?)_namespaced_(\w+)", path.read_text()))
+        calls |= set(re.findall(r"kube\.(apps|core|policy|autoscaling)\.(\w+?)_namespaced_(\w+)", path.read_text()))
     assert len(calls) >= 8
     role = next(o for o in _k8s_objects() if o["kind"] == "Role")
     allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     plural = {"deployment": "deployments", "service": "services", "config_map": "configmaps", "pod": "pods",
               "deployment_scale": "deployments/scale", "pod_log": "pods/log",
-              "pod_disruption_budget": "poddisruptionbudgets"}
+              "pod_disruption_budget": "poddisruptionbudgets", "horizontal_pod_autoscaler": "horizontalpodautoscalers"}
     for api, verb, kind in sorted(calls):
-        group = {"apps": "apps", "policy": "policy"}.get(api, "")
+        group = {"apps": "apps", "policy": "policy", "autoscaling": "autoscaling"}.get(api, "")
         need = (group, plural[kind], _VERBS[verb])
         assert need in allowed, f"kube.{api}.{verb}_namespaced_{kind} needs {need} in the Role"
     binding = next(o for o in _k8s_objects() if o["kind"] == "RoleBinding")

@@ -6,12 +6,15 @@ Python client: server-side apply (PATCH application/apply-patch+yaml, fieldManag
 required) of Deployments, Services, ConfigMaps and PodDisruptionBudgets; merge-patches of a Deployment's scale
 subresource; GET of Deployments; lists of pods, Deployments, Services, ConfigMaps and
 PodDisruptionBudgets (stored, not enforced: the fake evicts nothing) by label selector; pod logs; DELETE.
+autoscaling/v2 HorizontalPodAutoscalers (apply, list, DELETE) get a stand-in of the HPA controller's rule on a metric
+value the test sets (``metric_per_pod``).
 
 A tiny "controller" runs on every request: each Deployment gets ``spec.replicas`` pods,
 scheduled like the real scheduler under the manifests' rules (a required node affinity
 ``kubernetes.io/hostname In [...]`` and a required pod anti-affinity on the instance label:
 at most one pod of the instance per node; no allowed free node = Pending/Unschedulable).
-A pod turns Ready ``ready_after_s`` after it was created, unless its node is in ``broken``
+A pod turns Ready ``ready_after_s`` (or its node's ``ready_after``) after it was created, unless its node is in
+``broken``
 (CrashLoopBackOff, restarts counting up, never ready) or in ``crash_after_ready`` (ready,
 then restarting). Deployment status follows the controller's fields (observedGeneration,
 replicas, updatedReplicas, readyReplicas, availableReplicas) and a Progressing condition
@@ -29,6 +32,7 @@ return each runner's exit code and log, which become the pods' terminated states
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -44,6 +48,7 @@ class FakeCluster:
     def __init__(self, nodes: list[str], ready_after_s: float = 0.3, deadline_scale: float = 0.01):
         self.nodes = list(nodes)
         self.ready_after_s = ready_after_s
+        self.ready_after: dict[str, float] = {}  # node -> its own ready_after_s (pods there turn Ready that late)
         self.deadline_scale = deadline_scale
         self.broken: dict[str, str] = {}  # node -> log text of an engine that never starts
         self.crash_after_ready: set[str] = set()
@@ -63,6 +68,9 @@ class FakeCluster:
         self.linger_gets = 0
         self.lingering: dict[tuple[str, str, str], list[Any]] = {}  # key -> [object, GETs left]
         self.hook_errors: list[BaseException] = []
+        # HorizontalPodAutoscalers (autoscaling/v2): the stand-in reads this as every pod's value of the HPA's metric
+        # (the engines' waiting-requests gauge, as a metrics adapter would serve it)
+        self.metric_per_pod = 0.0
 
     # -- the controller -------------------------------------------------------------------------
     def _allowed(self, dep: dict) -> list[str]:
@@ -73,8 +81,27 @@ class FakeCluster:
     def _instance(self, obj: dict) -> str:
         return obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"]
 
+    def _autoscale(self) -> None:
+        """The HPA controller's rule (desired = ceil(current x metric / target), within min and max), on the
+        stand-in's ``metric_per_pod``; a Deployment at 0 replicas is left alone, as Kubernetes leaves it."""
+        for (kind, ns, _), hpa in list(self.objects.items()):
+            if kind != "HorizontalPodAutoscaler":
+                continue
+            spec = hpa["spec"]
+            dep = self.objects.get(("Deployment", ns, spec["scaleTargetRef"]["name"]))
+            current = (dep or {}).get("spec", {}).get("replicas", 0)
+            if not dep or not current:
+                continue
+            target = float(spec["metrics"][0]["pods"]["target"]["averageValue"])
+            want = math.ceil(current * self.metric_per_pod / target) if self.metric_per_pod else current
+            want = max(spec.get("minReplicas", 1), min(spec["maxReplicas"], want))
+            if want != current:
+                dep["spec"]["replicas"] = want
+                dep["metadata"]["generation"] += 1
+
     def reconcile(self) -> None:
         now = time.monotonic()
+        self._autoscale()
         for (kind, ns, name), dep in list(self.objects.items()):
             if kind != "Deployment":
                 continue
@@ -125,9 +152,10 @@ class FakeCluster:
                 "containerStatuses": [{"name": "engine", "ready": False, "restartCount": restarts, "state": {
                     "waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container"}}}]}
             return
-        ready = age >= self.ready_after_s
+        after = self.ready_after.get(node, self.ready_after_s)
+        ready = age >= after
         restarts = 0
-        if ready and node in self.crash_after_ready and age >= 2 * self.ready_after_s:
+        if ready and node in self.crash_after_ready and age >= 2 * after:
             ready, restarts = False, 1
         p["status"] = {"phase": "Running", "podIP": ip, "conditions": [
             {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}],
@@ -236,6 +264,10 @@ _ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$"), "ConfigMap", "list"),
     (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets/([^/]+)$"), "PodDisruptionBudget", "obj"),
     (re.compile(r"^/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets$"), "PodDisruptionBudget", "list"),
+    (re.compile(r"^/apis/autoscaling/v2/namespaces/([^/]+)/horizontalpodautoscalers/([^/]+)$"),
+     "HorizontalPodAutoscaler", "obj"),
+    (re.compile(r"^/apis/autoscaling/v2/namespaces/([^/]+)/horizontalpodautoscalers$"), "HorizontalPodAutoscaler",
+     "list"),
     (re.compile(r"^/apis/k6.io/v1alpha1/namespaces/([^/]+)/testruns/([^/]+)$"), "TestRun", "obj"),
     (re.compile(r"^/apis/k6.io/v1alpha1/namespaces/([^/]+)/testruns$"), "TestRun", "list"),
 ]

@@ -330,7 +330,8 @@ def run_phase(phase: str, endpoints: list[Endpoint], spec: LoadSpec, slo: SLO, o
     if grow is not None:
         # scale-up under load: the engines it adds are scraped, GPU-sampled and priced from the phase's start too
         # (an engine not started yet answers its page with up=0), so every node whose tokens count is paid for
-        scrape_eps = [*scrape_eps, *(e for e in grow.more if e.node not in {s.node for s in scrape_eps})]
+        # an added engine at a new address (a new pod on kubernetes) replaces its entry in this list when it serves
+        scrape_eps = grow.follow([*scrape_eps, *(e for e in grow.more if e.node not in {s.node for s in scrape_eps})])
     serving = [e.node for e in scrape_eps]  # the engines that served, also behind a load balancer
     outcome: dict[str, Any] = {"phase": phase, "status": "failed", "result": None, "error": None, "analysis": None}
     try:

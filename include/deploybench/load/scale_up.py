@@ -5,7 +5,8 @@ cannot re-read a file after its init stage, and consecutive k6 runs would leave 
 change). k6's first read of the page marks its scenario's start; ``after_s`` later (the warm-up and the spike's
 lead: the spike's start) a thread asks the run's Deployer to start the engine on each added node on its own
 (``start_each``: a node that cannot start fails alone, named), waits for each started node's readiness check
-(``wait_ready``, the rollout's) on its own, and puts each in the list once it passes; the page says ``final`` once
+(``wait_serving``: the rollout's readiness check; on Kubernetes the new pod's own address, which k6 is given) on
+its own, and puts each in the list once it passes; the page says ``final`` once
 every added node is in or failed, and run.js stops re-reading it. ``finish`` (and ``restore``) cancel a spike still
 to come (an Event the thread waits on) and join the thread; ``finish`` gives, per added node, the time from the
 spike's start to its engine serving (health OK) within the phase, or its error. ``restore`` starts the stopped
@@ -22,6 +23,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,13 @@ class ScaleUp:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # set by finish()/restore(): the spike is not asked for any more
         self._after_s = 0.0
+        self._scraped: list[Endpoint] = []  # the phase's scrape list (follow): an added engine's new address goes in
+
+    def follow(self, scraped: list[Endpoint]) -> list[Endpoint]:
+        """``scraped``, the list the phase's scraper reads at each scrape (deploybench.load.scrape): an added engine
+        that serves at a new address (a new pod) replaces its entry there, so its /metrics are read from it."""
+        self._scraped = scraped
+        return scraped
 
     @property
     def added(self) -> list[str]:
@@ -142,13 +151,19 @@ class ScaleUp:
 
     def _wait_one(self, ep: Endpoint) -> None:
         try:
-            self.deployer.wait_ready([ep.node], self.ready_timeout_s)
+            got = self.deployer.wait_serving(ep.node, self.ready_timeout_s)
+            if got is not None and got.get("url") != ep.url:  # a new pod: k6 sends to its own address
+                ep = replace(ep, url=str(got["url"]), pod=str(got.get("pod") or ""),
+                             metrics_url=self.deployer.profile.metrics.url(str(got["url"])))
         except Exception as exc:  # noqa: BLE001 - NodeFailure and the transport's errors: this node's, recorded
             self._fail(ep.node, exc)
             return
         with self._lock:
             self._serving[ep.node] = time.monotonic()
             self._targets.append(ep)
+            for i, s in enumerate(self._scraped):
+                if s.node == ep.node and s != ep:
+                    self._scraped[i] = ep  # one item assignment: the scraper's loop sees the old or the new one
         LOG.info("scale-up: %s serving; k6's targets now %s", ep.node, [e.node for e in self._targets])
 
     def _cancel(self) -> None:

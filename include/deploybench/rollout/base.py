@@ -118,6 +118,25 @@ class Deployer(ABC):
         raise NotImplementedError(f"the {self.backend or type(self).__name__} backend does not start engines one by "
                                   "one (scale-up under load)")
 
+    def shrink(self, keep: list[str], timeout_s: float) -> list[str]:
+        """Scale-up under load, before the phase: stop every engine but those of ``keep``; the nodes still serving
+        (``keep`` itself where the backend places engines by node; where it does not, the ones the cluster kept).
+        Returns once only those serve, within ``timeout_s``."""
+        self.rollback(keep)
+        return list(keep)
+
+    def settle(self) -> None:  # noqa: B027 - optional hook
+        """Scale-up under load, after the phase whatever happened: remove what the backend put in place for it (an
+        autoscaler) and leave no engine scaled down. Nothing by default (ScaleUp.restore starts what never was)."""
+        return None
+
+    def wait_serving(self, node: str, timeout_s: float) -> dict[str, Any] | None:
+        """Scale-up under load: wait (``timeout_s``) until the engine started on ``node`` serves. Its endpoint
+        ({"node", "url", "model", "pod"}) where it is a new one (a new pod has a new address), None where it is the
+        one the rollout recorded; NodeFailure when it does not serve in time."""
+        self.wait_ready([node], timeout_s)
+        return None
+
     @abstractmethod
     def wait_ready(self, nodes: list[str], timeout_s: float) -> dict[str, float]:
         """Seconds until each of ``nodes`` is ready; NodeFailure for the first that cannot become ready."""

@@ -12,6 +12,7 @@ cncf.kubernetes provider's KubernetesHook (``deploybench.airflow.connections.kub
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deploybench import engines
-from deploybench.config import RunConfig
+from deploybench.config import RunConfig, ScaleUpMode
 from deploybench.errors import ConfigError, DeploybenchError
 from deploybench.inventory import Inventory
 from deploybench.rollout import manifests
@@ -40,13 +41,14 @@ class KubeClients:
     core: Any  # kubernetes.client.CoreV1Api
     policy: Any  # kubernetes.client.PolicyV1Api (the engine pods' PodDisruptionBudget)
     custom: Any = None  # kubernetes.client.CustomObjectsApi (k6-operator TestRuns: deploybench.load.kube_load)
+    autoscaling: Any = None  # kubernetes.client.AutoscalingV2Api (scale-up under load with scale_up_mode=hpa)
 
     @classmethod
     def from_api_client(cls, api_client: Any) -> KubeClients:
         from kubernetes import client
 
         return cls(client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.PolicyV1Api(api_client),
-                   client.CustomObjectsApi(api_client))
+                   client.CustomObjectsApi(api_client), client.AutoscalingV2Api(api_client))
 
 
 def rollout_status(dep: dict[str, Any]) -> tuple[bool, bool, str]:
@@ -74,6 +76,19 @@ def _pod_ready(pod: dict[str, Any]) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
+def _pod_ip(pod: dict[str, Any]) -> str | None:
+    """The pod's IP as its status gives it, when it is an IP address (a node's answer: checked); IPv6 bracketed for
+    a URL."""
+    raw = (pod.get("status") or {}).get("podIP")
+    try:
+        ip = ipaddress.ip_address(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    if ip is None:
+        return None
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
 def _pod_problem(pod: dict[str, Any]) -> str:
     """Why a pod is not serving, from its phase, conditions and container statuses."""
     st = pod.get("status") or {}
@@ -98,7 +113,8 @@ def _pod_problem(pod: dict[str, Any]) -> str:
 class KubernetesDeployer(Deployer):
     backend = "kubernetes"
     # pods, not processes on the nodes: no port or binary on a node to check, one object set per run (not shared)
-    capabilities = Capabilities(engines_on_nodes=False, needs_kube=True, stopped="objects deleted {n}")
+    capabilities = Capabilities(engines_on_nodes=False, needs_kube=True, scales_under_load=True,
+                                stopped="objects deleted {n}")
     exact_placement = False  # the scheduler picks which allowed node a new stable pod lands on
 
     @classmethod
@@ -119,6 +135,23 @@ class KubernetesDeployer(Deployer):
         self._by_host = {inventory.node(n).kubernetes_name: n for n in names}
         self._ready_at: dict[str, float] = {}  # pod -> when this deployer first saw it ready
         self._restarts: dict[str, int] = {}
+        self._kept: list[str] | None = None  # scale-up under load: the nodes shrink() left serving
+
+    @classmethod
+    def validate_config(cls, cfg: RunConfig, names: list[str]) -> None:
+        """Scale-up under load scales the stable Deployment only: the canary's pods serve throughout, so
+        ``scale_up_from`` cannot be below the canary's count."""
+        canary = cfg.scale_plan(len(names))[0]
+        if cfg.load.scale_up and cfg.load.scale_up_mode == ScaleUpMode.HPA and cfg.load.scale_up_from <= canary:
+            raise ConfigError(f"load.scale_up_mode='hpa' with scale_up_from={cfg.load.scale_up_from} would scale the "
+                              f"stable Deployment to 0 pods beside the canary's {canary}, and a "
+                              "HorizontalPodAutoscaler does not act on a Deployment at 0 replicas; choose "
+                              f"scale_up_from between {canary + 1} and {len(names) - 1}, or scale_up_mode='replicas'")
+        if cfg.load.scale_up and cfg.load.scale_up_from < canary:
+            raise ConfigError(f"load.scale_up_from={cfg.load.scale_up_from} is below the canary's {canary} pods "
+                              f"(rollout.canary_nodes={cfg.rollout.canary_nodes}): the kubernetes backend scales the "
+                              "stable Deployment down for the spike, never the canary's; choose scale_up_from between "
+                              f"{canary} and {len(names) - 1}, or lower rollout.canary_nodes")
 
     # -- API helpers ----------------------------------------------------------------------------
     @staticmethod
@@ -131,10 +164,19 @@ class KubernetesDeployer(Deployer):
         fn = {"Deployment": self.kube.apps.patch_namespaced_deployment,
               "Service": self.kube.core.patch_namespaced_service,
               "ConfigMap": self.kube.core.patch_namespaced_config_map,
-              "PodDisruptionBudget": self.kube.policy.patch_namespaced_pod_disruption_budget}[kind]
+              "PodDisruptionBudget": self.kube.policy.patch_namespaced_pod_disruption_budget,
+              # scale_up_mode=hpa: shrink() checked the client is there (_autoscaling) before anything changed
+              "HorizontalPodAutoscaler": lambda *a, **kw: (
+                  self.kube.autoscaling.patch_namespaced_horizontal_pod_autoscaler(*a, **kw))}[kind]
         fn(name, self.ns, obj, field_manager=FIELD_MANAGER, force=True,
            _content_type="application/apply-patch+yaml", _preload_content=False)
         log.info("applied %s %s/%s", kind, self.ns, name)
+
+    def _autoscaling(self) -> Any:
+        if self.kube.autoscaling is None:
+            raise ConfigError("load.scale_up_mode='hpa' needs the autoscaling/v2 API client (KubeClients.autoscaling; "
+                              "KubeClients.from_api_client makes it)")
+        return self.kube.autoscaling
 
     def _deployment(self, name: str) -> dict[str, Any]:
         return self._json(self.kube.apps.read_namespaced_deployment(name, self.ns, _preload_content=False))
@@ -237,7 +279,102 @@ class KubernetesDeployer(Deployer):
         return out
 
     def rollback(self, nodes: list[str]) -> None:
-        self._scale_stable(max(0, len(nodes) - len(self.canary)))
+        self._scale_stable(max(0, len(nodes) - self._canary_count()))
+
+    def _canary_count(self) -> int:
+        """The canary Deployment's pods: the canary this deployer deployed, else the plan's first step (a deployer
+        made after the rollout, as the load stage's)."""
+        return len(self.canary) if self.canary else self.cfg.scale_plan(len(self.names))[0]
+
+    # -- scale-up under load (deploybench.load.scale_up) --------------------------------------------
+    def shrink(self, keep: list[str], timeout_s: float) -> list[str]:
+        """Scale the stable Deployment down to ``len(keep)`` pods in all (the canary's included) and wait, at most
+        ``timeout_s``, until exactly that many pods of the run are left and ready; their nodes, in the run's order
+        (the ReplicaSet controller, not deploybench, chooses which pods go)."""
+        want = len(keep)
+        hpa = None
+        if self.cfg.load.scale_up_mode == ScaleUpMode.HPA:  # rendered and checked before anything changes
+            hpa = manifests.hpa(self.cfg, len(self.names), self.run_key)
+            manifests.validate(hpa)
+            self._autoscaling()
+        self.rollback(keep)
+        t0 = time.monotonic()
+        while True:
+            pods = self._pods()
+            ready = [p for p in pods if _pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+            if len(pods) == want and len(ready) == want:
+                order = {n: i for i, n in enumerate(self.names)}
+                self._kept = sorted((self._node_of(p) for p in ready), key=lambda n: order.get(n, len(order)))
+                log.info("kubernetes: %d pods serving before the spike, on %s", want, self._kept)
+                if hpa is not None:  # from now on the autoscaler adds pods when the engines' queue grows
+                    self._apply(hpa)
+                return list(self._kept)
+            if time.monotonic() - t0 > timeout_s:
+                raise DeploybenchError(f"kubernetes: deployment {self.ns}/{self.obj.stable} scaled down for the spike "
+                                       f"still has {len(pods)} pods ({len(ready)} ready), not {want}, after "
+                                       f"{timeout_s:g} s (rollout.ready_timeout_s)")
+            time.sleep(POLL_S)
+
+    def start_each(self, nodes: list[str]) -> dict[str, Exception]:
+        """One patch of the stable Deployment's scale back to the pods of the kept nodes and ``nodes``: the scheduler
+        puts one on each of ``nodes`` (the only allowed nodes left free: node affinity and one pod per node). The
+        patch failing fails every node of ``nodes``, named."""
+        total = len(set(self._kept) | set(nodes)) if self._kept is not None else len(self.names)
+        if self._kept is not None and self.cfg.load.scale_up_mode == ScaleUpMode.HPA:
+            log.info("kubernetes: the spike started; the HorizontalPodAutoscaler %s adds pods as the queue grows",
+                     self.obj.stable)
+            return {}
+        try:
+            self._scale_stable(max(0, total - self._canary_count()))
+        except Exception as exc:  # noqa: BLE001 - ApiException, connection errors: every node's
+            err = DeploybenchError(f"kubernetes: patching the scale of deployment {self.ns}/{self.obj.stable} to "
+                                   f"{total - self._canary_count()} replicas failed: {exc}")
+            return dict.fromkeys(nodes, err)
+        return {}
+
+    def settle(self) -> None:
+        """After the scale-up phase, whatever happened: its HorizontalPodAutoscaler deleted (absent: fine), and the
+        stable Deployment's replicas back at the run's node count (nothing left scaled down)."""
+        errors = []
+        if self.cfg.load.scale_up_mode == ScaleUpMode.HPA:
+            try:
+                self._autoscaling().delete_namespaced_horizontal_pod_autoscaler(self.obj.stable, self.ns,
+                                                                                _preload_content=False)
+                log.info("kubernetes: deleted the HorizontalPodAutoscaler %s/%s", self.ns, self.obj.stable)
+            except Exception as exc:  # noqa: BLE001 - 404: never applied (the phase failed before it)
+                if getattr(exc, "status", None) != 404:
+                    errors.append(f"deleting the HorizontalPodAutoscaler {self.ns}/{self.obj.stable}: {exc}")
+        try:
+            self._scale_stable(max(0, len(self.names) - self._canary_count()))
+        except Exception as exc:  # noqa: BLE001 - ApiException, connection errors
+            errors.append(f"patching deployment {self.ns}/{self.obj.stable} back to "
+                          f"{len(self.names) - self._canary_count()} replicas: {exc}")
+        if errors:
+            raise DeploybenchError("kubernetes: after the scale-up: " + "; ".join(errors)[:2000])
+
+    def wait_serving(self, node: str, timeout_s: float) -> dict[str, Any]:
+        """Wait (``timeout_s``) for a ready pod of the run on ``node``'s Kubernetes node; its endpoint (the pod's
+        own address: a new pod has a new one). NodeFailure naming the pod and its problem when none is ready."""
+        host = self.inv.node(node).kubernetes_name
+        t0 = time.monotonic()
+        last: dict[str, Any] | None = None
+        while True:
+            for pod in self._pods():
+                if (pod.get("spec") or {}).get("nodeName") != host or pod["metadata"].get("deletionTimestamp"):
+                    continue
+                last = pod
+                ip = _pod_ip(pod)
+                if _pod_ready(pod) and ip:
+                    name = pod["metadata"]["name"]
+                    self._ready_at.setdefault(name, time.monotonic())
+                    return {"node": node, "url": f"http://{ip}:{self.cfg.rollout.port}", "model": self.cfg.model.name,
+                            "pod": name}
+            if time.monotonic() - t0 > timeout_s:
+                why = f"no ready pod on {host} after {timeout_s:g} s (rollout.ready_timeout_s)"
+                if last is not None:
+                    raise self._failure(last, f"{_pod_problem(last)}; {why}")
+                raise NodeFailure(node, f"no pod of the run was scheduled on {host}: {why}")
+            time.sleep(POLL_S)
 
     def teardown(self, names: list[str] | None = None) -> dict[str, str]:
         """Delete the run's objects: by the run's label when it has a run key (whatever names they have),
@@ -252,6 +389,9 @@ class KubernetesDeployer(Deployer):
                  ("service", self.obj.headless, self.kube.core.delete_namespaced_service),
                  ("configmap", self.obj.config, self.kube.core.delete_namespaced_config_map),
                  ("poddisruptionbudget", self.obj.budget, self.kube.policy.delete_namespaced_pod_disruption_budget)]
+        if self.kube.autoscaling is not None:
+            calls.append(("horizontalpodautoscaler", self.obj.stable,
+                          self.kube.autoscaling.delete_namespaced_horizontal_pod_autoscaler))
         out = {}
         for kind, name, fn in calls:
             try:
@@ -272,6 +412,9 @@ def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[
              ("configmap", kube.core.list_namespaced_config_map, kube.core.delete_namespaced_config_map),
              ("poddisruptionbudget", kube.policy.list_namespaced_pod_disruption_budget,
               kube.policy.delete_namespaced_pod_disruption_budget)]
+    if kube.autoscaling is not None:  # a scale-up phase's autoscaler left by a dead run (scale_up_mode=hpa)
+        kinds.append(("horizontalpodautoscaler", kube.autoscaling.list_namespaced_horizontal_pod_autoscaler,
+                      kube.autoscaling.delete_namespaced_horizontal_pod_autoscaler))
     if kube.custom is not None:  # a load phase's k6-operator TestRun left by a dead run (deploybench.load.kube_load)
         from deploybench.load import k6_operator as op
 

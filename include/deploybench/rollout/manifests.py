@@ -223,7 +223,8 @@ HPA_SCALE_DOWN_WINDOW_S = 300  # Kubernetes' own default: no pod removed until t
 
 
 def hpa(cfg: RunConfig, nodes: int, run_key: str | None = None) -> dict[str, Any]:
-    """Scale-up under load on the kubernetes backend (the spike phase's ``scale_up``): an autoscaling/v2
+    """Scale-up under load by the cluster itself, for an operator who autoscales (deploybench's own ``scale_up``
+    patches the stable Deployment's replicas: ``KubernetesDeployer.shrink``/``start_each``): an autoscaling/v2
     HorizontalPodAutoscaler on the stable Deployment, driven by the engine's waiting-requests gauge per pod (its
     name from the engine profile's metric map, role ``waiting``: vllm:num_requests_waiting, sglang:num_queue_reqs,
     Triton's nv_inference_pending_request_count; the cluster's metrics adapter must expose it under that name).

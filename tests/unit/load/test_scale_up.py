@@ -21,8 +21,8 @@ EPS = [Endpoint(f"n{i}", f"http://127.0.0.{i}:9", "m") for i in (1, 2, 3)]
 
 
 class Recorder:
-    """The Deployer calls ScaleUp makes: start_each and wait_ready, recorded with their time; ``bad`` nodes fail to
-    start, ``late`` ones become ready only after ``late_s``."""
+    """The Deployer calls ScaleUp makes: start_each and wait_ready (through wait_serving), recorded with their time;
+    ``bad`` nodes fail to start, ``late`` ones become ready only after ``late_s``."""
 
     def __init__(self, bad: tuple[str, ...] = (), late: tuple[str, ...] = (), late_s: float = 0.0):
         self.bad, self.late, self.late_s = bad, late, late_s
@@ -41,6 +41,13 @@ class Recorder:
             if n in self.late:
                 time.sleep(self.late_s)
         return dict.fromkeys(nodes, 0.0)
+
+    def settle(self) -> None:
+        """As the base Deployer's: nothing (the ssh backend leaves no autoscaler behind)."""
+
+    def wait_serving(self, node: str, timeout_s: float) -> None:
+        """As the base Deployer's: the rollout's readiness check, the endpoint the rollout recorded (None)."""
+        self.wait_ready([node], timeout_s)
 
 
 def _get(url: str, conn: http.client.HTTPConnection | None = None) -> tuple[dict, http.client.HTTPConnection]:
