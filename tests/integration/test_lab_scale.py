@@ -25,7 +25,9 @@ from deploybench.lab import cluster as lab_cluster
 from deploybench.run import Run
 from tests.support import fault_runs, lab_names
 
-pytestmark = [pytest.mark.integration, pytest.mark.time_limit(400), pytest.mark.netns]
+# quiet: `lab up` measures what this host carries and preflight then holds the links to 90 % of it; beside the
+# parallel part's other workers the host carried less at preflight than at lab up (seen: 8 of 48 nodes at 88-90 %)
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(400), pytest.mark.netns, pytest.mark.quiet]
 
 LAB = lab_names.unique("sc48")
 NODES = 48
