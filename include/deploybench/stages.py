@@ -462,7 +462,9 @@ class Load(Stage):
                                   f"{len(keep)} of the serving nodes ({', '.join(nodes)})")
             if kept != keep:
                 grow = ScaleUp(dep, kept, eps, timeout)
-        except Exception as exc:  # stopped some, not all: those it stopped serve again before the error goes up
+        except BaseException as exc:  # stopped some, not all: those it stopped serve again before the error goes up
+            # BaseException: Airflow's AirflowTaskTimeout / AirflowTaskTerminated are not Exceptions, and Load.run has
+            # no ScaleUp to restore until this returns
             Load._restore(grow, exc)
             raise
         log.info("load spike: serving on %s; %s start when the spike does", kept, grow.added)

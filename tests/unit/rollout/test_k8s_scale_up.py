@@ -132,7 +132,9 @@ def test_scaled_down_before_the_spike_patched_back_at_its_start_and_each_added_p
         assert by["n03"]["serving_s"] >= 1.2 - 0.2  # its pod is Ready 1.2 s after the patch (the poll's slack)
         assert out["deployer_asked_s"] is not None and out["deployer_asked_s"] >= 0
         assert out["all_serving_s"] == by["n03"]["serving_s"] and out["nodes_after"] == NODES
-        Load._restore(grow, None)  # asked at the spike: nothing to start; the replicas stay at the node count
+        patches = len(rig.scale_patches())
+        Load._restore(grow, None)  # asked at the spike: settle patches the replicas back once (already there)
+        assert len(rig.scale_patches()) == patches + 1
         assert rig.replicas() == 3 and sorted(rig.ready_pods()) == NODES
 
 
@@ -184,6 +186,29 @@ def test_a_scale_down_that_never_settles_is_an_error_and_the_replicas_go_back():
                 kube=rig.kube), rig.cluster, rig.eps)
         srv.cluster.ready_after = {}
         assert rig.replicas() == 3  # restored: nothing left scaled down
+
+
+class TaskKilled(BaseException):
+    """Stands in for Airflow's AirflowTaskTimeout / AirflowTaskTerminated: BaseExceptions, not Exceptions."""
+
+
+def test_a_task_killed_during_the_scale_down_puts_the_replicas_back(monkeypatch):
+    from deploybench.rollout.kubernetes import KubernetesDeployer
+
+    real = KubernetesDeployer.shrink
+
+    def killed(self, keep, timeout_s):
+        real(self, keep, timeout_s)  # scaled down, then the task's timeout fires
+        raise TaskKilled("task timed out")
+
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv)
+        monkeypatch.setattr(KubernetesDeployer, "shrink", killed)
+        patches = len(rig.scale_patches())
+        with pytest.raises(TaskKilled):
+            Load._scale_down(rig.ctx, rig.cluster, rig.eps)
+        assert len(rig.scale_patches()) >= patches + 2  # down, then back (settle; restore asks again)
+        assert rig.replicas() == 3  # nothing left scaled down
 
 
 @pytest.fixture
