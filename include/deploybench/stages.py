@@ -375,7 +375,7 @@ class Load(Stage):
                 old.unlink()  # the first phase of a (re-)run starts clean
         prof = engines.profile(run.cfg.engine)  # its API, its metrics page and the names of its figures
         addr = {n.name: n.address for n in run.inventory.nodes}  # the node's exporters (on Kubernetes: not the pod's)
-        eps = [Endpoint.of(e, prof.metrics.url(e["url"]), addr.get(e["node"], "")) for e in run.endpoints()]
+        eps = [Endpoint.of(e, prof.metrics.url(e["url"]), addr.get(e["node"], "")) for e in self._served(ctx)]
         # the transports let nodes without DCGM metrics report their GPUs through nvidia-smi (lazy: no connection
         # is made unless a node needs it)
         # the inventory's load generators split each k6 run by execution segments; none: the controller sends it all
@@ -399,14 +399,46 @@ class Load(Stage):
                                    prometheus=prom.parse_source(ctx.prometheus), grow=grow)
         except BaseException as exc:
             self._restore(grow, exc)
+            self._record_live(ctx, grow, exc)
             raise
         self._restore(grow, None)
+        self._record_live(ctx, grow, None)
         up = (out.get("analysis") or {}).get("scale_up") or {}
         bad = [f"{a['node']}: {a['error']}" for a in up.get("added") or [] if a.get("error")]
         if bad:  # the phase's figures are written; the engines the later phases expect are not all there
             raise StageFailed(f"load spike: scale-up under load could not add every engine ({'; '.join(bad)[:2000]}); "
                               "the recovery and the other figures are in the phase's record")
         return self._assembled(ctx)
+
+    @staticmethod
+    def _served(ctx: Context) -> list[dict[str, Any]]:
+        """The engines this phase loads: those a scale-up phase recorded as serving after it (kubernetes: the
+        scale-down and up made new pods at new addresses) for the run's current rollout, else the rollout's."""
+        from deploybench.load.scale_up import read_live
+
+        ro = ctx.run.stage("rollout")
+        live = read_live(ctx.run.dir / "load", ro.started_at) if ro is not None else None
+        return live if live is not None else ctx.run.endpoints()
+
+    @staticmethod
+    def _record_live(ctx: Context, grow: Any, failed: BaseException | None) -> None:
+        """After a scale-up phase whose deployer's engines are not where the rollout recorded them (kubernetes: new
+        pods), the engines serving now, for the later phases and a retry (``load/endpoints.json``)."""
+        from deploybench.load.scale_up import write_live
+
+        ro = ctx.run.stage("rollout")
+        if grow is None or grow.deployer.capabilities.engines_on_nodes or ro is None:
+            return  # ssh: the same engines at the same addresses
+        try:
+            path = write_live(ctx.run.dir / "load", ro.started_at, grow.deployer.endpoints())
+        except Exception as err:  # noqa: BLE001 - after the phase's own error: logged beside it
+            if failed is None:
+                raise StageFailed(f"load spike: the engines serving after the scale-up could not be recorded for the "
+                                  f"later phases: {err}"[:2000]) from err
+            log.error("load spike: after the phase failed (%s), the engines serving could not be recorded: %s",
+                      failed, err)
+            return
+        log.info("load spike: the later phases load the engines serving now (%s)", path)
 
     @staticmethod
     def _restore(grow: Any, failed: BaseException | None) -> None:

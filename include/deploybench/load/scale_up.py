@@ -25,7 +25,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from deploybench.errors import DeploybenchError
 from deploybench.load.results import Endpoint
@@ -222,3 +225,55 @@ class ScaleUp:
             raise DeploybenchError("scale-up: the engines stopped for the spike could not start again: " + "; ".join(
                 f"{n}: {e}" for n, e in failed.items())[:2000])
         self.deployer.wait_ready(self.added, self.ready_timeout_s)
+
+
+# -- the engines serving after a scale-up (kubernetes: new pods at new addresses) ---------------------------
+LIVE_ENDPOINTS = "endpoints.json"  # in the run's load/ folder: read by every later phase before the rollout's
+MAX_LIVE_BYTES = 1 * 2**20
+
+
+class LiveEndpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str = Field(min_length=1, max_length=253)
+    url: str = Field(pattern=r"^http://[^\s/?#]+$", max_length=300)  # as the deployer makes it: scheme, host, port
+    model: str = Field(max_length=500)
+    pod: str | None = Field(default=None, max_length=253)
+
+
+class LiveEndpoints(BaseModel):
+    """The endpoints the deployer said were serving after a scale-up phase, for the rollout they came from (the
+    rollout record's ``started_at``: a re-deploy makes this record stale, and it is then not read)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rollout_started_at: str
+    endpoints: list[LiveEndpoint] = Field(min_length=1, max_length=10_000)
+
+
+def write_live(load_dir: Path, rollout_started_at: str, endpoints: list[dict[str, Any]]) -> Path:
+    """Record ``endpoints`` (the deployer's ``endpoints()``) as the engines the later phases load."""
+    rec = LiveEndpoints(rollout_started_at=rollout_started_at,
+                        endpoints=[LiveEndpoint.model_validate(e) for e in endpoints])
+    load_dir.mkdir(parents=True, exist_ok=True)
+    path = load_dir / LIVE_ENDPOINTS
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(rec.model_dump_json(indent=1))
+    tmp.replace(path)
+    return path
+
+
+def read_live(load_dir: Path, rollout_started_at: str) -> list[dict[str, Any]] | None:
+    """The endpoints a scale-up phase recorded for this rollout; None when there is no record or it is of another
+    rollout. A record that is not one is an error naming the file and the way out."""
+    path = load_dir / LIVE_ENDPOINTS
+    if not path.is_file():
+        return None
+    try:
+        if path.stat().st_size > MAX_LIVE_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes, over {MAX_LIVE_BYTES}")
+        rec = LiveEndpoints.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        raise DeploybenchError(f"load: {path} is not a record of the engines serving after the scale-up ({exc}"[:1500]
+                               + "); delete it to load the rollout's endpoints") from exc
+    if rec.rollout_started_at != rollout_started_at:
+        return None
+    return [e.model_dump(exclude_none=True) for e in rec.endpoints]

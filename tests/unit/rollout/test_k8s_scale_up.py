@@ -297,3 +297,48 @@ def test_hpa_mode_is_refused_off_kubernetes_and_with_no_stable_pod_to_scale_from
         pipeline.validate("deploybench_run__k8s_hpa", conf | {"scale_up_from": 1})
     assert "does not act on a Deployment at 0 replicas" in str(exc.value) and "between 2 and 2" in str(exc.value)
     assert pipeline.validate("deploybench_run__k8s_hpa2", conf | {"scale_up_from": 2})["nodes"] == ["n1", "n2", "n3"]
+
+
+def test_the_phase_after_a_kubernetes_scale_up_loads_the_new_pods(tmp_path, monkeypatch):
+    """After the spike's scale-down and up the stable pods are new pods at new addresses: the overload phase (and a
+    retry of the spike) must load those, not the addresses the rollout recorded (load/endpoints.json)."""
+    from deploybench.load import phases
+    from deploybench.load.scale_up import LIVE_ENDPOINTS
+
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv)
+        recorded = [{"node": e.node, "url": e.url, "model": e.model, "pod": e.pod} for e in rig.eps]
+        rollout_rec = SimpleNamespace(status="success", started_at="2026-12-07T00:00:00+00:00")
+        run = SimpleNamespace(cfg=rig.cfg.model_copy(update={"load": rig.cfg.load.model_copy(update={
+            "phases": [phases.LoadPhase.SPIKE, phases.LoadPhase.OVERLOAD]})}), nodes=NODES, key="run-up",
+            dir=tmp_path, inventory=_inv(), endpoints=lambda: recorded,
+            stage=lambda name: rollout_rec if name == "rollout" else None)
+        loaded: dict[str, list[str]] = {}
+
+        def phase_run(phase, eps, *a, **kw):
+            loaded[phase] = [e.url for e in eps]
+            return {}  # the spike never started: restore starts the engines it stopped (new pods)
+
+        monkeypatch.setattr(phases, "run_phase", phase_run)
+        monkeypatch.setattr(Load, "_assembled", lambda self, ctx: None)
+        load = Load()
+        load.run(SimpleNamespace(run=run, phase="spike", kube=rig.kube, prometheus=None), rig.cluster)
+        assert loaded["spike"] == [e["url"] for e in recorded[:2]]  # scaled down to scale_up_from=2 first
+        _until(lambda: len(rig.ready_pods()) == 4)
+        ips = rig.ready_pods()
+        now = [f"http://{ips[n]}:{rig.cfg.rollout.port}" for n in NODES]
+        assert now[2:] != [e["url"] for e in recorded[2:]]  # n02, n03: new pods at new addresses
+        assert (tmp_path / "load" / LIVE_ENDPOINTS).is_file()
+        load.run(SimpleNamespace(run=run, phase="overload", kube=rig.kube, prometheus=None), rig.cluster)
+        assert loaded["overload"] == now
+        # a re-deploy (another rollout record) makes the record stale: the rollout's endpoints again
+        rollout_rec.started_at = "2026-12-07T01:00:00+00:00"
+        load.run(SimpleNamespace(run=run, phase="overload", kube=rig.kube, prometheus=None), rig.cluster)
+        assert loaded["overload"] == [e["url"] for e in recorded]
+        # a record that is not one: a clear error naming the file and the way out
+        rollout_rec.started_at = "2026-12-07T00:00:00+00:00"
+        (tmp_path / "load" / LIVE_ENDPOINTS).write_text('{"rollout_started_at": "2026-12-07T00:00:00+00:00", '
+                                                       '"endpoints": [{"node": "n00", "url": "file:///etc/passwd", '
+                                                       '"model": "m"}]}')
+        with pytest.raises(Exception, match=r"(?s)endpoints\.json is not a record.*delete it"):
+            load.run(SimpleNamespace(run=run, phase="overload", kube=rig.kube, prometheus=None), rig.cluster)
