@@ -83,7 +83,9 @@ class FakeCluster:
 
     def _autoscale(self) -> None:
         """The HPA controller's rule (desired = ceil(current x metric / target), within min and max), on the
-        stand-in's ``metric_per_pod``; a Deployment at 0 replicas is left alone, as Kubernetes leaves it."""
+        stand-in's ``metric_per_pod``; a Deployment at 0 replicas is left alone, as Kubernetes leaves it. Down only
+        when ``behavior.scaleDown.selectPolicy`` is not ``Disabled``, then at once (the stand-in has no stabilisation
+        window)."""
         for (kind, ns, _), hpa in list(self.objects.items()):
             if kind != "HorizontalPodAutoscaler":
                 continue
@@ -95,7 +97,8 @@ class FakeCluster:
             target = float(spec["metrics"][0]["pods"]["target"]["averageValue"])
             want = math.ceil(current * self.metric_per_pod / target) if self.metric_per_pod else current
             want = max(spec.get("minReplicas", 1), min(spec["maxReplicas"], want))
-            if want != current:
+            down_off = ((spec.get("behavior") or {}).get("scaleDown") or {}).get("selectPolicy") == "Disabled"
+            if want != current and not (want < current and down_off):
                 dep["spec"]["replicas"] = want
                 dep["metadata"]["generation"] += 1
 

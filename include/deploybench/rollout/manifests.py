@@ -219,7 +219,6 @@ def disruption_budget(cfg: RunConfig, run_key: str | None = None) -> dict[str, A
 
 
 HPA_SCALE_UP_PERIOD_S = 15  # how often the autoscaler may add pods (each time: as many as the run has nodes)
-HPA_SCALE_DOWN_WINDOW_S = 300  # Kubernetes' own default: no pod removed until the queue was short this long
 
 
 def hpa(cfg: RunConfig, nodes: int, run_key: str | None = None) -> dict[str, Any]:
@@ -232,7 +231,8 @@ def hpa(cfg: RunConfig, nodes: int, run_key: str | None = None) -> dict[str, Any
     It holds at least the pods serving before the spike (``scale_up_from``, less the canary's Deployment) and at most
     the run's ``nodes`` less the canary's; a pod is added when the mean queue per pod passes a quarter of the batch
     (``max_num_seqs`` / 4, at least 1): a request queued behind that many waits about a quarter of a batch's service
-    time. Up at once (no stabilisation window), down only after ``HPA_SCALE_DOWN_WINDOW_S``."""
+    time. Up at once (no stabilisation window), never down (``scaleDown.selectPolicy: Disabled``): k6 still loads the
+    pods during the recovery, and ``KubernetesDeployer.settle`` deletes the autoscaler after the phase."""
     names = Names.of(cfg.model.name, run_key)
     metric = engines.profile(cfg.engine).metrics.names.get("waiting")
     if not metric:
@@ -254,7 +254,7 @@ def hpa(cfg: RunConfig, nodes: int, run_key: str | None = None) -> dict[str, Any
                          "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
                                      "policies": [{"type": "Pods", "value": max(1, high),
                                                    "periodSeconds": HPA_SCALE_UP_PERIOD_S}]},
-                         "scaleDown": {"stabilizationWindowSeconds": HPA_SCALE_DOWN_WINDOW_S}}}}
+                         "scaleDown": {"selectPolicy": "Disabled"}}}}
 
 
 def render_all(cfg: RunConfig, inv: Inventory, canary: list[str], stable: list[str],

@@ -247,6 +247,7 @@ def test_hpa_mode_applies_the_autoscaler_for_the_phase_times_the_pods_it_adds_an
         hpa = srv.cluster.objects[("HorizontalPodAutoscaler", ns, rig.stable)]
         assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 3  # 2 and 4 pods less the canary
         assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+        assert hpa["spec"]["behavior"]["scaleDown"] == {"selectPolicy": "Disabled"}  # k6 loads the pods to the end
         assert rig.replicas() == 1 and len(first) == 2
         patches = len(rig.scale_patches())
         srv.cluster.ready_after = {"gpu-n02": 0.3, "gpu-n03": 1.0}
@@ -261,7 +262,10 @@ def test_hpa_mode_applies_the_autoscaler_for_the_phase_times_the_pods_it_adds_an
         by = {a["node"]: a for a in out["added"]}
         assert all(a["error"] is None for a in out["added"]), out
         assert 0.5 < by["n02"]["serving_s"] < by["n03"]["serving_s"]  # after the queue grew, in their nodes' order
-        srv.cluster.metric_per_pod = 0.0
+        srv.cluster.metric_per_pod = 0.0  # the recovery: the queue is short again, k6 still loads every pod
+        with srv.cluster.lock:
+            srv.cluster.reconcile()
+        assert rig.replicas() == 3  # the autoscaler removes none (scaleDown disabled)
         Load._restore(grow, None)
         assert ("HorizontalPodAutoscaler", ns, rig.stable) in srv.cluster.deleted
         assert ("HorizontalPodAutoscaler", ns, rig.stable) not in srv.cluster.objects
