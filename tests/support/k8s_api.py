@@ -71,6 +71,7 @@ class FakeCluster:
         # HorizontalPodAutoscalers (autoscaling/v2): the stand-in reads this as every pod's value of the HPA's metric
         # (the engines' waiting-requests gauge, as a metrics adapter would serve it)
         self.metric_per_pod = 0.0
+        self.fail: dict[tuple[str, str], int] = {}  # (method, kind) -> the HTTP status every such request gets
 
     # -- the controller -------------------------------------------------------------------------
     def _allowed(self, dep: dict) -> list[str]:
@@ -316,6 +317,9 @@ def _handler(fake: FakeCluster):
             if r is None:
                 return self._status(404, "NotFound", f"the fake has no route for {self.path}")
             kind, what, ns, name, q = r
+            if what == "list" and (code := fake.fail.get(("LIST", kind))) is not None:
+                return self._status(code, "Forbidden" if code == 403 else "InternalError",
+                                    f"the fake refuses every list of {kind}s")
             with fake.lock:
                 fake.reconcile()
                 if what == "list":
@@ -405,6 +409,8 @@ def _handler(fake: FakeCluster):
             if r is None:
                 return self._status(404, "NotFound", f"the fake has no route for {self.path}")
             kind, _, ns, name, _ = r
+            if (code := fake.fail.get(("DELETE", kind))) is not None:
+                return self._status(code, "InternalError", f"the fake fails every DELETE of a {kind}")
             with fake.lock:
                 obj = fake.objects.pop((kind, ns, name), None)
                 if obj is None:

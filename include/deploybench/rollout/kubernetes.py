@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "deploybench"
 POLL_S = 0.2
+API_TIMEOUT_S = 30  # one API request (as deploybench.load.kube_load.API_TIMEOUT_S): a hung API server is an error
+SETTLE_GONE_S = 30.0  # settle: how long the deleted autoscaler may take to be gone before the replicas are patched
+TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})  # a pod in these serves no more (its phase never changes back)
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,10 @@ def _pod_ip(pod: dict[str, Any]) -> str | None:
         ip = ipaddress.ip_address(raw) if isinstance(raw, str) else None
     except ValueError:
         return None
-    if ip is None:
-        return None
+    if ip is None or ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast:
+        return None  # not a pod's address: k6 and the scraper would load this machine or nothing
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+        return None  # a zone id ("fe80::1%eth0") names an interface of the node, not the pod
     return f"[{ip}]" if ip.version == 6 else str(ip)
 
 
@@ -136,6 +141,7 @@ class KubernetesDeployer(Deployer):
         self._ready_at: dict[str, float] = {}  # pod -> when this deployer first saw it ready
         self._restarts: dict[str, int] = {}
         self._kept: list[str] | None = None  # scale-up under load: the nodes shrink() left serving
+        self._hpa: dict[str, Any] | None = None  # scale_up_mode=hpa: rendered by shrink(), applied by start_each()
 
     @classmethod
     def validate_config(cls, cfg: RunConfig, names: list[str]) -> None:
@@ -169,7 +175,7 @@ class KubernetesDeployer(Deployer):
               "HorizontalPodAutoscaler": lambda *a, **kw: (
                   self.kube.autoscaling.patch_namespaced_horizontal_pod_autoscaler(*a, **kw))}[kind]
         fn(name, self.ns, obj, field_manager=FIELD_MANAGER, force=True,
-           _content_type="application/apply-patch+yaml", _preload_content=False)
+           _content_type="application/apply-patch+yaml", _preload_content=False, _request_timeout=API_TIMEOUT_S)
         log.info("applied %s %s/%s", kind, self.ns, name)
 
     def _autoscaling(self) -> Any:
@@ -179,11 +185,12 @@ class KubernetesDeployer(Deployer):
         return self.kube.autoscaling
 
     def _deployment(self, name: str) -> dict[str, Any]:
-        return self._json(self.kube.apps.read_namespaced_deployment(name, self.ns, _preload_content=False))
+        return self._json(self.kube.apps.read_namespaced_deployment(name, self.ns, _preload_content=False,
+                                                                    _request_timeout=API_TIMEOUT_S))
 
     def _pods(self) -> list[dict[str, Any]]:
         resp = self.kube.core.list_namespaced_pod(self.ns, label_selector=f"{manifests.INSTANCE}={self.obj.stable}",
-                                                  _preload_content=False)
+                                                  _preload_content=False, _request_timeout=API_TIMEOUT_S)
         return self._json(resp).get("items", [])
 
     def _log_tail(self, pod: str, lines: int = 20) -> str:
@@ -222,7 +229,7 @@ class KubernetesDeployer(Deployer):
     def _scale_stable(self, replicas: int) -> None:
         self.kube.apps.patch_namespaced_deployment_scale(
             self.obj.stable, self.ns, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER,
-            _content_type="application/merge-patch+json", _preload_content=False)
+            _content_type="application/merge-patch+json", _preload_content=False, _request_timeout=API_TIMEOUT_S)
         log.info("scaled deployment %s/%s to %d replicas", self.ns, self.obj.stable, replicas)
 
     def scale(self, nodes: list[str]) -> None:
@@ -260,7 +267,7 @@ class KubernetesDeployer(Deployer):
     def endpoints(self) -> list[dict]:
         eps = []
         for pod in self._pods():
-            ip = (pod.get("status") or {}).get("podIP")
+            ip = _pod_ip(pod)  # a node's answer: checked (None: not an address a pod serves on)
             if _pod_ready(pod) and ip:
                 eps.append({"node": self._node_of(pod), "url": f"http://{ip}:{self.cfg.rollout.port}",
                             "model": self.cfg.model.name, "pod": pod["metadata"]["name"]})
@@ -292,22 +299,22 @@ class KubernetesDeployer(Deployer):
         ``timeout_s``, until exactly that many pods of the run are left and ready; their nodes, in the run's order
         (the ReplicaSet controller, not deploybench, chooses which pods go)."""
         want = len(keep)
-        hpa = None
         if self.cfg.load.scale_up_mode == ScaleUpMode.HPA:  # rendered and checked before anything changes
             hpa = manifests.hpa(self.cfg, len(self.names), self.run_key)
             manifests.validate(hpa)
             self._autoscaling()
+            self._hpa = hpa  # applied at the spike's start (start_each): it adds no pod during the warm-up
         self.rollback(keep)
         t0 = time.monotonic()
         while True:
-            pods = self._pods()
-            ready = [p for p in pods if _pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+            # a pod being deleted or in a terminal phase serves no more: not one of the pods left
+            pods = [p for p in self._pods() if not p["metadata"].get("deletionTimestamp")
+                    and (p.get("status") or {}).get("phase") not in TERMINAL_PHASES]
+            ready = [p for p in pods if _pod_ready(p)]
             if len(pods) == want and len(ready) == want:
                 order = {n: i for i, n in enumerate(self.names)}
                 self._kept = sorted((self._node_of(p) for p in ready), key=lambda n: order.get(n, len(order)))
                 log.info("kubernetes: %d pods serving before the spike, on %s", want, self._kept)
-                if hpa is not None:  # from now on the autoscaler adds pods when the engines' queue grows
-                    self._apply(hpa)
                 return list(self._kept)
             if time.monotonic() - t0 > timeout_s:
                 raise DeploybenchError(f"kubernetes: deployment {self.ns}/{self.obj.stable} scaled down for the spike "
@@ -320,7 +327,14 @@ class KubernetesDeployer(Deployer):
         puts one on each of ``nodes`` (the only allowed nodes left free: node affinity and one pod per node). The
         patch failing fails every node of ``nodes``, named."""
         total = len(set(self._kept) | set(nodes)) if self._kept is not None else len(self.names)
-        if self._kept is not None and self.cfg.load.scale_up_mode == ScaleUpMode.HPA:
+        if self._kept is not None and self._hpa is not None:  # scale_up_mode=hpa, at the spike's start
+            hpa, self._hpa = self._hpa, None  # applied once: a start after settle patches the replicas
+            try:
+                self._apply(hpa)
+            except Exception as exc:  # noqa: BLE001 - ApiException, connection errors: every node's
+                err = DeploybenchError(f"kubernetes: applying the HorizontalPodAutoscaler {self.ns}/{self.obj.stable} "
+                                       f"failed: {exc}")
+                return dict.fromkeys(nodes, err)
             log.info("kubernetes: the spike started; the HorizontalPodAutoscaler %s adds pods as the queue grows",
                      self.obj.stable)
             return {}
@@ -336,21 +350,50 @@ class KubernetesDeployer(Deployer):
         """After the scale-up phase, whatever happened: its HorizontalPodAutoscaler deleted (absent: fine), and the
         stable Deployment's replicas back at the run's node count (nothing left scaled down)."""
         errors = []
+        self._hpa = None  # not applied now, whatever comes
         if self.cfg.load.scale_up_mode == ScaleUpMode.HPA:
             try:
-                self._autoscaling().delete_namespaced_horizontal_pod_autoscaler(self.obj.stable, self.ns,
-                                                                                _preload_content=False)
-                log.info("kubernetes: deleted the HorizontalPodAutoscaler %s/%s", self.ns, self.obj.stable)
-            except Exception as exc:  # noqa: BLE001 - 404: never applied (the phase failed before it)
-                if getattr(exc, "status", None) != 404:
-                    errors.append(f"deleting the HorizontalPodAutoscaler {self.ns}/{self.obj.stable}: {exc}")
+                self._delete_hpa()
+            except Exception as exc:  # noqa: BLE001 - reported with the patch's outcome, which is tried anyway
+                errors.append(f"deleting the HorizontalPodAutoscaler {self.ns}/{self.obj.stable}: {exc}")
         try:
             self._scale_stable(max(0, len(self.names) - self._canary_count()))
         except Exception as exc:  # noqa: BLE001 - ApiException, connection errors
             errors.append(f"patching deployment {self.ns}/{self.obj.stable} back to "
                           f"{len(self.names) - self._canary_count()} replicas: {exc}")
+        else:
+            try:
+                self.wait_ready(self.names, self.cfg.rollout.ready_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - NodeFailure, DeploybenchError, ApiException
+                errors.append(f"deployment {self.ns}/{self.obj.stable} back at {len(self.names) - self._canary_count()}"
+                              f" replicas: {exc}")
         if errors:
             raise DeploybenchError("kubernetes: after the scale-up: " + "; ".join(errors)[:2000])
+
+    def _delete_hpa(self) -> None:
+        """Delete the spike's HorizontalPodAutoscaler and wait (``SETTLE_GONE_S``) until the API says it is gone (404),
+        so it patches the replicas no more; absent already: done."""
+        api = self._autoscaling()
+        try:
+            api.delete_namespaced_horizontal_pod_autoscaler(self.obj.stable, self.ns, _preload_content=False,
+                                                            _request_timeout=API_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - 404: never applied (the phase failed before the spike)
+            if getattr(exc, "status", None) == 404:
+                return
+            raise
+        t0 = time.monotonic()
+        while True:
+            try:
+                api.read_namespaced_horizontal_pod_autoscaler(self.obj.stable, self.ns, _preload_content=False,
+                                                              _request_timeout=API_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - 404: gone
+                if getattr(exc, "status", None) == 404:
+                    log.info("kubernetes: deleted the HorizontalPodAutoscaler %s/%s", self.ns, self.obj.stable)
+                    return
+                raise
+            if time.monotonic() - t0 > SETTLE_GONE_S:
+                raise DeploybenchError(f"still there {SETTLE_GONE_S:g} s after its deletion")
+            time.sleep(POLL_S)
 
     def wait_serving(self, node: str, timeout_s: float) -> dict[str, Any]:
         """Wait (``timeout_s``) for a ready pod of the run on ``node``'s Kubernetes node; its endpoint (the pod's
@@ -360,7 +403,8 @@ class KubernetesDeployer(Deployer):
         last: dict[str, Any] | None = None
         while True:
             for pod in self._pods():
-                if (pod.get("spec") or {}).get("nodeName") != host or pod["metadata"].get("deletionTimestamp"):
+                if ((pod.get("spec") or {}).get("nodeName") != host or pod["metadata"].get("deletionTimestamp")
+                    or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES):
                     continue
                 last = pod
                 ip = _pod_ip(pod)
@@ -431,6 +475,11 @@ def delete_run_objects(kube: KubeClients, namespace: str, run_key: str) -> dict[
         except Exception as exc:  # noqa: BLE001 - ApiException, connection errors
             if kind == "testrun" and getattr(exc, "status", None) == 404:
                 continue  # no k6-operator on this cluster (its CRD is not installed): no TestRun to delete
+            if kind == "horizontalpodautoscaler" and getattr(exc, "status", None) == 403:
+                # a Role from before scale_up_mode=hpa: this run could not have applied one either
+                log.warning("kubernetes: listing horizontalpodautoscalers in %r is forbidden (a Role from before "
+                            "scale_up_mode=hpa); none deleted: %s", namespace, str(exc)[:300])
+                continue
             out[f"{kind}s"] = f"error: listing {kind}s labelled {selector} in {namespace!r} failed: {exc}"
             continue
         for item in items:

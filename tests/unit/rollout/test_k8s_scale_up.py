@@ -244,15 +244,18 @@ def test_hpa_mode_applies_the_autoscaler_for_the_phase_times_the_pods_it_adds_an
         rig = Rig(srv, "hpa")
         ns = rig.cfg.rollout.kubernetes.namespace
         grow, first = Load._scale_down(rig.ctx, rig.cluster, rig.eps)
+        # not before the spike: an autoscaler applied now could add pods during the warm-up
+        assert ("HorizontalPodAutoscaler", ns, rig.stable) not in srv.cluster.objects
+        srv.cluster.ready_after = {"gpu-n02": 0.3, "gpu-n03": 1.0}
+        url = grow.serve(first, after_s=0.3)
+        _read(url)
+        _until(lambda: ("HorizontalPodAutoscaler", ns, rig.stable) in srv.cluster.objects)  # at the spike's start
         hpa = srv.cluster.objects[("HorizontalPodAutoscaler", ns, rig.stable)]
         assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 3  # 2 and 4 pods less the canary
         assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
         assert hpa["spec"]["behavior"]["scaleDown"] == {"selectPolicy": "Disabled"}  # k6 loads the pods to the end
         assert rig.replicas() == 1 and len(first) == 2
         patches = len(rig.scale_patches())
-        srv.cluster.ready_after = {"gpu-n02": 0.3, "gpu-n03": 1.0}
-        url = grow.serve(first, after_s=0.3)
-        _read(url)
         time.sleep(0.5)  # the spike has started: its queue builds up on the two engines
         assert rig.replicas() == 1  # the queue is short yet: the autoscaler holds its minimum
         srv.cluster.metric_per_pod = 100.0  # 100 waiting per pod, target max_num_seqs/4: the autoscaler adds pods
@@ -277,10 +280,12 @@ def test_hpa_mode_a_failed_phase_deletes_the_autoscaler_and_puts_the_replicas_ba
         rig = Rig(srv, "hpa")
         ns = rig.cfg.rollout.kubernetes.namespace
         grow, first = Load._scale_down(rig.ctx, rig.cluster, rig.eps)
-        assert ("HorizontalPodAutoscaler", ns, rig.stable) in srv.cluster.objects
-        grow.serve(first, after_s=60.0)
-        Load._restore(grow, RuntimeError("k6 exited 107 in setup()"))
+        url = grow.serve(first, after_s=0.0)
+        _read(url)
+        _until(lambda: ("HorizontalPodAutoscaler", ns, rig.stable) in srv.cluster.objects)
+        Load._restore(grow, RuntimeError("k6 exited 107 in the spike"))
         assert ("HorizontalPodAutoscaler", ns, rig.stable) not in srv.cluster.objects
+        assert ("HorizontalPodAutoscaler", ns, rig.stable) in srv.cluster.deleted
         assert rig.replicas() == 3 and sorted(rig.ready_pods()) == NODES
         # a dead run's autoscaler goes with the run's other objects, by its label
         rig.srv.cluster.objects[("HorizontalPodAutoscaler", ns, rig.stable)] = dict(hpa := manifests.hpa(
@@ -346,3 +351,66 @@ def test_the_phase_after_a_kubernetes_scale_up_loads_the_new_pods(tmp_path, monk
                                                        '"model": "m"}]}')
         with pytest.raises(Exception, match=r"(?s)endpoints\.json is not a record.*delete it"):
             load.run(SimpleNamespace(run=run, phase="overload", kube=rig.kube, prometheus=None), rig.cluster)
+
+
+def test_hpa_mode_a_spike_that_never_started_applies_no_autoscaler():
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv, "hpa")
+        grow, first = Load._scale_down(rig.ctx, rig.cluster, rig.eps)
+        grow.serve(first, after_s=60.0)  # k6 never reads its page
+        Load._restore(grow, RuntimeError("k6 exited 107 in setup()"))
+        assert all(k[0] != "HorizontalPodAutoscaler" for k in srv.cluster.applied)  # settle left none to apply
+        assert rig.replicas() == 3 and sorted(rig.ready_pods()) == NODES
+
+
+def test_settle_whose_autoscaler_delete_fails_still_patches_the_replicas_and_says_so():
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv, "hpa")
+        dep = rollout.deployer(rig.cluster, NODES, rig.cfg, rig.kube)
+        dep.shrink(["n00", "n01"], 5.0)
+        assert rig.replicas() == 1
+        srv.cluster.fail[("DELETE", "HorizontalPodAutoscaler")] = 500
+        with pytest.raises(Exception, match=r"(?s)deleting the HorizontalPodAutoscaler .*fails every DELETE") as exc:
+            dep.settle()
+        assert "patching" not in str(exc.value)  # the patch went through
+        assert rig.replicas() == 3 and sorted(rig.ready_pods()) == NODES  # and settle waited for the pods
+
+
+def test_shrink_counts_no_pod_being_deleted_or_terminated():
+    """A Failed (evicted) pod of the run, or one with a deletionTimestamp, is not one of the pods left serving."""
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv)
+        dep = rollout.deployer(rig.cluster, NODES, rig.cfg, rig.kube)
+        real = dep._pods
+        dead = {"metadata": {"name": "evicted-1", "labels": {}}, "spec": {"nodeName": "gpu-n03"},
+                "status": {"phase": "Failed", "reason": "Evicted", "conditions": []}}
+        going = {"metadata": {"name": "going-1", "labels": {}, "deletionTimestamp": "2026-12-07T00:00:00Z"},
+                 "spec": {"nodeName": "gpu-n02"}, "status": {"phase": "Running", "podIP": "10.1.0.9",
+                                                              "conditions": [{"type": "Ready", "status": "True"}]}}
+        dep._pods = lambda: [*real(), dead, going]  # type: ignore[method-assign]
+        assert dep.shrink(["n00", "n01"], 5.0) == ["n00", "n01"]
+
+
+@pytest.mark.parametrize("ip", ["127.0.0.1", "0.0.0.0", "169.254.1.1", "224.0.0.1", "::1", "::", "fe80::1",
+                                "fe80::1%eth0", "fd00::1%2", "ff02::1", "not-an-ip", 7, None])
+def test_a_pod_address_that_is_not_a_pods_is_refused(ip):
+    from deploybench.rollout.kubernetes import _pod_ip
+
+    assert _pod_ip({"status": {"podIP": ip}}) is None
+
+
+def test_a_pods_own_address_is_taken():
+    from deploybench.rollout.kubernetes import _pod_ip
+
+    assert _pod_ip({"status": {"podIP": "10.244.1.7"}}) == "10.244.1.7"
+    assert _pod_ip({"status": {"podIP": "fd00:10:244::7"}}) == "[fd00:10:244::7]"
+
+
+def test_teardown_with_a_role_that_cannot_list_autoscalers_still_deletes_the_rest():
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv)
+        srv.cluster.fail[("LIST", "HorizontalPodAutoscaler")] = 403
+        out = rollout.teardown(rig.cluster, NODES, rig.cfg, kube=rig.kube)
+        assert not any(k.startswith("horizontalpodautoscaler") for k in out), out
+        assert all(v == "stopped" for v in out.values()), out
+        assert not [k for k in srv.cluster.objects if k[0] == "Deployment"]
