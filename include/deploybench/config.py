@@ -803,7 +803,8 @@ class RunConfig(_Strict):
                              f"matrix cell shares its deployment with another ({', '.join(shared)}): that cell's "
                              "engines would not be the ones it measured; set scale_up=false in the matrix, or run "
                              "the scale-up as a run of its own (no shared deployment)")
-        if self.load.scale_up_mode == ScaleUpMode.HPA and self.rollout.backend != RolloutBackend.KUBERNETES:
+        if (self.load.scale_up and self.load.scale_up_mode == ScaleUpMode.HPA
+                and self.rollout.backend != RolloutBackend.KUBERNETES):  # the mode is read only when scale_up
             raise ValueError(f"load.scale_up_mode='hpa' adds pods through a Kubernetes HorizontalPodAutoscaler, but "
                              f"rollout.backend={self.rollout.backend.value!r}; set scale_up_mode='replicas' or use the "
                              "kubernetes backend")
@@ -813,6 +814,11 @@ class RunConfig(_Strict):
                              f"TestRun on a Kubernetes cluster, but rollout.backend={self.rollout.backend.value!r}; "
                              "set parallelism=0 (the controller's k6, or the inventory's load generators) or use the "
                              "kubernetes backend")
+        if par and self.load.scale_up:
+            raise ValueError(f"load.scale_up=true gives k6 its targets on a page on the controller's loopback "
+                             f"(deploybench.load.scale_up), which the k6-operator's pods of "
+                             f"rollout.kubernetes.k6_operator.parallelism={par} cannot reach; set scale_up=false, or "
+                             "parallelism=0 (the controller's k6 sends the spike)")
         return self
 
     # -- construction --------------------------------------------------------------------------

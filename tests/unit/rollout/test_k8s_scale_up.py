@@ -414,3 +414,18 @@ def test_teardown_with_a_role_that_cannot_list_autoscalers_still_deletes_the_res
         assert not any(k.startswith("horizontalpodautoscaler") for k in out), out
         assert all(v == "stopped" for v in out.values()), out
         assert not [k for k in srv.cluster.objects if k[0] == "Deployment"]
+
+
+def test_scale_up_with_the_k6_operator_is_refused_naming_both_settings():
+    with pytest.raises(ConfigError) as exc:
+        RunConfig.parse({"inventory": "x", "rollout": {"backend": "kubernetes", "kubernetes": {
+            "k6_operator": {"parallelism": 2}}}, "load": {"phases": ["spike"], "scale_up": True}})
+    assert "load.scale_up=true" in str(exc.value) and "k6_operator.parallelism=2" in str(exc.value)
+    # without scale_up the operator sends the spike as any phase
+    RunConfig.parse({"inventory": "x", "rollout": {"backend": "kubernetes", "kubernetes": {
+        "k6_operator": {"parallelism": 2}}}, "load": {"phases": ["spike"]}})
+
+
+def test_hpa_mode_off_kubernetes_is_refused_only_with_scale_up():
+    got = RunConfig.parse({"inventory": "x", "load": {"phases": ["sustained"], "scale_up_mode": "hpa"}})
+    assert got.load.scale_up_mode.value == "hpa"  # not read: no scale-up
