@@ -195,7 +195,8 @@ class KubernetesDeployer(Deployer):
 
     def _log_tail(self, pod: str, lines: int = 20) -> str:
         try:
-            resp = self.kube.core.read_namespaced_pod_log(pod, self.ns, tail_lines=lines, _preload_content=False)
+            resp = self.kube.core.read_namespaced_pod_log(pod, self.ns, tail_lines=lines, _preload_content=False,
+                                                          _request_timeout=API_TIMEOUT_S)
             return resp.data.decode(errors="replace").strip()
         except Exception as exc:  # noqa: BLE001 - kubernetes ApiException or a connection error
             return f"(log unavailable: {exc})"

@@ -429,3 +429,42 @@ def test_scale_up_with_the_k6_operator_is_refused_naming_both_settings():
 def test_hpa_mode_off_kubernetes_is_refused_only_with_scale_up():
     got = RunConfig.parse({"inventory": "x", "load": {"phases": ["sustained"], "scale_up_mode": "hpa"}})
     assert got.load.scale_up_mode.value == "hpa"  # not read: no scale-up
+
+
+class _Spy:
+    """An API object whose every call is recorded with whether it carried ``_request_timeout``."""
+
+    def __init__(self, api, calls: list):
+        self._api, self._calls = api, calls
+
+    def __getattr__(self, name):
+        fn = getattr(self._api, name)
+
+        def call(*a, **kw):
+            self._calls.append((name, kw.get("_request_timeout")))
+            return fn(*a, **kw)
+        return call
+
+
+def test_every_api_call_of_the_scale_up_is_bounded():
+    from deploybench.rollout.kubernetes import API_TIMEOUT_S
+
+    with FakeApiServer([f"gpu-{n}" for n in NODES], ready_after_s=0.1) as srv:
+        rig = Rig(srv, "hpa")
+        calls: list = []
+        k = rig.kube
+        rig.ctx.kube = KubeClients(*(_Spy(a, calls) for a in (k.apps, k.core, k.policy, k.custom, k.autoscaling)))
+        grow, first = Load._scale_down(rig.ctx, rig.cluster, rig.eps)
+        url = grow.serve(first, after_s=0.0)
+        _read(url)
+        _until(lambda: any(n == "patch_namespaced_horizontal_pod_autoscaler" for n, _ in calls))
+        srv.cluster.metric_per_pod = 100.0
+        _until(lambda: _read(url)["final"])
+        grow.finish()
+        Load._restore(grow, None)
+        names = {n for n, _ in calls}
+        assert {"list_namespaced_pod", "patch_namespaced_deployment_scale",
+                "patch_namespaced_horizontal_pod_autoscaler", "delete_namespaced_horizontal_pod_autoscaler",
+                "read_namespaced_horizontal_pod_autoscaler"} <= names
+        unbounded = sorted({n for n, t in calls if t != API_TIMEOUT_S})
+        assert not unbounded
