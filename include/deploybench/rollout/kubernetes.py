@@ -364,7 +364,7 @@ class KubernetesDeployer(Deployer):
                           f"{len(self.names) - self._canary_count()} replicas: {exc}")
         else:
             try:
-                self.wait_ready(self.names, self.cfg.rollout.ready_timeout_s)
+                self.wait_ready(self.names, engines.ready_timeout_s(self.cfg))  # the rollout's own bound
             except Exception as exc:  # noqa: BLE001 - NodeFailure, DeploybenchError, ApiException
                 errors.append(f"deployment {self.ns}/{self.obj.stable} back at {len(self.names) - self._canary_count()}"
                               f" replicas: {exc}")
