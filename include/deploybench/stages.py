@@ -447,6 +447,10 @@ class Load(Stage):
         if grow is None:
             return
         errors: list[Exception] = []
+        try:  # a start under way (kubernetes: applying the autoscaler, patching) ends first, never beside settle
+            grow.cancel()
+        except Exception as err:  # noqa: BLE001 - reported as the steps' errors are
+            errors.append(err)
         # kubernetes: the phase's autoscaler deleted and the replicas back (settle); then the engines the spike never
         # asked for started again (restore): each tried even when the other failed
         for step in (grow.deployer.settle, grow.restore):

@@ -169,6 +169,11 @@ class ScaleUp:
                     self._scraped[i] = ep  # one item assignment: the scraper's loop sees the old or the new one
         LOG.info("scale-up: %s serving; k6's targets now %s", ep.node, [e.node for e in self._targets])
 
+    def cancel(self) -> None:
+        """No spike from now on, and no start under way once this returns (bounded): what the deployer undoes after
+        the phase (``settle``) is not done beside a start still running."""
+        self._cancel()
+
     def _cancel(self) -> None:
         """No spike from now on; wait (bounded) for a start already asked to finish, so nothing starts after."""
         self._stop.set()

@@ -181,3 +181,32 @@ def test_a_restore_error_after_the_phase_failed_is_chained_never_put_in_its_plac
     with pytest.raises(StageFailed, match="n2"):
         Load._restore(ScaleUp(Recorder(bad=("n2",)), ["n1"], EPS, ready_timeout_s=5), None)  # type: ignore[arg-type]
     Load._restore(None, None)  # not scaling up: nothing to do
+
+
+def test_restore_after_a_failed_phase_waits_for_a_start_under_way_before_settling():
+    """The phase failed while the starter thread was inside start_each (kubernetes: applying the spike's autoscaler):
+    settle (deleting it, patching the replicas) must come after that call, not beside it, or it leaves an autoscaler
+    applied after its deletion."""
+    from deploybench.stages import Load
+
+    order: list[str] = []
+    began = threading.Event()
+
+    class Slow(Recorder):
+        def start_each(self, nodes: list[str]) -> dict[str, Exception]:
+            order.append("start_each")
+            began.set()
+            time.sleep(0.5)
+            got = super().start_each(nodes)
+            order.append("start_each done")
+            return got
+
+        def settle(self) -> None:
+            order.append("settle")
+
+    up = ScaleUp(Slow(), ["n1"], EPS, ready_timeout_s=5)  # type: ignore[arg-type]
+    url = up.serve([EPS[0]], after_s=0.0)
+    _get(url)
+    assert began.wait(5)
+    Load._restore(up, RuntimeError("k6 exited 99 in the spike"))
+    assert order == ["start_each", "start_each done", "settle"]
