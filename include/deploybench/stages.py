@@ -401,7 +401,11 @@ class Load(Stage):
             self._restore(grow, exc)
             self._record_live(ctx, grow, exc)
             raise
-        self._restore(grow, None)
+        try:
+            self._restore(grow, None)
+        except BaseException as exc:  # some engines did not come back: the later phases load those that did
+            self._record_live(ctx, grow, exc)
+            raise
         self._record_live(ctx, grow, None)
         up = (out.get("analysis") or {}).get("scale_up") or {}
         bad = [f"{a['node']}: {a['error']}" for a in up.get("added") or [] if a.get("error")]
