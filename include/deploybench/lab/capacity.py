@@ -13,7 +13,7 @@ lowered until the round's slowest stream reads VERIFY of it. Preflight judges ev
 direction, and on a CPU-bound host the streams do not share the cores evenly (the slowest read 0.73 of
 the mean here), and a machine shared with other work changes from minute to minute: half the mean (200
 Mbit/s of a 400 mean) failed five of 24 links at 77-88 %, half the slowest (430, checked at 90 %) one link at
-87-89 % a minute later. 40 % of the slowest, checked at 95 %, leaves room for the unevenness, the noise and
+87-89 % a minute later. 40 % of the slowest, checked at 93 %, leaves room for the unevenness, the noise and
 the SSH sessions preflight adds. (A slow link also needs a short queue for a 1-second test to read it
 right: commands.leaf_queue.) The figure and how it was reached are printed by ``lab up`` and kept in the
 lab's state; the inventory's nominal speed and the tc shaping both use it.
@@ -38,7 +38,11 @@ DEFAULT_LINK_MBIT = 500.0  # the ceiling: 8 concurrent pairs at 1000 Mbit/s were
 PROBE_S = 1.0
 PROBE_PORT = 5290  # clear of preflight's 5201..5210: a lab's probe never meets a run's iperf3 servers
 HEADROOM = 0.4
-VERIFY = 0.95  # at the chosen speed the slowest stream of the round must read this: preflight's 0.9 and a margin
+# at the chosen speed the slowest stream of the round must read this: preflight's 0.9 and a margin. Not 0.95: a
+# shaped link reads 93-94 % in a 1-second iperf3 however much the host has to spare (TCP/IP headers take 4.4 % of a
+# 1514-byte frame, and the first round trips are slow start), so at 0.95 every check failed and a 16-node lab that
+# carries 500 Mbit/s was lowered to 240, "unverified" (seen in `make demo`)
+VERIFY = 0.93
 LOWER = 0.7  # a speed that failed its check is lowered by this factor and checked again
 VERIFY_TRIES = 3
 PROBE_MBIT = 100_000.0  # the links' shaping while the probe runs: far above what veth pairs carry on any host
