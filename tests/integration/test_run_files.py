@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import select, text
 
 from deploybench import paths
+from deploybench.matrix.planned import cells_of
 from deploybench.records import StageRecord
 from deploybench.run import read_record, recording
 from deploybench.store import db, run_files, run_sync
@@ -451,9 +452,9 @@ def test_a_cell_pushes_only_the_kept_deployment_of_its_siblings(dsn, homes):
     sibling, user_run = prefix + "c01", prefix + "x__c07"
     for key in (sibling, user_run):
         _push_from(dsn, key, homes(1), {"run.json": b"{}", "deployment.json": b'{"kept_for": "c02"}'})
-    assert run_files.related_keys(dsn, prefix, matrix) == [sibling]
+    assert run_files.related_keys(dsn, prefix, cells_of(matrix)) == [sibling]
     homes(0)
-    with run_sync.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix], matrix_key=matrix):
+    with run_sync.synced(prefix + "c02", dsn, also=[matrix], prefixes=[prefix], member=cells_of(matrix)):
         assert not (paths.runs_dir() / paths.run_folder_name(user_run)).exists()
         s = paths.run_dir(sibling)
         (s / "deployment.json").write_text('{"kept_for": "c02", "adopted_by": "c02"}')

@@ -133,10 +133,12 @@ def _dsn() -> str | None:
 def _folders(ctx: Any) -> Any:
     """The matrix's run folder and its cells' on this worker for one task (deploybench.store.run_sync.synced:
     pulled from the results database before, pushed after; nothing without one)."""
+    from deploybench.matrix.planned import cells_of
     from deploybench.store.run_sync import synced
 
     key = _matrix_key(ctx)
-    return synced(key, _dsn(), prefixes=[paths.dag_run_key(RUN_DAG_ID, f"matrix__{ctx['run_id']}__")], matrix_key=key)
+    return synced(key, _dsn(), prefixes=[paths.dag_run_key(RUN_DAG_ID, f"matrix__{ctx['run_id']}__")],
+                  member=cells_of(key))
 
 
 def matrix_tasks() -> dict[str, Any]:

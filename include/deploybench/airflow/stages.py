@@ -125,7 +125,7 @@ def run_folder(key: str, only_run_json: bool = False) -> contextlib.AbstractCont
     without a results database. A matrix cell also brings its matrix's folder (the plan it is checked against) and
     its sibling cells' records (the engines one cell keeps for the next). ``only_run_json``: just the run's run.json
     (a hook that reads the run's durations; the task body syncs the rest)."""
-    from deploybench.matrix.planned import cell_of
+    from deploybench.matrix.planned import cell_of, cells_of
     from deploybench.store.run_sync import synced
 
     if only_run_json:
@@ -134,7 +134,8 @@ def run_folder(key: str, only_run_json: bool = False) -> contextlib.AbstractCont
     if cell is None:
         return synced(key, _dsn())
     matrix_key, cell_id = cell
-    return synced(key, _dsn(), also=[matrix_key], prefixes=[key[:len(key) - len(cell_id)]], matrix_key=matrix_key)
+    return synced(key, _dsn(), also=[matrix_key], prefixes=[key[:len(key) - len(cell_id)]],
+                  member=cells_of(matrix_key))
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,11 @@ def cell_of(run_key: str) -> tuple[str, str] | None:
     prefix = f"{RUN_DAG_ID}__"
     m = CELL_RUN_ID.match(run_key[len(prefix):]) if run_key.startswith(prefix) else None
     return (paths.dag_run_key(MATRIX_DAG_ID, m["matrix"]), m["cell"]) if m else None
+
+
+def cells_of(matrix_key: str) -> Callable[[str], bool]:
+    """Whether a run key is one of ``matrix_key``'s cells (for the run files' sync: deploybench.store.run_files)."""
+    return lambda key: (c := cell_of(key)) is not None and c[0] == matrix_key
 
 
 def verify(run_key: str, cfg: RunConfig) -> None:

@@ -404,10 +404,10 @@ def push(run_key: str, dsn: str, before: Snapshot, folder: Path | None = None,
     return {"written": len(changed), "deleted": len(gone), "bytes": written}
 
 
-def related_keys(dsn: str, prefix: str, matrix_key: str | None = None) -> list[str]:
+def related_keys(dsn: str, prefix: str, member: Callable[[str], bool] | None = None) -> list[str]:
     """The run keys with files in the results database that start with ``prefix`` (a matrix's cells); with
-    ``matrix_key``, only the keys that are exactly that matrix's cells (deploybench.matrix.planned.cell_of): a user's
-    run id that merely starts like a cell's is not one."""
+    ``member``, only those it accepts (the caller's exact test, e.g. that a key is one matrix's cell: a user's run id
+    that merely starts like a cell's is not one; the matrix's own code, a layer above, says which)."""
     from deploybench.store.db import open_store
 
     table = _table()
@@ -415,11 +415,7 @@ def related_keys(dsn: str, prefix: str, matrix_key: str | None = None) -> list[s
     with open_store(dsn).connect() as conn:
         keys = sorted(conn.execute(select(table.c.run_key).distinct()
                                    .where(table.c.run_key.like(like, escape="\\"))).scalars())
-    if matrix_key is None:
-        return keys
-    from deploybench.matrix.planned import cell_of
-
-    return [k for k in keys if (c := cell_of(k)) is not None and c[0] == matrix_key]
+    return keys if member is None else [k for k in keys if member(k)]
 
 
 def pull_wanted(run_key: str, dsn: str | None, wanted: Iterable[str] = ("run.json", "report.html")) -> bool:

@@ -73,27 +73,28 @@ _seen_here: dict[str, Snapshot] = {}  # folder -> its last snapshot in this proc
 
 
 def synced(run_key: str, dsn: str | None, also: Iterable[str] = (), prefixes: Iterable[str] = (),
-           matrix_key: str | None = None, files: Callable[[str], bool] | None = None
+           member: Callable[[str], bool] | None = None, files: Callable[[str], bool] | None = None
            ) -> contextlib.AbstractContextManager[None]:
     """``with synced(key, dsn):`` around one task's work on a run: pulls the run's folder before (mirroring the
     database: a file another worker's re-run deleted goes here too, unless it is this disk's unpushed work), pushes
     what changed after, also when the work failed or the task was stopped by SIGTERM (a failed stage's record holds
     what it measured; records first, samples last). ``files``: only these paths of the run, pulled and pushed, no
     mirroring (a hook that reads run.json). The runs in ``also`` and those whose keys start with one of ``prefixes``
-    (a matrix and its cells; with ``matrix_key``, exactly that matrix's cells) are pulled for their
+    (a matrix and its cells; with ``member``, only the keys it accepts: that matrix's cells) are pulled for their
     ``related_file``s only, and pushed only for the file a task writes there (``written_elsewhere``). Does nothing
     without a results database (``enabled``)."""
-    return _synced(run_key, dsn, list(also), list(prefixes), matrix_key, files)
+    return _synced(run_key, dsn, list(also), list(prefixes), member, files)
 
 
 @contextlib.contextmanager
-def _synced(run_key: str, dsn: str | None, also: list[str], prefixes: list[str], matrix_key: str | None,
+def _synced(run_key: str, dsn: str | None, also: list[str], prefixes: list[str],
+            member: Callable[[str], bool] | None,
             files: Callable[[str], bool] | None) -> Iterator[None]:
     dsn = configured_dsn(dsn)
     if dsn is None or not enabled(dsn):
         yield
         return
-    keys = list(dict.fromkeys([run_key, *also, *(k for p in prefixes for k in related_keys(dsn, p, matrix_key))]))
+    keys = list(dict.fromkeys([run_key, *also, *(k for p in prefixes for k in related_keys(dsn, p, member))]))
     pulled = {k: (files, files is None) if k == run_key else (related_file, False) for k in keys}
     seen: dict[str, Snapshot] = {}
     for k in keys:
