@@ -45,7 +45,10 @@ def test_run_report_renders_in_headless_chromium(report, tmp_path):
     assert page.count("<svg") >= 6
 
     shot = tmp_path / "shot.png"
-    res = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,2400", report.as_uri())
+    # every compositor stage before the frame is drawn, and a virtual-time budget to settle in: without them a
+    # screenshot taken on a busy machine caught the page half painted (0.9 % coloured in one CI run, 1.7 % here)
+    res = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,2400",
+                   "--run-all-compositor-stages-before-draw", "--virtual-time-budget=10000", report.as_uri())
     assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
     from matplotlib.image import imread
 
