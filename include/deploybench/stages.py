@@ -489,7 +489,7 @@ class Load(Stage):
             raise StageFailed(f"load spike: scale_up_from={cfg.load.scale_up_from} leaves none of the {len(nodes)} "
                               f"serving nodes ({', '.join(nodes)}) to add; lower scale_up_from")
         dep = rollout.deployer(cluster, list(ctx.run.nodes), cfg, ctx.kube)
-        dep.serving = list(nodes)  # type: ignore[attr-defined]  # the rollout's engines, this run's own
+        dep.take_over(nodes)  # the rollout's engines, this run's own
         timeout = ready_timeout_s(cfg)
         grow = ScaleUp(dep, keep, eps, timeout)
         try:

@@ -114,7 +114,7 @@ def _deployer(run_key: str, cfg: RunConfig, inventory: Any, nodes: list[str], ss
 
     cluster = Cluster(inventory, ssh_overrides, run_key=run_key)
     dep = SSHDeployer(cluster, cfg)
-    dep.serving = list(nodes)
+    dep.take_over(nodes)
     return cluster, dep
 
 

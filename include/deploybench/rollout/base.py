@@ -110,6 +110,11 @@ class Deployer(ABC):
     def scale(self, nodes: list[str]) -> None:
         """Make the engine run on exactly ``nodes`` (a superset of the serving set when growing)."""
 
+    def take_over(self, nodes: list[str]) -> None:  # noqa: B027 - optional hook
+        """The engines an earlier deployer of this run left serving on ``nodes`` (the rollout's, in another task) are
+        this one's to stop and start. Nothing by default: a backend that finds its engines by its own labels."""
+        return None
+
     def start_each(self, nodes: list[str]) -> dict[str, Exception]:
         """Start the engine on each of ``nodes`` (beyond the serving set) on its own: per node that could not start,
         its error; the others are started (and serving once ready). Scale-up under load needs it

@@ -41,6 +41,9 @@ class SSHDeployer(Deployer):
         self.port = cfg.rollout.port
         self.serving: list[str] = []  # nodes whose engine this deployer started and did not stop
 
+    def take_over(self, nodes: list[str]) -> None:
+        self.serving = list(nodes)  # their pid files carry this run's tag: this deployer stops them as its own
+
     # -- one node ---------------------------------------------------------------------------------
     def _node(self, name: str) -> Node:
         return self.cluster.inventory.node(name)
