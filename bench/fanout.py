@@ -77,7 +77,9 @@ def main() -> int:
     p.add_argument("--skip-tree", action="store_true", help="tree takes log2(nodes) copies' time")
     p.add_argument("--keep", action="store_true", help="leave the lab up")
     a = p.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    # BENCH_LOG=DEBUG: every step's log line, stamped with milliseconds since the start
+    logging.basicConfig(level=getattr(logging, os.environ.get("BENCH_LOG", "WARNING")),
+                        format="%(relativeCreated)d %(name)s %(message)s")
     if os.geteuid() != 0:
         print("the netns lab needs root", file=sys.stderr)
         return 2

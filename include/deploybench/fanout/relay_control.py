@@ -5,11 +5,11 @@ every receiving node (listening on its backend address, accepting only the previ
 the path with this round's token and the manifest digest the controller gives it), then, once
 every receiver of a path listens, its feeder. The token reaches each relay on its stdin, never
 on a command line or in a file name (files are named by a separate round id). A start is
-confirmed, not assumed: the command that starts a relay waits until the relay wrote its ready
-file (token read; a receiver also listens), because sshd drops input that arrives after the
-command it was meant for has ended: a token sent a few milliseconds late (a busy controller, a
-distant node) left a relay without one, and the round waited for its timeout. A relay that
-did not start is known at once, by node and why, and its path is not fed. The relay program
+confirmed, not assumed: the relay runs in the foreground of the command that starts it and
+detaches itself only once it read its token (a receiver: and listens), because sshd drops input
+that arrives after the command it was meant for has ended: a token sent a few milliseconds late
+(a busy controller, a distant node) once left a relay without one, and the round waited for its
+timeout. A relay that did not start is known at once, by node and why, and its path is not fed. The relay program
 is checked against its sha256 before every run: a truncated or altered copy is replaced, never
 run. The controller watches the last node of each path, collects every node's status, and always stops
 every relay it started, whatever happened: a relay whose final status was read is waited for and its round
@@ -34,7 +34,7 @@ from deploybench.fanout import relay as relay_module
 from deploybench.fanout.plan import NodeState, header_files
 from deploybench.inventory import Node
 from deploybench.manifest import Manifest
-from deploybench.transport import Cluster, alive_script, isolated, spawn_script, stop_script, warn_left_alone
+from deploybench.transport import RUN_ENV, Cluster, alive_script, isolated, stop_script, warn_left_alone
 
 log = logging.getLogger(__name__)
 
@@ -266,28 +266,26 @@ class Relays:
             return {key: st for key, st in pool.map(one, spawns) if st is not None}
 
     def _spawn(self, node: str, rid: str, token: str, argv: list[str], started: list) -> str | None:
-        """Start one relay detached, its token on stdin, and wait until it wrote its ready file (at most START_S).
-        None when it did; else why not, from its status or log (text from the node: only ever shown)."""
+        """Start one relay, its token on stdin, and return once it listens (at most START_S). None when it does;
+        else why not, from its status or log (text from the node: only ever shown).
+
+        The relay runs in the foreground of this command and detaches itself once ready (relay ``--detach``):
+        it holds the command, and so its own stdin, until it has read its token (sshd drops input that arrives
+        after the command has ended: a relay given no token exits without a status), and the command ends the
+        moment it listens. Started detached by a shell instead (setsid, nohup, a loop of sleeps waiting for its
+        ready file) a start cost three more programs and up to a 100-ms tick of the wait on every node."""
         log_path, pid_path = self._file(node, rid, "log"), self._file(node, rid, "pid")
-        script = spawn_script(argv, log_path, pid_path, run_key=self.cluster.run_key, stdin=True)
         ready, status, logq = (shlex.quote(self._file(node, rid, x)) for x in ("ready", "status.json", "log"))
-        # This shell holds the relay's stdin until the relay has read it: sshd drops input that arrives after
-        # the command has ended, and a relay given no token exits without a status.
-        # The wait forks nothing but sleep ($! is the relay; /proc/<pid>/stat, read by the shell itself, says a
-        # zombie or a reaped pid: it exited); the verdict uses the full liveness test.
-        # Its ticks grow from 10 to 100 ms: with every node's relay starting at once on a busy host a start takes
-        # most of a second, and a fixed 20-ms tick forked ~50 sleeps per node (at 48 nodes, more CPU than the
-        # relays' own starts); ``e`` counts the milliseconds slept, against START_S.
-        wait = (f"p=$!; t=0.01; e=0; while [ ! -e {ready} ] && [ $e -lt {int(START_S * 1000)} ]; do "
-                f"{{ read -r s < /proc/$p/stat; }} 2>/dev/null || break; case \"$s\" in *') '[ZX]' '*) break;; esac; "
-                f"sleep $t; case $t in 0.01) e=$((e+10)); t=0.02;; 0.02) e=$((e+20)); t=0.04;; "
-                f"0.04) e=$((e+40)); t=0.08;; 0.08) e=$((e+80)); t=0.1;; *) e=$((e+100));; esac; done; "
-                f"if [ -e {ready} ]; then echo READY; elif {alive_script(pid_path)}; then echo SLOW; "
-                f"else echo GONE; cat {status} 2>/dev/null || tail -c 1000 {logq}; fi")
+        argv = [*argv, "--detach", pid_path, "--start-timeout", f"{START_S:g}"]
+        run = f"export {RUN_ENV}={shlex.quote(self.cluster.run_key)}; " if self.cluster.run_key else ""
+        wd = shlex.quote(self.workdir(node))
+        script = (f"{self.verified(node)} || exit {NOT_INSTALLED}; [ -d {wd} ] || mkdir -p {wd} || exit 1; {run}"
+                  f"{shlex.join(argv)} > {logq} 2>&1; "
+                  f"if [ -e {ready} ]; then echo READY; else echo GONE; cat {status} 2>/dev/null || "
+                  f"tail -c 1000 {logq}; fi")
         started.append((node, rid, argv))
         try:
-            res = self.cluster[node].run(f"{self.verified(node)} || exit {NOT_INSTALLED}; {script}; {wait}",
-                                         stdin=f"{token}\n".encode(), timeout=START_S + 30)
+            res = self.cluster[node].run(script, stdin=f"{token}\n".encode(), timeout=START_S + 30)
         except NodeUnreachable:
             raise
         except TransportError as exc:
@@ -296,15 +294,12 @@ class Relays:
             raise TransportError(f"node {node}: the relay program {self.program(node)} no longer has sha256 "
                                  f"{relay_digest()[:16]}... (changed since it was installed); not run")
         lines = res.stdout.splitlines()
-        verdict = next((i for i, line in enumerate(lines) if line in ("READY", "SLOW", "GONE")), None)
+        verdict = next((i for i, line in enumerate(lines) if line in ("READY", "GONE")), None)
         if res.rc != 0 or verdict is None:
             return f"the start command exited {res.rc} without a verdict: {(res.stderr or res.stdout).strip()[-300:]}"
         if lines[verdict] == "READY":
             return None
-        if lines[verdict] == "SLOW":
-            return (f"it has not read its token or listened after {START_S:g} s (a stalled node?); it is stopped, "
-                    f"see {log_path}")
-        return f"it exited at once: {_exit_reason(chr(10).join(lines[verdict + 1:]))} (log {log_path})"
+        return f"it exited before it listened: {_exit_reason(chr(10).join(lines[verdict + 1:]))} (log {log_path})"
 
     def _not_started(self, jobs: list[tuple[str, list[str]]], failed: dict[tuple[str, str], dict]
                      ) -> dict[str, dict]:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from deploybench import manifest
 from deploybench.fanout import relay
 
@@ -43,9 +45,12 @@ def test_manifest_matches_python_and_the_cache_avoids_rehashing(tmp_path):
     assert again["hashed_bytes"] == len(data) and again["manifest"]["digest"] != m.digest
 
 
-def test_a_two_hop_stream_is_written_verified_and_published(tmp_path, wait_for):
+@pytest.mark.parametrize("shards", [2, 400])
+def test_a_two_hop_stream_is_written_verified_and_published(tmp_path, wait_for, shards):
+    """400 shards: a header of ~90 kB (a model of many files). Each hop reads the header line and not one byte of
+    the body after it, whatever the reads return (the bytes after the newline are the first file's)."""
     src = tmp_path / "src"
-    m = manifest.seed_model(src, total_mb=2, shards=2)
+    m = manifest.seed_model(src, total_mb=2, shards=shards)
     nodes = {"127.0.0.2": tmp_path / "a", "127.0.0.3": tmp_path / "b"}
     port = free_port("127.0.0.2")
     procs = []
@@ -150,3 +155,86 @@ def test_the_ready_file_means_the_token_was_read_and_the_relay_listens(tmp_path,
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_the_command_line_is_read_as_argparse_read_it_and_a_bad_one_names_what_is_wrong(capsys):
+    """The relay reads its own command line (argparse's imports cost every relay start ~7 ms of CPU on every
+    node): the same options, types and defaults, and exit 2 with the reason on stderr for a bad line."""
+    a = relay.parse_args(["serve", "--status", "s", "--listen", "10.0.0.2", "--port=7000", "--upstream", "10.0.0.1",
+                          "--staging", "st", "--final", "f", "--expect", "ab", "--downstream", "",
+                          "--io-timeout", "2.5"])
+    assert (a.cmd, a.port, a.listen, a.io_timeout, a.downstream) == ("serve", 7000, "10.0.0.2", 2.5, "")
+    assert (a.accept_timeout, a.deadline_s, a.cache, a.ready, a.detach, a.start_timeout) == (30.0, 3600.0, None, "",
+                                                                                              "", 15.0)
+    m = relay.parse_args(["manifest", "/models/x", "--cache", "c.json"])
+    assert (m.cmd, m.dir, m.cache) == ("manifest", "/models/x", "c.json")
+    bad = {
+        ("serve", "--status", "s"): "the following options are required: --listen, --port, --upstream",
+        ("inspect", "--final", "f", "--staging", "s", "--bogus", "1"): "unrecognized option --bogus for inspect",
+        ("send", "--status", "s", "--plan", "p", "--dir", "d", "--bind", "b", "--io-timeout", "soon"):
+            "option --io-timeout: invalid float value 'soon'",
+        ("serve", "--port"): "option --port expects a value",
+        ("manifest",): "manifest takes 1 argument(s) (dir), got []",
+        ("copy", "x"): "unknown command 'copy' (choose from manifest, inspect, serve, send)",
+    }
+    for argv, why in bad.items():
+        with pytest.raises(SystemExit) as exc:
+            relay.parse_args(list(argv))
+        assert exc.value.code == 2, argv
+        assert why in capsys.readouterr().err, argv
+
+
+def _serve_argv(tmp_path: Path, port: int, *more: str) -> list[str]:
+    return RELAY + ["serve", "--status", str(tmp_path / "status.json"), "--ready", str(tmp_path / "ready"),
+                    "--listen", "127.0.0.2", "--port", str(port), "--upstream", "127.0.0.1",
+                    "--staging", str(tmp_path / "m" / ".staging"), "--final", str(tmp_path / "m"),
+                    "--expect", "0" * 64, "--accept-timeout", "30", *more]
+
+
+def test_a_detached_relay_returns_once_it_listens_and_its_pid_file_names_it(tmp_path, wait_for):
+    """How the controller starts a relay (relay_control._spawn): in the foreground of one command, which ends when
+    the relay listens. What it leaves is what transport.spawn_script leaves: a pid file naming the serving process,
+    its run and its exact command line, a process in a session of its own; stop_script stops it."""
+    from deploybench.inventory import Node
+    from deploybench.transport import LocalTransport, alive_script, stop_script
+
+    port, pid_file = free_port("127.0.0.2"), str(tmp_path / "relay.pid")
+    argv = _serve_argv(tmp_path, port, "--detach", pid_file)
+    # its output a pipe (not a file, as the controller gives it): the command must still end once it listens
+    fg = subprocess.run(argv, input=b"t0k\n", env={**os.environ, "DEPLOYBENCH_RUN": "dag/run-1"},
+                        capture_output=True, timeout=30)
+    assert fg.returncode == 0, fg.stderr
+    lines = Path(pid_file).read_text().splitlines()
+    pid = int(lines[0])
+    assert lines[1:] == ["run=dag/run-1", f"argv={json.dumps(argv)}"]
+    assert json.loads((tmp_path / "ready").read_text()) == {"pid": pid, "listening": f"127.0.0.2:{port}"}
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    assert [c.decode() for c in cmdline] == argv and os.getsid(pid) == pid
+    assert b"DEPLOYBENCH_RUN=dag/run-1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    with socket.create_connection(("127.0.0.2", port), timeout=5):  # it listens: the command ended after that
+        pass
+    t = LocalTransport(Node(name="n01", address="127.0.0.1", link_mbit=1000))
+    assert t.run(alive_script(pid_file, argv), timeout=10).ok
+    t.run(stop_script(pid_file, 2, argv), timeout=20).check()
+    wait_for(lambda: not t.run(f"kill -0 {pid}", timeout=10).ok or
+             Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 10, f"relay {pid} stopped")
+    assert not os.path.exists(pid_file)
+
+
+def test_a_detached_relay_not_ready_within_its_start_timeout_exits_saying_so(tmp_path):
+    """A token that never comes (its starter holds stdin open and writes nothing): the relay does not wait for
+    good in its starter's command; it exits within --start-timeout with a status saying why, never ready, no pid
+    file (nothing to stop). With no token at all (input ended) it exits at once, saying so."""
+    port, pid_file = free_port("127.0.0.2"), tmp_path / "relay.pid"
+    argv = _serve_argv(tmp_path, port, "--detach", str(pid_file), "--start-timeout", "0.5")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        proc.wait(timeout=20)
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    assert proc.returncode == 3
+    assert "not ready within --start-timeout 0.5 s" in json.loads((tmp_path / "status.json").read_text())["error"]
+    assert not (tmp_path / "ready").exists() and not pid_file.exists()
+    gone = subprocess.run(argv, input=b"", capture_output=True, timeout=30)
+    assert gone.returncode != 0 and b"no transfer token" in gone.stderr and not pid_file.exists()
