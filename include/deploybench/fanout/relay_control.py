@@ -175,6 +175,7 @@ class Relays:
         port = self.spec.port
         try:
             listeners, feeders = [], []  # (node, round id, token, argv)
+            tp = time.monotonic()
             for path in paths:
                 # the token authenticates the stream and travels on stdin only; the id names the files
                 token, rid = secrets.token_hex(16), secrets.token_hex(6)
@@ -200,10 +201,14 @@ class Relays:
                 feeders.append((feeder, rid, token, argv))
                 jobs.append((rid, path))
             t0 = time.monotonic()
+            log.debug("round: %d plan(s) written in %.2f s", len(feeders), t0 - tp)
             # every receiver listens before any feeder connects; a path with a relay that did not start is not fed
             failed = self._start(listeners, started)
+            tl = time.monotonic()
             failed.update(self._start([f for f in feeders if not any(r == f[1] for r, _ in failed)], started))
             t1 = time.monotonic()
+            log.debug("round: %d receivers listening %.2f s after the plan was written, feeders %.2f s later",
+                      len(listeners), tl - t0, t1 - tl)
             out = self._watch([(rid, path) for rid, path in jobs if not any(r == rid for r, _ in failed)], deadline)
             out.update(self._not_started([(rid, path) for rid, path in jobs if any(r == rid for r, _ in failed)],
                                          failed))

@@ -215,7 +215,9 @@ class _Fanout:
         self.result.nodes = [NodeCopy(self.source, "source", verified=True, strategy=spec.strategy.value)]
         self.result.nodes += [self.copies[n] for n in self.targets]
 
+        t_inspect = time.monotonic()
         unreachable = self.inspect(self.targets, manifest)
+        log.debug("fanout: %d targets inspected in %.2f s", len(self.targets), time.monotonic() - t_inspect)
         self.refuse_or_exclude(unreachable, "nodes could not be inspected")
         short = {}
         for n, st in self.states.items():
