@@ -72,10 +72,10 @@ CHUNK = 1 << 18
 # Socket buffers are left to the kernel's autotuning. A hop that both receives and forwards
 # queues its ACKs upstream behind its own forwarded data, so its receive window must cover that
 # queue: equal fixed buffers ran every hop at ~84 % of the link (16-node lab, 100 Mbit/s). A
-# fixed 128 KiB send buffer with an autotuned receive window did better, but each hop then
-# could not absorb its downstream's hiccups: side by side in bench/fanout.py (16 nodes,
-# 100 Mbit/s) the chain's transfer took 1.09-1.10x one copy with it, 1.07x with both autotuned
-# (48 nodes at 25 Mbit/s: no difference).
+# fixed 128 KiB send buffer with an autotuned receive window did better, but a hop then holds
+# little to ride out its downstream's hiccups: in bench/fanout.py (16 nodes, 100 Mbit/s, the two
+# alternated in one session) the chain's transfer took 1.09-1.10x one copy with it and 1.07x
+# with both autotuned (48 nodes at 25 Mbit/s: no difference).
 
 
 # -- hash cache ------------------------------------------------------------------------------
@@ -478,8 +478,7 @@ def _listen(a: Args) -> socket.socket:
     return srv
 
 
-def _accept(a: Args, srv: socket.socket, st: dict, cache: HashCache) -> tuple[socket.socket, dict,
-                                                                                               bytes]:
+def _accept(a: Args, srv: socket.socket, st: dict, cache: HashCache) -> tuple[socket.socket, dict, bytes]:
     deadline = min(time.monotonic() + a.accept_timeout, a.deadline_at)
     try:
         while True:

@@ -9,8 +9,8 @@ confirmed, not assumed: the relay runs in the foreground of the command that sta
 detaches itself only once it read its token (a receiver: and listens), because sshd drops input
 that arrives after the command it was meant for has ended: a token sent a few milliseconds late
 (a busy controller, a distant node) once left a relay without one, and the round waited for its
-timeout. A relay that did not start is known at once, by node and why, and its path is not fed. The relay program
-is checked against its sha256 before every run: a truncated or altered copy is replaced, never
+timeout. A relay that did not start is known at once, by node and why, and its path is not fed.
+The relay program is checked against its sha256 before every run: a truncated or altered copy is replaced, never
 run. The controller watches the last node of each path, collects every node's status, and always stops
 every relay it started, whatever happened: a relay whose final status was read is waited for and its round
 files removed by that same command (``_poll``); ``_stop`` visits every other one.
