@@ -78,7 +78,7 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="leave the lab up")
     a = p.parse_args()
     # BENCH_LOG=DEBUG: every step's log line, stamped with milliseconds since the start
-    logging.basicConfig(level=getattr(logging, os.environ.get("BENCH_LOG", "WARNING")),
+    logging.basicConfig(level=getattr(logging, os.environ.get("BENCH_LOG", "WARNING").upper()),
                         format="%(relativeCreated)d %(name)s %(message)s")
     if os.geteuid() != 0:
         print("the netns lab needs root", file=sys.stderr)

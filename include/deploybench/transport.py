@@ -406,7 +406,7 @@ def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[st
                  run_key: str | None = None, stdin: bool = False) -> str:
     """A shell script that starts ``argv`` detached (own session, fds closed) and records its pid.
 
-    Used to start long-lived processes (engines, iperf3 servers, relays) on a node through any
+    Used to start long-lived processes (engines, iperf3 servers) on a node through any
     transport; the caller stops them by pid file (``stop_script``, which checks the process's
     command line against ``argv`` first). The pid file names the command (``argv=<JSON list>``
     after the pid) and, with ``run_key``, its run (``run=<key>``); the process then gets
@@ -414,8 +414,9 @@ def spawn_script(argv: Sequence[str], log_path: str, pid_path: str, env: dict[st
     of a run that died (deploybench.leftovers), and never a reused pid. ``stdin``: the process
     reads the script's own stdin (a secret it must not get on its command line), else /dev/null.
     Over SSH that input only arrives while the command still runs (sshd drops what comes after it
-    ended): the caller's command must wait until the process has read it (fanout.relay_control
-    waits for the relay's --ready file).
+    ended): the caller's command must wait until the process has read it. (The fan-out relay is
+    started otherwise: in the foreground of its command, detaching itself once ready, it writes a
+    pid file of this format itself: fanout.relay ``--detach``.)
     """
     env = {**(env or {}), **({RUN_ENV: run_key} if run_key else {})}
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())

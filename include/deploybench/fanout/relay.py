@@ -29,10 +29,10 @@ relay read its token from stdin (and, for ``serve``, listens), so whoever holds 
 stdin must keep it until the file appears: input that reaches a node after the command that
 started the relay ended is dropped by sshd, and the relay would then exit with no token.
 With ``--detach PIDFILE`` (how the controller starts it) the relay is started in the
-foreground of its SSH command, reads its token there, and once ready forks: the parent writes
-the pid file and the ready file and exits 0, the child serves in a session of its own. The
-command ends when the relay listens (or has exited, saying why in its status); ``--start-timeout``
-bounds that wait.
+foreground of its SSH command, reads its token there, and once ready forks: the parent records
+the child in the pid file and the ready file and exits 0, the child serves in a session of its
+own. The command ends when the relay is ready, or has exited (why: in its status, else at the
+end of its log); ``--start-timeout`` bounds that wait.
 
 The stream: one JSON header line ``{"token", "manifest", "files": [{path, size, sha256,
 offset}]}`` then, per listed file, its bytes from ``offset`` to its end.
@@ -648,6 +648,7 @@ def cmd_serve(a: Args) -> dict:
     except OSError as exc:
         st["error"] = str(exc)
     finally:
+        _end_start_bound(a)
         down.close()
         st["finished"] = time.time()
         _write_status(a.status, st)
@@ -689,6 +690,7 @@ def cmd_send(a: Args) -> dict:
     except OSError as exc:
         st["error"] = str(exc)
     finally:
+        _end_start_bound(a)
         st["finished"] = time.time()
         _write_status(a.status, st)
     return st
@@ -740,9 +742,11 @@ def parse_args(argv: list[str]) -> Args:
         sys.stderr.write(f"{USAGE}\ndeploybench-relay: error: {why}\n")
         return SystemExit(2)
 
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        raise bad("a command is required")
+    if "-h" in argv or "--help" in argv:
         sys.stdout.write(f"{USAGE}\n")
-        raise SystemExit(0 if argv else 2)
+        raise SystemExit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         raise bad(f"unknown command {cmd!r} (choose from {', '.join(COMMANDS)})")
@@ -760,7 +764,7 @@ def parse_args(argv: list[str]) -> Args:
         if name not in options:
             raise bad(f"unrecognized option --{name} for {cmd}")
         if not eq:
-            if i + 1 >= len(rest):
+            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
                 raise bad(f"option --{name} expects a value")
             text, i = rest[i + 1], i + 1
         kind = options[name][0]
@@ -779,16 +783,20 @@ def parse_args(argv: list[str]) -> Args:
 
 
 def _start_bound(a: Args) -> None:
-    """With ``--detach``: the relay exits, with a status saying why, if it is not ready within ``--start-timeout``
-    (a token that never comes, a folder that hangs): its starter waits for it in the foreground."""
+    """With ``--detach``: from its start the pid file names this process (a controller that gave up on the start
+    command still stops it by that file), and the relay exits, with a status saying why, if it is not ready within
+    ``--start-timeout`` (a token that never comes): its starter waits for it in the foreground. A system call that
+    never returns (a hung mount) is not interrupted: there the controller's own bound on the command is the last."""
     if not a.detach:
         return
     import signal
+    _write_pid_file(a.detach, os.getpid())
+    what = "its token read, the staging folder made, listening" if a.cmd == "serve" else "its token read"
 
     def expired(signum: int, frame: object) -> None:
         try:
-            _write_status(a.status, {"error": f"not ready within --start-timeout {a.start_timeout:g} s (its token "
-                                              "read, the staging folder made, listening)", "finished": time.time()})
+            _write_status(a.status, {"error": f"not ready within --start-timeout {a.start_timeout:g} s ({what})",
+                                     "finished": time.time()})
         finally:
             os._exit(3)
 
@@ -796,19 +804,47 @@ def _start_bound(a: Args) -> None:
     signal.setitimer(signal.ITIMER_REAL, max(0.001, a.start_timeout))
 
 
+def _end_start_bound(a: Args) -> None:
+    """The start bound no longer applies (the relay is ready, or ends with a status of its own). The signal is
+    ignored before the timer is stopped: one already caught then runs no handler later (over a status being
+    written, or in the child after the fork)."""
+    if a.detach:
+        import signal
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _write_pid_file(path: str, pid: int) -> None:
+    """A pid file as ``transport.spawn_script`` writes one: the pid, ``run=`` (DEPLOYBENCH_RUN), ``argv=`` this
+    process's command line as /proc shows it (decoded as deploybench.leftovers decodes it), written whole."""
+    with open("/proc/self/cmdline", "rb") as f:
+        cmdline = [x.decode(errors="replace") for x in f.read().split(b"\0")[:-1]]
+    run = os.environ.get("DEPLOYBENCH_RUN")
+    lines = [str(pid)] + ([f"run={run}"] if run else []) + [f"argv={json.dumps(cmdline)}"]
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
 def _detach(a: Args, facts: dict) -> None:
-    """Go on in the background, once ready (``--detach PIDFILE``): fork; the parent writes the pid file (as
-    ``transport.spawn_script`` writes one: the pid, ``run=`` from DEPLOYBENCH_RUN, ``argv=`` this process's
-    command line, so ``stop_script`` and deploybench.leftovers know it) and the ready file, both naming the
-    child, and exits 0; the child, in a session of its own, serves. Its starter (one SSH command) so learns
-    that the relay listens when that command returns: no polling for the ready file, and no setsid, nohup or
-    sleep started on the node."""
-    import signal
-    signal.setitimer(signal.ITIMER_REAL, 0)
+    """Go on in the background, once ready (``--detach PIDFILE``): fork; the parent records the child in the pid
+    file and the ready file and exits 0; the child, in a session of its own, serves, but only once the parent
+    says it recorded it (a byte on a pipe: a parent that failed or died leaves it an end of file, and it exits
+    unrecorded, never serving with no pid file to stop it by). Its starter (one SSH command) so learns that the
+    relay listens when that command returns: no polling for the ready file, and no setsid, nohup or sleep
+    started on the node."""
+    _end_start_bound(a)
     sys.stdout.flush()
     sys.stderr.flush()
+    r, w = os.pipe()
     child = os.fork()
     if child == 0:
+        os.close(w)
         os.setsid()
         # output that is not a file (a pipe, the SSH channel itself) would keep the starter's command open until
         # the transfer ends: the status file says what happened, so such output goes nowhere
@@ -817,23 +853,23 @@ def _detach(a: Args, facts: dict) -> None:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.dup2(null, fd)
         os.close(null)
+        recorded = os.read(r, 1) == b"1"
+        os.close(r)
+        if not recorded:
+            os._exit(1)
         return
+    os.close(r)
+    code = 1
     try:
-        with open("/proc/self/cmdline", "rb") as f:
-            cmdline = [x.decode(errors="surrogateescape") for x in f.read().split(b"\0")[:-1]]
-        run = os.environ.get("DEPLOYBENCH_RUN")
-        lines = [str(child)] + ([f"run={run}"] if run else []) + [f"argv={json.dumps(cmdline)}"]
-        tmp = f"{a.detach}.tmp"
-        with open(tmp, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, a.detach)
+        _write_pid_file(a.detach, child)
         if a.ready:
             _write_status(a.ready, {"pid": child, **facts})
-    except OSError as exc:
-        os.kill(child, signal.SIGKILL)
-        sys.stderr.write(f"deploybench-relay: could not record the relay's pid in {a.detach}: {exc}\n")
-        os._exit(1)
-    os._exit(0)
+        os.write(w, b"1")
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - whatever it was, the child must not serve unrecorded
+        sys.stderr.write(f"deploybench-relay: could not record the relay (pid {child}) in {a.detach}: {exc!r}\n")
+    finally:
+        os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

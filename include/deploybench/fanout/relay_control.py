@@ -271,8 +271,9 @@ class Relays:
             return {key: st for key, st in pool.map(one, spawns) if st is not None}
 
     def _spawn(self, node: str, rid: str, token: str, argv: list[str], started: list) -> str | None:
-        """Start one relay, its token on stdin, and return once it listens (at most START_S). None when it does;
-        else why not, from its status or log (text from the node: only ever shown).
+        """Start one relay, its token on stdin, and return once it is ready (it read its token; a receiver also
+        listens), at most START_S. None when it is; else why not, from its status or log (text from the node: only
+        ever shown). A command that fails here leaves the relay to ``_stop``: its pid file names it from its start.
 
         The relay runs in the foreground of this command and detaches itself once ready (relay ``--detach``):
         it holds the command, and so its own stdin, until it has read its token (sshd drops input that arrives
@@ -304,7 +305,7 @@ class Relays:
             return f"the start command exited {res.rc} without a verdict: {(res.stderr or res.stdout).strip()[-300:]}"
         if lines[verdict] == "READY":
             return None
-        return f"it exited before it listened: {_exit_reason(chr(10).join(lines[verdict + 1:]))} (log {log_path})"
+        return f"it exited before it was ready: {_exit_reason(chr(10).join(lines[verdict + 1:]))} (log {log_path})"
 
     def _not_started(self, jobs: list[tuple[str, list[str]]], failed: dict[tuple[str, str], dict]
                      ) -> dict[str, dict]:

@@ -118,7 +118,8 @@ def test_manifest_of_a_missing_folder_says_so(tmp_path):
 
 
 def test_the_ready_file_means_the_token_was_read_and_the_relay_listens(tmp_path, wait_for):
-    """What the controller's start confirmation rests on (relay_control._spawn waits for this file)."""
+    """What a start's confirmation rests on (with --detach the relay's parent writes this file, naming the child,
+    before its starter's command ends)."""
     port = free_port("127.0.0.2")
 
     def serve(tag: str) -> tuple[subprocess.Popen, Path, Path]:
@@ -176,6 +177,8 @@ def test_the_command_line_is_read_as_argparse_read_it_and_a_bad_one_names_what_i
         ("serve", "--port"): "option --port expects a value",
         ("manifest",): "manifest takes 1 argument(s) (dir), got []",
         ("copy", "x"): "unknown command 'copy' (choose from manifest, inspect, serve, send)",
+        (): "a command is required",
+        ("send", "--status", "s", "--downstream", "--plan=p"): "option --downstream expects a value",
     }
     for argv, why in bad.items():
         with pytest.raises(SystemExit) as exc:
@@ -194,19 +197,26 @@ def _serve_argv(tmp_path: Path, port: int, *more: str) -> list[str]:
 def test_a_detached_relay_returns_once_it_listens_and_its_pid_file_names_it(tmp_path, wait_for):
     """How the controller starts a relay (relay_control._spawn): in the foreground of one command, which ends when
     the relay listens. What it leaves is what transport.spawn_script leaves: a pid file naming the serving process,
-    its run and its exact command line, a process in a session of its own; stop_script stops it."""
+    its run and its exact command line, a process in a session of its own; stop_script stops it. The pid file names
+    the relay from its start, before its token came (a controller whose start command failed still stops it)."""
     from deploybench.inventory import Node
     from deploybench.transport import LocalTransport, alive_script, stop_script
 
     port, pid_file = free_port("127.0.0.2"), str(tmp_path / "relay.pid")
     argv = _serve_argv(tmp_path, port, "--detach", pid_file)
     # its output a pipe (not a file, as the controller gives it): the command must still end once it listens
-    fg = subprocess.run(argv, input=b"t0k\n", env={**os.environ, "DEPLOYBENCH_RUN": "dag/run-1"},
-                        capture_output=True, timeout=30)
-    assert fg.returncode == 0, fg.stderr
+    fg = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={**os.environ, "DEPLOYBENCH_RUN": "dag/run-1"})
+    try:
+        first = wait_for(lambda: os.path.exists(pid_file) and Path(pid_file).read_text(), 20, "the first pid file")
+        assert first.splitlines() == [str(fg.pid), "run=dag/run-1", f"argv={json.dumps(argv)}"]
+        _, err = fg.communicate(b"t0k\n", timeout=30)
+    finally:
+        fg.kill()
+    assert fg.returncode == 0, err
     lines = Path(pid_file).read_text().splitlines()
     pid = int(lines[0])
-    assert lines[1:] == ["run=dag/run-1", f"argv={json.dumps(argv)}"]
+    assert pid != fg.pid and lines[1:] == ["run=dag/run-1", f"argv={json.dumps(argv)}"]
     assert json.loads((tmp_path / "ready").read_text()) == {"pid": pid, "listening": f"127.0.0.2:{port}"}
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
     assert [c.decode() for c in cmdline] == argv and os.getsid(pid) == pid
@@ -221,10 +231,36 @@ def test_a_detached_relay_returns_once_it_listens_and_its_pid_file_names_it(tmp_
     assert not os.path.exists(pid_file)
 
 
+def test_a_relay_whose_parent_cannot_record_it_never_serves(tmp_path, wait_for):
+    """The parent of a detached relay records the child (pid file, ready file) before the child may serve: when
+    that fails (here the pid file's temporary name is taken by a folder), the command fails saying so, and the
+    child, unrecorded, exits without ever accepting a stream: nothing is left that no pid file names."""
+    port, pid_file = free_port("127.0.0.2"), tmp_path / "relay.pid"
+    argv = _serve_argv(tmp_path, port, "--detach", str(pid_file))
+    fg = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: pid_file.exists(), 20, "the first pid file")
+        (tmp_path / "relay.pid.tmp").mkdir()
+        _, err = fg.communicate(b"t0k\n", timeout=30)
+    finally:
+        fg.kill()
+    assert fg.returncode == 1 and b"could not record the relay" in err, err
+    assert not (tmp_path / "ready").exists()
+    assert pid_file.read_text().splitlines()[0] == str(fg.pid)  # still the first one: the child was never named
+
+    def listening() -> bool:
+        out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, timeout=10)
+        return "127.0.0.2" in out.stdout
+
+    wait_for(lambda: not listening(), 10, f"nothing listening on 127.0.0.2:{port}")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.2", port), timeout=2).close()
+
+
 def test_a_detached_relay_not_ready_within_its_start_timeout_exits_saying_so(tmp_path):
     """A token that never comes (its starter holds stdin open and writes nothing): the relay does not wait for
-    good in its starter's command; it exits within --start-timeout with a status saying why, never ready, no pid
-    file (nothing to stop). With no token at all (input ended) it exits at once, saying so."""
+    good in its starter's command; it exits within --start-timeout with a status saying why, never ready, its pid
+    file naming the process that exited (nothing to stop). With no token at all it exits at once, saying so."""
     port, pid_file = free_port("127.0.0.2"), tmp_path / "relay.pid"
     argv = _serve_argv(tmp_path, port, "--detach", str(pid_file), "--start-timeout", "0.5")
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -235,6 +271,6 @@ def test_a_detached_relay_not_ready_within_its_start_timeout_exits_saying_so(tmp
         proc.stdin.close()
     assert proc.returncode == 3
     assert "not ready within --start-timeout 0.5 s" in json.loads((tmp_path / "status.json").read_text())["error"]
-    assert not (tmp_path / "ready").exists() and not pid_file.exists()
+    assert not (tmp_path / "ready").exists() and pid_file.read_text().splitlines()[0] == str(proc.pid)
     gone = subprocess.run(argv, input=b"", capture_output=True, timeout=30)
-    assert gone.returncode != 0 and b"no transfer token" in gone.stderr and not pid_file.exists()
+    assert gone.returncode != 0 and b"no transfer token" in gone.stderr and not (tmp_path / "ready").exists()
