@@ -29,7 +29,11 @@ pytestmark = [
                        reason="needs Debian's chromium and chromium-driver (.ci/bootstrap installs them)"),
 ]
 pytest.importorskip("selenium", reason="needs the selenium wheel (requirements-test.txt)")
-from selenium.common.exceptions import ElementClickInterceptedException, TimeoutException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    ElementClickInterceptedException,
+    NoSuchElementException,
+    TimeoutException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
@@ -57,8 +61,45 @@ CHANGES = {
 }
 
 
+# Chromium abandons a page load when an interface's address changes under it ("Your connection was interrupted",
+# net::ERR_NETWORK_CHANGED), and the lab tests that run beside these add and remove bridges and veth pairs on this
+# machine: such a page is loaded again, as a person would press Reload; no other error page is.
+NETWORK_CHANGED = "ERR_NETWORK_CHANGED"
+RELOADS = 3
+
+
+def _reloaded_if_network_changed(driver, reloads: list[int]) -> bool:
+    """Reload the current document (the frame, when inside one) if it is Chromium's ERR_NETWORK_CHANGED page; at
+    most RELOADS times in one wait."""
+    if len(reloads) >= RELOADS or NETWORK_CHANGED not in (driver.page_source or ""):
+        return False
+    reloads.append(1)
+    print(f"browser: {NETWORK_CHANGED} (a lab changed this machine's interfaces): reloading, {len(reloads)} of "
+          f"{RELOADS}")
+    driver.execute_script("location.reload()")
+    return True
+
+
+class _Wait(WebDriverWait):
+    """A WebDriverWait that, while its condition is not met, reloads Chromium's ERR_NETWORK_CHANGED page."""
+
+    def until(self, method, message: str = ""):
+        reloads: list[int] = []
+
+        def met(d):
+            try:
+                if value := method(d):
+                    return value
+            except NoSuchElementException:  # what WebDriverWait ignores by default
+                pass
+            _reloaded_if_network_changed(d, reloads)
+            return False
+
+        return super().until(met, message)
+
+
 def _wait(driver, timeout_s: float = PAGE_TIMEOUT_S) -> WebDriverWait:
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.25)
+    return _Wait(driver, timeout_s, poll_frequency=0.25)
 
 
 # -- the trigger form ------------------------------------------------------------------------------
@@ -383,36 +424,10 @@ def body_text(driver) -> str:
     return driver.find_element(By.TAG_NAME, "body").text
 
 
-# Chromium abandons a page load when an interface's address changes under it ("Your connection was interrupted",
-# net::ERR_NETWORK_CHANGED), and the lab tests that run beside these add and remove bridges and veth pairs on this
-# machine: such a page is loaded again, as a person would press Reload; no other error page is.
-NETWORK_CHANGED = "ERR_NETWORK_CHANGED"
-RELOADS = 3
-
-
-def _reloaded_if_network_changed(driver, reloads: list[int]) -> bool:
-    """Reload the current document (the frame, when inside one) if it is Chromium's ERR_NETWORK_CHANGED page; at
-    most RELOADS times in one wait."""
-    if len(reloads) >= RELOADS or NETWORK_CHANGED not in (driver.page_source or ""):
-        return False
-    reloads.append(1)
-    print(f"browser: {NETWORK_CHANGED} (a lab changed this machine's interfaces): reloading, {len(reloads)} of "
-          f"{RELOADS}")
-    driver.execute_script("location.reload()")
-    return True
-
-
 def heading(driver, timeout_s: float = PAGE_TIMEOUT_S) -> str:
     """The page's <h1> once it is there (an error page of the plugin has '<h1>404</h1>' etc.)."""
-    reloads: list[int] = []
-
-    def h1(d):
-        if (h := d.find_elements(By.TAG_NAME, "h1")) and h[0].text.strip():
-            return h[0].text.strip()
-        _reloaded_if_network_changed(d, reloads)
-        return False
-
-    return _wait(driver, timeout_s).until(h1) or ""
+    return _wait(driver, timeout_s).until(
+        lambda d: (h := d.find_elements(By.TAG_NAME, "h1")) and h[0].text.strip()) or ""
 
 
 def open_results_tab(driver, url: str, run_id: str) -> str:
@@ -420,9 +435,8 @@ def open_results_tab(driver, url: str, run_id: str) -> str:
     frame. Returns the frame's heading."""
     driver.switch_to.default_content()
     driver.get(f"{url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}")
-    clickable, reloads = ec.element_to_be_clickable(
-        (By.XPATH, "//a[normalize-space()='Benchmark results'] | //button[normalize-space()='Benchmark results']")), []
-    tab = _wait(driver).until(lambda d: clickable(d) or _reloaded_if_network_changed(d, reloads) and False)
+    tab = _wait(driver).until(ec.element_to_be_clickable(
+        (By.XPATH, "//a[normalize-space()='Benchmark results'] | //button[normalize-space()='Benchmark results']")))
     tab.click()
     frame = _wait(driver).until(ec.presence_of_element_located((By.TAG_NAME, "iframe")))
     assert "/deploybench/dag-runs/" in (frame.get_attribute("src") or ""), frame.get_attribute("src")
