@@ -48,7 +48,7 @@ from deploybench import paths, regression
 from deploybench.airflow.home import airflow_env
 
 # unique lab names; the store tests' helpers: a throwaway database, and an Airflow connection that names it
-from tests.support import lab_names, store_fixtures
+from tests.support import lab_names, store_fixtures, ui
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -450,7 +450,6 @@ def browser(shared_airflow, chromium_profile):
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
@@ -467,7 +466,7 @@ def browser(shared_airflow, chromium_profile):
     try:
         driver.set_page_load_timeout(PAGE_TIMEOUT_S)
         driver.get(airflow.url + "/auth/login")
-        wait = WebDriverWait(driver, PAGE_TIMEOUT_S)
+        wait = ui.wait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5)
         wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys("admin")
         driver.find_element(By.NAME, "password").send_keys(airflow.password())
         driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()

@@ -29,7 +29,7 @@ import pytest
 from deploybench import paths, regression
 from deploybench.airflow.home import airflow_env
 from deploybench.sim.local import free_port
-from tests.support import lab_names
+from tests.support import lab_names, ui
 from tests.support.ui import park
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # as conftest's browser fixture
@@ -154,10 +154,9 @@ def ui_backfill(browser, url: str, dag_id: str, first: date, last: date, timeout
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
     # a picker closing re-renders the dialog: an element found a moment ago may be gone when asked about
-    wait = WebDriverWait(browser, timeout_s, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
+    wait = ui.wait(browser, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
     browser.get(f"{url}/dags/{dag_id}")
     wait.until(ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Trigger']"))).click()
     dialog = wait.until(lambda d: next((e for e in d.find_elements(By.CSS_SELECTOR, "[role=dialog][data-state=open]")

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from deploybench import params, paths, presets
-from tests.support.ui import park
+from tests.support.ui import park, wait
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's packages
 pytestmark = [
@@ -29,11 +29,7 @@ pytestmark = [
                        reason="needs Debian's chromium and chromium-driver (.ci/bootstrap installs them)"),
 ]
 pytest.importorskip("selenium", reason="needs the selenium wheel (requirements-test.txt)")
-from selenium.common.exceptions import (  # noqa: E402
-    ElementClickInterceptedException,
-    NoSuchElementException,
-    TimeoutException,
-)
+from selenium.common.exceptions import ElementClickInterceptedException, TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
@@ -61,45 +57,8 @@ CHANGES = {
 }
 
 
-# Chromium abandons a page load when an interface's address changes under it ("Your connection was interrupted",
-# net::ERR_NETWORK_CHANGED), and the lab tests that run beside these add and remove bridges and veth pairs on this
-# machine: such a page is loaded again, as a person would press Reload; no other error page is.
-NETWORK_CHANGED = "ERR_NETWORK_CHANGED"
-RELOADS = 3
-
-
-def _reloaded_if_network_changed(driver, reloads: list[int]) -> bool:
-    """Reload the current document (the frame, when inside one) if it is Chromium's ERR_NETWORK_CHANGED page; at
-    most RELOADS times in one wait."""
-    if len(reloads) >= RELOADS or NETWORK_CHANGED not in (driver.page_source or ""):
-        return False
-    reloads.append(1)
-    print(f"browser: {NETWORK_CHANGED} (a lab changed this machine's interfaces): reloading, {len(reloads)} of "
-          f"{RELOADS}")
-    driver.execute_script("location.reload()")
-    return True
-
-
-class _Wait(WebDriverWait):
-    """A WebDriverWait that, while its condition is not met, reloads Chromium's ERR_NETWORK_CHANGED page."""
-
-    def until(self, method, message: str = ""):
-        reloads: list[int] = []
-
-        def met(d):
-            try:
-                if value := method(d):
-                    return value
-            except NoSuchElementException:  # what WebDriverWait ignores by default
-                pass
-            _reloaded_if_network_changed(d, reloads)
-            return False
-
-        return super().until(met, message)
-
-
 def _wait(driver, timeout_s: float = PAGE_TIMEOUT_S) -> WebDriverWait:
-    return _Wait(driver, timeout_s, poll_frequency=0.25)
+    return wait(driver, timeout_s)
 
 
 # -- the trigger form ------------------------------------------------------------------------------
