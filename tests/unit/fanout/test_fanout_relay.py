@@ -274,3 +274,28 @@ def test_a_detached_relay_not_ready_within_its_start_timeout_exits_saying_so(tmp
     assert not (tmp_path / "ready").exists() and pid_file.read_text().splitlines()[0] == str(proc.pid)
     gone = subprocess.run(argv, input=b"", capture_output=True, timeout=30)
     assert gone.returncode != 0 and b"no transfer token" in gone.stderr and not (tmp_path / "ready").exists()
+
+
+def test_a_relay_is_woken_by_a_batch_of_its_stream_and_at_once_by_its_end():
+    """The stream's socket wakes the relay once RCVLOWAT bytes wait (not for each segment a paced link brings),
+    and its end wakes it at once with fewer: the last bytes of a stream are never held back."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        sender = socket.create_connection(srv.getsockname(), timeout=5)
+        conn, _ = srv.accept()
+    with conn, sender:
+        relay._batch_reads(conn)
+        assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == relay.RCVLOWAT
+        conn.settimeout(0.3)  # as the relay reads it: with a timeout (--io-timeout)
+        sender.sendall(b"a" * 1000)
+        with pytest.raises(TimeoutError):  # 1000 bytes wait, fewer than RCVLOWAT: not woken
+            conn.recv(1 << 20)
+        sender.sendall(b"b" * relay.RCVLOWAT)
+        got = conn.recv(1 << 20)
+        assert len(got) >= relay.RCVLOWAT and got.startswith(b"a" * 1000)
+        rest = relay.RCVLOWAT + 1000 - len(got)
+        sender.sendall(b"c" * 10)
+        sender.shutdown(socket.SHUT_WR)  # the end of the stream, with 10 (+ rest) bytes left
+        tail = b""
+        while chunk := conn.recv(1 << 20):
+            tail += chunk
+        assert tail == b"b" * rest + b"c" * 10
