@@ -222,8 +222,8 @@ class SSHTransport(Transport):
                     break
                 if time.monotonic() > deadline:
                     raise TransportError(f"node {self.node.name}: `{command}` timed out after {timeout:.0f} s")
-                if not got:
-                    time.sleep(0.01)
+                if not got:  # woken at once by the exit status (the last a command sends), else in 10 ms
+                    chan.status_event.wait(0.01)
             rc = chan.recv_exit_status()
         finally:
             chan.close()
