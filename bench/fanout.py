@@ -75,7 +75,8 @@ def main() -> int:
     p.add_argument("--model-mb", type=float, default=128.0)
     p.add_argument("--skip-star", action="store_true", help="star takes ~15 copies' time")
     p.add_argument("--skip-tree", action="store_true", help="tree takes log2(nodes) copies' time")
-    p.add_argument("--keep", action="store_true", help="leave the lab up")
+    p.add_argument("--keep", action="store_true",
+                   help="leave the lab up (its Prometheus stays stopped unless --with-prometheus)")
     p.add_argument("--with-prometheus", action="store_true",
                    help="leave the lab's Prometheus scraping its nodes during the runs (stopped by default)")
     a = p.parse_args()

@@ -37,11 +37,11 @@ class _Ticking(threading.Event):
 
 def _busy() -> int:
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+        v = [int(x) for x in f.readline().split()[1:9]]  # user..steal (guest time is counted in user already)
     return sum(v) - v[3] - v[4]
 
 
-def _measure(c: Cluster, node: str, cmd: str, n: int, ticking: bool) -> tuple[float, float]:
+def _measure(c: Cluster, node: str, cmd: str, want: str, n: int, ticking: bool) -> tuple[float, float]:
     init = paramiko.Channel.__init__
 
     def ticking_init(self: paramiko.Channel, chanid: int) -> None:
@@ -53,7 +53,9 @@ def _measure(c: Cluster, node: str, cmd: str, n: int, ticking: bool) -> tuple[fl
     try:
         k0, t0 = _busy(), time.monotonic()
         for _ in range(n):
-            c[node].run(cmd, timeout=10).check()
+            out = c[node].run(cmd, timeout=10).check().stdout
+            if out != want:  # a command cut short is no faster command
+                raise SystemExit(f"`{cmd}` answered {out!r}, not {want!r}")
         wall, cpu = time.monotonic() - t0, (_busy() - k0) / os.sysconf("SC_CLK_TCK")
     finally:
         paramiko.Channel.__init__ = init  # type: ignore[method-assign]
@@ -65,6 +67,8 @@ def main() -> int:
     p.add_argument("--commands", type=int, default=200, help="commands per kind and variant (default %(default)s)")
     p.add_argument("--name", default="sshbench", help="lab name (default %(default)s)")
     a = p.parse_args()
+    if a.commands < 3:
+        p.error(f"--commands {a.commands}: at least 3 (three rounds)")
     if os.geteuid() != 0:
         print("the netns lab needs root", file=sys.stderr)
         return 2
@@ -74,12 +78,14 @@ def main() -> int:
         cluster.stop_prometheus(a.name)
         node = inv.names[1]
         with Cluster(inv) as c:
-            c[node].run("echo '{\"running\": true}' > /tmp/.sshbench-status", timeout=10).check()
-            kinds = {"true": "true", "status poll": "cat /tmp/.sshbench-status"}
+            status = '{"running": true}\n'
+            c[node].run("cat > /tmp/.sshbench-status", stdin=status.encode(), timeout=10).check()
+            kinds = {"true": ("true", ""), "status poll": ("cat /tmp/.sshbench-status", status)}
             for _ in range(3):  # rounds, the two variants alternated
-                for kind, cmd in kinds.items():
+                for kind, (cmd, want) in kinds.items():
                     for ticking in (False, True):
-                        rows.setdefault((kind, ticking), []).append(_measure(c, node, cmd, a.commands // 3, ticking))
+                        rows.setdefault((kind, ticking), []).append(
+                            _measure(c, node, cmd, want, a.commands // 3, ticking))
             c[node].run("rm -f /tmp/.sshbench-status", timeout=10)
     finally:
         cluster.down(a.name)

@@ -124,6 +124,10 @@ class SSHParams:
 # What one command's stdout (and stderr) may hold over SSH: the largest answer deploybench asks a node for is the
 # fan-out manifest of a model folder (about 150 bytes a file), or nvidia-smi's CSV; a node sending more is cut off
 MAX_OUTPUT = 32 << 20
+# How long a command's output may still come after its exit status before the channel's end of file says it is
+# whole. sshd sends the end of file a moment after the status; a command that left a process holding its output
+# open (one started in the background without its own output) sends it only when that process exits.
+EOF_GRACE_S = 0.2
 
 
 class SSHTransport(Transport):
@@ -202,6 +206,7 @@ class SSHTransport(Transport):
             raise NodeUnreachable(f"node {self.node.name}: the SSH connection closed before `{command[:200]}` ran")
         chan = transport.open_session(timeout=self.params.timeout)
         out, err = bytearray(), bytearray()
+        status_at = 0.0
         try:
             chan.settimeout(0.2)
             chan.exec_command(command)
@@ -219,10 +224,21 @@ class SSHTransport(Transport):
                         f"{'stdout' if len(out) > MAX_OUTPUT else 'stderr'}; a node's output is read up to that "
                         "bound and no further (the command was cut off); look at what it prints on the node")
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd sends the exit status when it reaps the command, and what is still in the command's
+                    # pipes after it: the output is whole at the channel's end of file. A command that left a
+                    # process holding its output open sends none: it is done EOF_GRACE_S after its status.
+                    if chan.eof_received or chan.closed:
+                        break
+                    status_at = status_at or time.monotonic()
+                    if time.monotonic() - status_at > EOF_GRACE_S:
+                        break
                 if time.monotonic() > deadline:
                     raise TransportError(f"node {self.node.name}: `{command}` timed out after {timeout:.0f} s")
-                if not got:  # woken at once by the exit status (the last a command sends), else in 10 ms
+                if got:
+                    continue
+                if chan.exit_status_ready():
+                    time.sleep(0.001)  # the rest of the output, or the end of file: within a millisecond or so
+                else:  # woken at once by the exit status, else every 10 ms to drain the output
                     chan.status_event.wait(0.01)
             rc = chan.recv_exit_status()
         finally:

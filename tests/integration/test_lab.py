@@ -119,6 +119,19 @@ class TestNetnsLab:
             assert not c["n03"].run(["test", "-e", f"{run_root}/n02.pid"], timeout=10).ok
         assert (files.models("n02") / "only-on-n02").read_text() == "n02\n"
 
+    def test_a_command_s_output_is_read_to_its_end_of_file_not_to_its_exit_status(self, lab):
+        """sshd sends a command's exit status when the shell ends, and what its output still carries after it: the
+        transport reads to the channel's end of file (here: a line written 50 ms after the shell exited, by a
+        process that held its output), and a command that left its output held open for longer ends
+        EOF_GRACE_S after its status, not at its timeout (2 s here, against a holder of 30 s)."""
+        _, inv, _ = lab
+        with Cluster(inv) as c:
+            late = c["n02"].run("echo early; (sleep 0.05; echo late) & exit 0", timeout=10).check()
+            assert late.stdout == "early\nlate\n", late.stdout
+            held = c["n02"].run("echo early; (exec sleep 30) & echo $! >&2; exit 3", timeout=2)
+            assert (held.rc, held.stdout) == (3, "early\n")
+            c["n02"].run(f"kill {int(held.stderr)}", timeout=10).check()  # that holder only (pids are the host's)
+
     def test_links_are_shaped_both_ways(self, lab):
         name, inv, _ = lab
         with Cluster(inv) as c:

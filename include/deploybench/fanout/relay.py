@@ -19,7 +19,8 @@ Commands (each prints one JSON object on stdout):
     Listen (then say so in the ``--ready`` file), accept one stream from the expected upstream
     address carrying this transfer's token;
     write every needed file into staging while hashing it, forward the same bytes to the
-    downstream node as they arrive, publish (atomic rename) when every file verified.
+    downstream node as they arrive (woken for every RCVLOWAT of them), publish (atomic rename)
+    when every file verified.
 ``send ...``
     Feed a stream (header + file slices) from a verified folder to the first node (the ``--ready``
     file appears once its token is read).
@@ -73,8 +74,9 @@ CHUNK = 1 << 18
 # segment: a link paced by a shaper or a switch delivers one MTU at a time, and a relay that moved
 # each one (recv, send, write, hash) spent 3.5 % of a core per 25 Mbit/s. It delays each hop by the
 # time the link takes to bring that much (10 ms at 25 Mbit/s, 0.3 ms at 1 Gbit/s). 48-node lab, 25
-# Mbit/s, bench/fanout.py: the machine 85 % busy during the chain and its transfer 1.14x one copy
-# without it; 16 KiB: 71 %, 1.12x; 32 KiB: 64 %, 1.10x; 64 KiB: 53 %, 1.14x (the hops' delay shows).
+# Mbit/s, bench/fanout.py, one run each (publishing without fsync in all): the machine 85 % busy during
+# the chain and its transfer 1.14x one copy without it; 16 KiB: 71 %, 1.12x; 32 KiB: 64 %, 1.10x;
+# 64 KiB: 53 %, 1.14x (the hops' delay shows). A read that times out takes what waits (_recv_waiting).
 RCVLOWAT = 32 << 10
 # Socket buffers are left to the kernel's autotuning. A hop that both receives and forwards
 # queues its ACKs upstream behind its own forwarded data, so its receive window must cover that
@@ -529,11 +531,34 @@ def _batch_reads(conn: socket.socket) -> None:
         pass
 
 
+def _recv_waiting(conn: socket.socket, view: memoryview) -> int:
+    """After a read timed out (``--io-timeout``): the bytes that wait, fewer than RCVLOWAT (a stream trickling
+    in, or a kernel that does not wake at the mark as it should), and from then on a read for every segment,
+    as without the mark; the timeout again if none wait. The mark may delay a read, never fail one."""
+    import socket
+    timeout = conn.gettimeout()
+    conn.settimeout(0)  # a plain non-blocking read: Python's timed read would wait for the mark again
+    try:
+        got = conn.recv_into(view)
+    except BlockingIOError:
+        raise TimeoutError(f"no byte from upstream in {timeout:g} s (--io-timeout)") from None
+    finally:
+        conn.settimeout(timeout)
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    except OSError:
+        pass
+    return got
+
+
 def _recv_some(conn: socket.socket, n: int, buf: bytearray, deadline_at: float):
     if time.monotonic() > deadline_at:
         raise OSError("the transfer passed its deadline (--deadline-s)")
     view = memoryview(buf)[: min(n, len(buf))]
-    got = conn.recv_into(view)
+    try:
+        got = conn.recv_into(view)
+    except TimeoutError:
+        got = _recv_waiting(conn, view)
     if got == 0:
         raise OSError("upstream closed the stream early")
     return view[:got]

@@ -355,6 +355,10 @@ def _watch(gens: Generators, remotes: list[_Remote], deadline: float) -> None:
                 raise GeneratorFailed(f"load generator {r.name} ({r.segment} of the phase): its session dropped "
                                       f"mid-phase ({type(exc).__name__}: {exc}); every generator's k6 was stopped "
                                       "(or, where the machine could not be reached, logged)") from exc
+            if res.rc < 0:  # no exit status: the session ended under the check (its machine died, or sshd did)
+                raise GeneratorFailed(f"load generator {r.name} ({r.segment} of the phase): its session dropped "
+                                      "mid-phase (its status check ended without an exit status); every generator's "
+                                      "k6 was stopped (or, where the machine could not be reached, logged)")
             state, rc = parse_status(res.stdout)
             if state == "done" and rc is not None:
                 r.done = rc

@@ -278,7 +278,10 @@ def test_a_detached_relay_not_ready_within_its_start_timeout_exits_saying_so(tmp
 
 def test_a_relay_is_woken_by_a_batch_of_its_stream_and_at_once_by_its_end():
     """The stream's socket wakes the relay once RCVLOWAT bytes wait (not for each segment a paced link brings),
-    and its end wakes it at once with fewer: the last bytes of a stream are never held back."""
+    and its end wakes it at once with fewer: the last bytes of a stream are never held back. Fewer bytes that
+    wait past --io-timeout are read, not taken for a stalled upstream (the mark may delay a read, never fail
+    it), and the relay then reads every segment; with no byte at all the read times out, as without the mark."""
+    buf, far = bytearray(relay.CHUNK), float("inf")
     with socket.create_server(("127.0.0.1", 0)) as srv:
         sender = socket.create_connection(srv.getsockname(), timeout=5)
         conn, _ = srv.accept()
@@ -287,15 +290,28 @@ def test_a_relay_is_woken_by_a_batch_of_its_stream_and_at_once_by_its_end():
         assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == relay.RCVLOWAT
         conn.settimeout(0.3)  # as the relay reads it: with a timeout (--io-timeout)
         sender.sendall(b"a" * 1000)
-        with pytest.raises(TimeoutError):  # 1000 bytes wait, fewer than RCVLOWAT: not woken
+        with pytest.raises(TimeoutError):  # 1000 bytes wait, fewer than RCVLOWAT: the kernel does not wake it
             conn.recv(1 << 20)
         sender.sendall(b"b" * relay.RCVLOWAT)
-        got = conn.recv(1 << 20)
+        got = bytes(relay._recv_some(conn, 1 << 20, buf, far))
         assert len(got) >= relay.RCVLOWAT and got.startswith(b"a" * 1000)
         rest = relay.RCVLOWAT + 1000 - len(got)
         sender.sendall(b"c" * 10)
-        sender.shutdown(socket.SHUT_WR)  # the end of the stream, with 10 (+ rest) bytes left
-        tail = b""
-        while chunk := conn.recv(1 << 20):
-            tail += chunk
-        assert tail == b"b" * rest + b"c" * 10
+        # 10 (+ rest) bytes wait past the io timeout: read all the same, and the mark is dropped
+        assert bytes(relay._recv_some(conn, 1 << 20, buf, far)) == b"b" * rest + b"c" * 10
+        assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1 and conn.gettimeout() == 0.3
+        with pytest.raises(TimeoutError, match="no byte from upstream in 0.3 s"):
+            relay._recv_some(conn, 1 << 20, buf, far)
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        sender = socket.create_connection(srv.getsockname(), timeout=5)
+        conn, _ = srv.accept()
+    with conn, sender:
+        relay._batch_reads(conn)
+        conn.settimeout(5)
+        sender.sendall(b"d" * 10)
+        sender.shutdown(socket.SHUT_WR)  # the end of the stream, 10 bytes left: woken at once, not after 5 s
+        assert bytes(relay._recv_some(conn, 1 << 20, buf, far)) == b"d" * 10
+        assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == relay.RCVLOWAT  # no timeout was needed
+        with pytest.raises(OSError, match="upstream closed the stream early"):
+            relay._recv_some(conn, 1 << 20, buf, far)
