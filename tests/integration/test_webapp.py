@@ -24,7 +24,8 @@ from deploybench.store import PhaseRecord, RunRecord, StageRow, load_run, write_
 from deploybench.web import app as webapp
 from tests.support.airflow_python import PLUGINS, fresh_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]  # a lock never released, a server that never answers
+# time_limit: a lock never released, a server that never answers
+pytestmark = [pytest.mark.integration, pytest.mark.time_limit(120)]
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 EVIL = "<script>alert(1)</script>"
