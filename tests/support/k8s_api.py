@@ -175,7 +175,12 @@ class FakeCluster:
         want = dep["spec"].get("replicas", 1)
         st = dep.setdefault("status", {})
         complete = ready >= want
-        if complete or "_progress" not in dep:
+        # progress as the deployment controller counts it (``DeploymentProgressing``, kubernetes
+        # pkg/controller/deployment/util/deployment_util.go): more updated pods (a scale-up creates them) or more
+        # ready pods than the last status said. The deadline runs from the last progress, not from the last time
+        # the Deployment was complete (a scale-up made 0.6 s after the last read timed out at its first read)
+        progressed = len(pods) > st.get("updatedReplicas", 0) or ready > st.get("readyReplicas", 0)
+        if complete or progressed or "_progress" not in dep:
             dep["_progress"] = now
         deadline = dep["spec"].get("progressDeadlineSeconds", 600) * self.deadline_scale
         reason = ("NewReplicaSetAvailable" if complete else

@@ -297,6 +297,61 @@ def test_a_node_without_nvidia_smi_is_absent_from_the_start_and_not_polled(tmp_p
     assert sampler.stop() == [] and "nvidia-smi exited 127" in sampler.why["b"]
 
 
+class _BarrierSmi:
+    """A node's transport whose nvidia-smi answers only once every node of the poll has asked (a barrier of all of
+    them): polled one after the other, the first would wait alone and break it."""
+
+    def __init__(self, barrier: threading.Barrier):
+        self.barrier = barrier
+
+    def run(self, argv, timeout=None):
+        from types import SimpleNamespace
+
+        self.barrier.wait()
+        return SimpleNamespace(rc=0, stdout="41, 1000, 4000, 60.25\n", stderr="")
+
+
+def test_the_nodes_of_one_poll_are_asked_at_once():
+    """16 nodes over SSH asked one after the other would stretch a 1-s interval by 16 sessions: each poll asks
+    every node at once, so one slow node delays none of the others."""
+    nodes = ["a", "b", "c", "d"]
+    barrier = threading.Barrier(len(nodes), timeout=10)
+    eps = [Endpoint(n, f"http://127.0.0.1:{_closed_port()}", "m") for n in nodes]
+    sampler = gpu.GpuSampler(eps, 60.0, "p", transports={n: _BarrierSmi(barrier) for n in nodes}, dcgm_port=None,
+                             plan=dict.fromkeys(nodes, "nvidia-smi"))
+    pts = sampler.start().stop()  # the first poll, and the last one at stop
+    assert sampler.why == {} and not barrier.broken
+    assert sorted(p["node"] for p in pts if p["metric"] == gpu.UTIL) == sorted(nodes * 2)
+
+
+@pytest.mark.parametrize(("poll_s", "asked"), [(0.125, [0.5, 1.0, 1.5, 2.0]), (0.75, [0.5, 1.5, 2.5, 3.5])])
+def test_the_sampler_polls_on_a_fixed_cadence_whatever_a_poll_takes(monkeypatch, poll_s, asked):
+    """Polls at k x interval from the start, as Prometheus scrapes, on a clock the test moves: a poll of 0.125 s
+    does not push the next one 0.125 s later (waiting the interval after each poll gave 0.5, 1.125, 1.75, ...), and
+    one that overran its 0.5-s interval skips the tick it missed instead of bunching the next polls behind it."""
+    from types import SimpleNamespace
+
+    clock = [0.0]
+    monkeypatch.setattr(gpu, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    sampler = gpu.GpuSampler([Endpoint("a", "http://127.0.0.1:1", "m")], 0.5, "p", plan={"a": "nvidia-smi"})
+    got: list[float] = []
+
+    class Stop:  # the sampler's stop event: each wait moves the clock by its timeout; stopped after 4 polls
+        def wait(self, timeout):
+            assert timeout >= 0
+            clock[0] += timeout
+            return len(got) >= len(asked)
+
+    def poll():
+        got.append(clock[0])
+        clock[0] += poll_s
+
+    monkeypatch.setattr(sampler, "_stop", Stop())
+    monkeypatch.setattr(sampler, "poll_once", poll)
+    sampler._loop()
+    assert got == asked
+
+
 # -- shown beside the throughput: the run report and the results pages ------------------------------------------
 def _load_stage(tmp_path: Path) -> dict:
     """The load stage's result as the pipeline writes it, with GPU figures: n1 measured, n2 absent (and why)."""
