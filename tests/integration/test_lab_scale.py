@@ -7,7 +7,7 @@ host cannot carry at that speed, read 60-86 % of it: every ring link failed the 
 measures what the host carries for that round (lab.capacity) and gives the links that: preflight must pass at its
 default threshold, and the run must go on to serve requests from every node.
 
-Kept short for CI: a 1 MB model, 1-second link tests, one rollout step of all 48 nodes with a 1-second gate, a
+Kept short for CI: a 1 MB model, one rollout step of all 48 nodes with a 1-second gate, a
 5-second phase.
 """
 
@@ -54,8 +54,11 @@ def test_a_48_node_lab_gets_links_its_host_carries_and_runs_end_to_end(lab, dsn)
     sampler = _Sampler(st.subnet)
     sampler.start()
     key = "deploybench_run/scale48"
-    params = {"canary_nodes": NODES, "link_threshold": 0.9, "load_rate": 2 * NODES, "ready_timeout_s": 120,
-              "k6_max_vus": 200}
+    # preflight as it ships: its 90 % threshold and its 2-second tests (fault_runs' 1-second tests read the
+    # rounds' start, while 48 iperf3 clients are being started over SSH on the host's 2 cores: 75-89 % on some
+    # links of one round at 60 Mbit/s, with the same links at 90-93 % in the next)
+    params = {"canary_nodes": NODES, "link_threshold": 0.9, "iperf_seconds": 2, "load_rate": 2 * NODES,
+              "ready_timeout_s": 120, "k6_max_vus": 200}
     try:
         out = fault_runs.lab_run(key, paths.lab_dir(LAB) / "inventory.json", dsn, params=params)
     finally:
