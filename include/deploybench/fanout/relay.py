@@ -51,12 +51,11 @@ would otherwise be sent to every node).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
 import time
-from types import SimpleNamespace  # loaded at start anyway (enum imports it)
+from types import SimpleNamespace  # 0.4 ms (the parsed command line; the JSON scanner's settings)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2.5 ms of every relay's start)
 if TYPE_CHECKING:  # annotations only
@@ -65,6 +64,104 @@ if TYPE_CHECKING:  # annotations only
 
 # hashlib, shutil and socket are imported where they are used: ``inspect``, which runs on every node before and
 # after each round, needs none of them when its hash cache holds every file (~6 ms of CPU fewer per start).
+#
+# json, socket and signal are used through their C halves (``_json``, ``_socket``, ``_signal``) where the
+# interpreter has them (CPython: all of them, since 2.6 / 3.x): their Python halves import re and enum, which
+# were half of a relay's start (``-X importtime``: json 13.4 ms, socket 6.0, signal 1.0; the C halves 1 ms), and
+# at 48 nodes the lab starts 47 relays on its host's two cores. Elsewhere the public modules are used.
+try:
+    from _json import encode_basestring_ascii as _quote
+    from _json import make_scanner as _make_scanner
+except ImportError:  # not CPython: json itself
+    _quote = _make_scanner = None  # type: ignore[assignment]
+
+
+def _encode(o: object, sort_keys: bool, sep: tuple[str, str], out: list) -> None:
+    if isinstance(o, str):
+        out.append(_quote(o))
+    elif o is None or o is True or o is False:
+        out.append("null" if o is None else "true" if o else "false")
+    elif isinstance(o, int):
+        out.append(int.__repr__(o))
+    elif isinstance(o, float):
+        # as json.dumps: repr, and NaN / Infinity for what has no JSON number (allow_nan)
+        out.append(float.__repr__(o) if o == o and o not in (float("inf"), float("-inf")) else
+                   "NaN" if o != o else "Infinity" if o > 0 else "-Infinity")
+    elif isinstance(o, (list, tuple)):
+        out.append("[")
+        for i, v in enumerate(o):
+            if i:
+                out.append(sep[0])
+            _encode(v, sort_keys, sep, out)
+        out.append("]")
+    elif isinstance(o, dict):
+        out.append("{")
+        for i, k in enumerate(sorted(o) if sort_keys else o):
+            if not isinstance(k, str):
+                raise TypeError(f"keys must be str, not {type(k).__name__}")
+            out.append((sep[0] if i else "") + _quote(k) + sep[1])
+            _encode(o[k], sort_keys, sep, out)
+        out.append("}")
+    else:
+        raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def dumps(o: object, sort_keys: bool = False, separators: tuple[str, str] = (",", ":")) -> str:
+    """``json.dumps(o, sort_keys=sort_keys, separators=separators)``: the same text, byte for byte (ASCII, the
+    strings quoted by json's own C encoder), for what the relay writes: dicts with str keys, lists, str, int,
+    float, bool, None."""
+    if _quote is None:
+        import json
+        return json.dumps(o, sort_keys=sort_keys, separators=separators)
+    out: list = []
+    _encode(o, sort_keys, separators, out)
+    return "".join(out)
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads(text)``: one JSON value, with json's own C scanner; ValueError for anything else (trailing
+    data included). Bytes are UTF-8."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8-sig")
+    if _make_scanner is None:
+        import json
+        return json.loads(text)
+    ws = " \t\n\r"
+    start = len(text) - len(text.lstrip(ws))
+    scan = _make_scanner(SimpleNamespace(strict=True, object_hook=None, object_pairs_hook=None, parse_float=float,
+                                         parse_int=int, parse_constant=float, memo={}))
+    try:
+        value, end = scan(text, start)
+    except StopIteration as exc:
+        raise ValueError(f"not JSON at character {exc.value}") from None
+    if text[end:].strip(ws):
+        raise ValueError(f"extra data at character {end}")
+    return value
+
+
+def load_file(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return loads(f.read())
+
+
+def _net() -> Any:
+    """``_socket`` (the C half of socket: the same constants and socket type, without enum), else socket."""
+    try:
+        import _socket
+        return _socket
+    except ImportError:
+        import socket
+        return socket
+
+
+def _signals() -> Any:
+    """``_signal`` (the C half of signal), else signal."""
+    try:
+        import _signal
+        return _signal
+    except ImportError:
+        import signal
+        return signal
 
 MANIFEST_NAME = ".deploybench-manifest.json"
 MAX_PATH = 4096
@@ -105,8 +202,9 @@ class HashCache:
         self.hashed_bytes = 0
         if path:
             try:
-                with open(path) as f:
-                    self.entries = json.load(f)
+                self.entries = load_file(path)
+                if not isinstance(self.entries, dict):
+                    self.entries = {}
             except (OSError, ValueError):
                 self.entries = {}
 
@@ -138,7 +236,7 @@ class HashCache:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump(self.entries, f)
+            f.write(dumps(self.entries))
         os.replace(tmp, self.path)
 
 
@@ -251,7 +349,7 @@ def manifest_doc(files: list[dict]) -> dict:
     import hashlib
     files = sorted(files, key=lambda f: f["path"])
     canon = [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in files]
-    blob = json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()
+    blob = dumps(canon, sort_keys=True).encode()
     return {"digest": hashlib.sha256(blob).hexdigest(), "files": canon}
 
 
@@ -276,8 +374,7 @@ def cmd_manifest(a: Args) -> dict:
     cache.save()
     declared = None
     try:
-        with open(os.path.join(a.dir, MANIFEST_NAME)) as f:
-            declared = json.load(f)
+        declared = load_file(os.path.join(a.dir, MANIFEST_NAME))
     except (OSError, ValueError):
         pass
     return {"manifest": manifest_doc(files), "declared": declared, "hashed_bytes": cache.hashed_bytes,
@@ -287,14 +384,13 @@ def cmd_manifest(a: Args) -> dict:
 # -- inspect ---------------------------------------------------------------------------------
 def _published_digest(final: str) -> str | None:
     try:
-        with open(os.path.join(final, MANIFEST_NAME)) as f:
-            return json.load(f).get("digest")
+        return load_file(os.path.join(final, MANIFEST_NAME)).get("digest")
     except (OSError, ValueError, AttributeError):
         return None
 
 
 def cmd_inspect(a: Args) -> dict:
-    return inspect_folder(json.load(sys.stdin), a.final, a.staging, a.cache)
+    return inspect_folder(loads(sys.stdin.read()), a.final, a.staging, a.cache)
 
 
 def inspect_folder(m: dict, final: str, staging: str, cache_path: str | None) -> dict:
@@ -340,16 +436,18 @@ def inspect_folder(m: dict, final: str, staging: str, cache_path: str | None) ->
 
 # -- serve / send ----------------------------------------------------------------------------
 def _tune(sock: socket.socket, timeout: float) -> None:
-    import socket
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    net = _net()
+    sock.setsockopt(net.IPPROTO_TCP, net.TCP_NODELAY, 1)
     sock.settimeout(timeout)
 
 
-def _connect(addr: str, port: int, bind: str, deadline: float, timeout: float) -> socket.socket:
-    import socket
+def _connect(addr: str, port: int, bind: str, deadline: float, timeout: float, net: Any = None) -> socket.socket:
+    """A connected TCP socket of ``net`` (a module with socket's API: _net() unless given), retried until
+    ``deadline``."""
+    net = net or _net()
     last: Exception | None = None
     while time.monotonic() < deadline:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s = net.socket(net.AF_INET, net.SOCK_STREAM)
         try:
             _tune(s, timeout)
             s.bind((bind, 0))
@@ -369,10 +467,10 @@ def _read_line(conn: socket.socket, limit: int = 64 << 20) -> bytes:
     chain ~9 ms, and a 48-node chain's last node its first byte 0.45 s after its first. (Past 4 kB it then
     read 64 kB at a time, which took the first file's bytes into the header: a model of more than about 30
     files could not be streamed.)"""
-    import socket
+    peek = _net().MSG_PEEK
     buf = bytearray()
     while True:
-        seen = conn.recv(65536, socket.MSG_PEEK)
+        seen = conn.recv(65536, peek)
         if not seen:
             raise OSError("stream closed inside the header")
         end = seen.find(b"\n")
@@ -400,10 +498,9 @@ class Downstream:
             self.close()
 
     def close(self) -> None:
-        import socket
         if self.sock is not None:
             try:
-                self.sock.shutdown(socket.SHUT_WR)
+                self.sock.shutdown(_net().SHUT_WR)
             except OSError:
                 pass
             self.sock.close()
@@ -474,11 +571,19 @@ def _ready(a: Args, **facts: Any) -> None:
         _write_status(a.ready, {"pid": os.getpid(), **facts})
 
 
+def _accept_one(srv: Any) -> tuple[Any, Any]:
+    """``srv.accept()``: with ``_socket``'s type, whose accept gives the new descriptor, as socket.accept does."""
+    if hasattr(srv, "accept"):
+        return srv.accept()
+    fd, peer = srv._accept()
+    return type(srv)(srv.family, srv.type, srv.proto, fd), peer
+
+
 def _listen(a: Args) -> socket.socket:
-    import socket
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    net = _net()
+    srv = net.socket(net.AF_INET, net.SOCK_STREAM)
     try:
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.setsockopt(net.SOL_SOCKET, net.SO_REUSEADDR, 1)
         srv.bind((a.listen, a.port))
         srv.listen(4)
     except OSError as exc:
@@ -494,7 +599,10 @@ def _accept(a: Args, srv: socket.socket, st: dict, cache: HashCache) -> tuple[so
             srv.settimeout(max(0.1, deadline - time.monotonic()))
             if time.monotonic() >= deadline:
                 raise OSError(f"no stream from {a.upstream} within {a.accept_timeout:g} s")
-            conn, peer = srv.accept()
+            try:
+                conn, peer = _accept_one(srv)
+            except TimeoutError:
+                continue  # the deadline's check above says whose stream did not come
             if peer[0] != a.upstream:
                 st["refused"].append(f"{peer[0]}: not the upstream peer {a.upstream}")
                 conn.close()
@@ -502,7 +610,7 @@ def _accept(a: Args, srv: socket.socket, st: dict, cache: HashCache) -> tuple[so
             _tune(conn, a.io_timeout)
             try:
                 raw = _read_line(conn)
-                header = json.loads(raw)
+                header = loads(raw)
             except (OSError, ValueError) as exc:
                 st["refused"].append(f"{peer[0]}: bad header ({exc})")
                 conn.close()
@@ -524,9 +632,9 @@ def _accept(a: Args, srv: socket.socket, st: dict, cache: HashCache) -> tuple[so
 def _batch_reads(conn: socket.socket) -> None:
     """Wake on RCVLOWAT bytes, not on each segment (the stream's end still wakes at once); where the system
     does not have the option, as before."""
-    import socket
+    net = _net()
     try:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RCVLOWAT)
+        conn.setsockopt(net.SOL_SOCKET, net.SO_RCVLOWAT, RCVLOWAT)
     except (OSError, AttributeError):
         pass
 
@@ -535,7 +643,7 @@ def _recv_waiting(conn: socket.socket, view: memoryview) -> int:
     """After a read timed out (``--io-timeout``): the bytes that wait, fewer than RCVLOWAT (a stream trickling
     in, or a kernel that does not wake at the mark as it should), and from then on a read for every segment,
     as without the mark; the timeout again if none wait. The mark may delay a read, never fail one."""
-    import socket
+    net = _net()
     timeout = conn.gettimeout()
     conn.settimeout(0)  # a plain non-blocking read: Python's timed read would wait for the mark again
     try:
@@ -545,7 +653,7 @@ def _recv_waiting(conn: socket.socket, view: memoryview) -> int:
     finally:
         conn.settimeout(timeout)
     try:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        conn.setsockopt(net.SOL_SOCKET, net.SO_RCVLOWAT, 1)
     except OSError:
         pass
     return got
@@ -629,7 +737,7 @@ def publish(staging: str, final: str, manifest: dict) -> None:
     import shutil
     tmp = os.path.join(staging, MANIFEST_NAME + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
+        f.write(dumps(manifest))
     os.replace(tmp, os.path.join(staging, MANIFEST_NAME))
     old = old_name(final)
     shutil.rmtree(old, ignore_errors=True)
@@ -642,7 +750,7 @@ def publish(staging: str, final: str, manifest: dict) -> None:
 def _write_status(path: str, st: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(st, f)
+        f.write(dumps(st))
     os.replace(tmp, path)
 
 
@@ -713,18 +821,17 @@ def cmd_send(a: Args) -> dict:
     try:
         _ready(a)
         st["pid"] = os.getpid()
-        with open(a.plan) as f:
-            header = json.load(f)
+        header = load_file(a.plan)
         why = next((w for f in header["manifest"]["files"] if (w := entry_problem(f))), None)
         if why:
             raise OSError(f"refused plan: manifest entry {why}")
         header["token"] = a.token
         host, _, port = a.downstream.rpartition(":")
         sock = _connect(host, int(port), a.bind, min(time.monotonic() + a.accept_timeout, a.deadline_at),
-                        a.io_timeout)
+                        a.io_timeout, socket)  # socket's own: its sendfile (one feeder a chain, not a relay a node)
         st["first_byte"] = time.time()
         try:
-            sock.sendall(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+            sock.sendall(dumps(header).encode() + b"\n")
             for f in header["files"]:
                 with os.fdopen(open_under(a.dir, f["path"], write=False), "rb") as src:
                     count = f["size"] - f["offset"]
@@ -839,7 +946,7 @@ def _start_bound(a: Args) -> None:
     never returns (a hung mount) is not interrupted: there the controller's own bound on the command is the last."""
     if not a.detach:
         return
-    import signal
+    signal = _signals()
     _write_pid_file(a.detach, os.getpid())
     what = "its token read, the staging folder made, listening" if a.cmd == "serve" else "its token read"
 
@@ -859,7 +966,7 @@ def _end_start_bound(a: Args) -> None:
     ignored before the timer is stopped: one already caught then runs no handler later (over a status being
     written, or in the child after the fork)."""
     if a.detach:
-        import signal
+        signal = _signals()
         signal.signal(signal.SIGALRM, signal.SIG_IGN)
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -870,7 +977,7 @@ def _write_pid_file(path: str, pid: int) -> None:
     with open("/proc/self/cmdline", "rb") as f:
         cmdline = [x.decode(errors="replace") for x in f.read().split(b"\0")[:-1]]
     run = os.environ.get("DEPLOYBENCH_RUN")
-    lines = [str(pid)] + ([f"run={run}"] if run else []) + [f"argv={json.dumps(cmdline)}"]
+    lines = [str(pid)] + ([f"run={run}"] if run else []) + [f"argv={dumps(cmdline, separators=(', ', ': '))}"]
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as f:
@@ -929,7 +1036,7 @@ def main(argv: list[str] | None = None) -> int:
         a.token = _token_from_stdin()
         a.deadline_at = time.monotonic() + a.deadline_s
     out = {"manifest": cmd_manifest, "inspect": cmd_inspect, "serve": cmd_serve, "send": cmd_send}[a.cmd](a)
-    json.dump(out, sys.stdout)
+    sys.stdout.write(dumps(out))
     sys.stdout.write("\n")
     return 0
 

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,58 @@ def test_a_relay_is_woken_by_a_batch_of_its_stream_and_at_once_by_its_end():
         assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == relay.RCVLOWAT  # no timeout was needed
         with pytest.raises(OSError, match="upstream closed the stream early"):
             relay._recv_some(conn, 1 << 20, buf, far)
+
+
+JSON_SAMPLES = [
+    {"manifest": {"digest": "ab" * 32, "files": [{"path": "shard-00.bin", "size": 1 << 40, "sha256": "0" * 64}]}},
+    {"z": 1, "a": [1.5, -0.0, 1e300, 2.5e-310, True, False, None], "m": {"é✓\u2028": "tab\tquote\"back\\slash\x01"}},
+    ["\U0001F600 emoji", "", [], {}, [[[]]], -(10 ** 30), 0.1 + 0.2],
+    {"started": 1733560000.123456, "error": None, "refused": ["127.0.0.9: wrong transfer token"], "pid": 4242},
+]
+
+
+@pytest.mark.parametrize("c_halves", [True, False], ids=["_json", "json"])
+def test_the_relay_s_json_is_json_s_text_both_ways(monkeypatch, c_halves):
+    """The relay writes and reads JSON without the json module (its start's imports: ``relay.dumps``,
+    ``relay.loads``): the text is json.dumps' byte for byte (the manifest's digest hashes it), what it reads is
+    what json.loads reads, and what json.loads refuses it refuses. Without the C halves, json itself."""
+    if not c_halves:
+        monkeypatch.setattr(relay, "_quote", None)
+        monkeypatch.setattr(relay, "_make_scanner", None)
+    for value in JSON_SAMPLES:
+        for sort_keys in (False, True):
+            for sep in ((",", ":"), (", ", ": ")):
+                text = relay.dumps(value, sort_keys=sort_keys, separators=sep)
+                assert text == json.dumps(value, sort_keys=sort_keys, separators=sep)
+        for text in (json.dumps(value), json.dumps(value, indent=1, ensure_ascii=False), f" \n{json.dumps(value)}\t"):
+            assert relay.loads(text) == json.loads(text) and relay.loads(text.encode()) == json.loads(text)
+    assert str(relay.dumps(float("nan"))) == "NaN" and relay.dumps([float("-inf")]) == "[-Infinity]"
+    for bad in ('{"a": 1} x', '{"a": 1,}', "", "[1, 2", '{"a": "\x01"}', b"\xff\xfe{}", "{'a': 1}"):
+        with pytest.raises(ValueError):
+            relay.loads(bad)
+    with pytest.raises(TypeError):
+        relay.dumps({"a": object()})
+
+
+def test_a_serving_relay_starts_without_json_re_enum_or_socket(tmp_path):
+    """What a relay's start imports, as the controller starts it (``-I -S``): the C halves of json, socket and
+    signal, not their Python halves, whose re and enum were half of every relay's start (47 starts share the lab's
+    two cores at 48 nodes). A serve that waits 1 s for a stream that never comes: listening, its start bound armed
+    (--detach), its status written."""
+    port = free_port("127.0.0.2")
+    status = tmp_path / "status.json"
+    proc = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", relay.__file__, "serve", "--status",
+                           str(status), "--listen", "127.0.0.2", "--port", str(port), "--upstream", "127.0.0.1",
+                           "--staging", str(tmp_path / "m" / ".staging"), "--final", str(tmp_path / "m"),
+                           "--expect", "0" * 64, "--accept-timeout", "1", "--detach", str(tmp_path / "relay.pid"),
+                           "--ready", str(tmp_path / "ready")], input=b"t0k\n", capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # the detached child serves on: its end is its status, naming the upstream that sent nothing within 1 s (it
+    # said "timed out", the accept's own error, until this test)
+    end = time.monotonic() + 30
+    while not status.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert "no stream from 127.0.0.1" in json.loads(status.read_text())["error"]
+    imported = {line.split("|")[2].strip() for line in proc.stderr.decode().splitlines() if line.count("|") == 2}
+    assert {"_json", "_socket", "_signal", "hashlib"} <= imported, sorted(imported)
+    assert not imported & {"json", "re", "enum", "socket", "signal", "selectors", "typing"}, sorted(imported)
