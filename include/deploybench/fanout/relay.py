@@ -73,7 +73,7 @@ try:
     from _json import encode_basestring_ascii as _quote
     from _json import make_scanner as _make_scanner
 except ImportError:  # not CPython: json itself
-    _quote = _make_scanner = None  # type: ignore[assignment]
+    _quote = _make_scanner = None  # type: ignore[assignment,misc]
 
 
 def _encode(o: object, sort_keys: bool, sep: tuple[str, str], out: list) -> None:
@@ -128,7 +128,7 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)
     ws = " \t\n\r"
     start = len(text) - len(text.lstrip(ws))
-    scan = _make_scanner(SimpleNamespace(strict=True, object_hook=None, object_pairs_hook=None, parse_float=float,
+    scan = _make_scanner(SimpleNamespace(strict=True,  # type: ignore[arg-type]  # the settings json's decoder has object_hook=None, object_pairs_hook=None, parse_float=float,
                                          parse_int=int, parse_constant=float, memo={}))
     try:
         value, end = scan(text, start)
@@ -157,7 +157,7 @@ def _net() -> Any:
 def _signals() -> Any:
     """``_signal`` (the C half of signal), else signal."""
     try:
-        import _signal
+        import _signal  # type: ignore[import-not-found]  # (no stub: typeshed has signal's)
         return _signal
     except ImportError:
         import signal
