@@ -128,8 +128,10 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)
     ws = " \t\n\r"
     start = len(text) - len(text.lstrip(ws))
-    scan = _make_scanner(SimpleNamespace(strict=True,  # type: ignore[arg-type]  # the settings json's decoder has object_hook=None, object_pairs_hook=None, parse_float=float,
-                                         parse_int=int, parse_constant=float, memo={}))
+    # the settings json's own decoder gives its scanner (json.decoder.JSONDecoder)
+    settings = SimpleNamespace(strict=True, object_hook=None, object_pairs_hook=None, parse_float=float,
+                               parse_int=int, parse_constant=float, memo={})
+    scan = _make_scanner(settings)  # type: ignore[arg-type]
     try:
         value, end = scan(text, start)
     except StopIteration as exc:
