@@ -600,7 +600,9 @@ def _accept(a: Args, srv: socket.socket, st: dict, cache: HashCache) -> tuple[so
         while True:
             srv.settimeout(max(0.1, deadline - time.monotonic()))
             if time.monotonic() >= deadline:
-                raise OSError(f"no stream from {a.upstream} within {a.accept_timeout:g} s")
+                bound = (f"{a.accept_timeout:g} s" if deadline < a.deadline_at else
+                         "the transfer's deadline (--deadline-s)")
+                raise OSError(f"no stream from {a.upstream} within {bound}")
             try:
                 conn, peer = _accept_one(srv)
             except TimeoutError:

@@ -185,6 +185,7 @@ class GpuSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None  # poll_once's, once two nodes are polled
+        self._t0: float | None = None  # when the first poll started (start): the cadence's origin
 
     def _exporter(self, ep: Endpoint) -> str:
         """The node's DCGM exporter: at the node's address (on Kubernetes, not the pod's)."""
@@ -255,6 +256,7 @@ class GpuSampler:
             with ThreadPoolExecutor(max_workers=min(16, len(missing))) as pool:
                 self.plan.update(zip([ep.node for ep in missing], pool.map(self._choose, missing)))
         if any(p in ("dcgm-exporter", "nvidia-smi") for p in self.plan.values()):
+            self._t0 = time.monotonic()  # the cadence counts from the first poll's start, not its end
             self.poll_once()
             self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
             self._thread.start()
@@ -264,19 +266,22 @@ class GpuSampler:
         """Poll on a fixed cadence, as Prometheus scrapes: at ``k x interval_s`` from the start, whatever the last
         poll took (waiting ``interval_s`` after each poll would stretch the interval by every poll's length). A poll
         that overran skips the ticks it missed rather than bunching the next polls behind it."""
-        t0 = time.monotonic()
-        k = 1
+        t0 = self._t0 if self._t0 is not None else time.monotonic()
+        k = max(1, math.floor((time.monotonic() - t0) / self.interval_s) + 1)  # start()'s poll may have overrun tick 1
         while not self._stop.wait(max(0.0, t0 + k * self.interval_s - time.monotonic())):
             self.poll_once()
             k = max(k + 1, math.floor((time.monotonic() - t0) / self.interval_s) + 1)
 
     def stop(self) -> list[dict]:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.timeout_s * max(1, len(self.endpoints)) + 5)
-            self.poll_once()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            if self._thread is not None:
+                self._thread.join(self.timeout_s * max(1, len(self.endpoints)) + 5)
+                self.poll_once()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
         return list(self.points)
 
 

@@ -324,8 +324,10 @@ def test_the_nodes_of_one_poll_are_asked_at_once():
     assert sorted(p["node"] for p in pts if p["metric"] == gpu.UTIL) == sorted(nodes * 2)
 
 
-@pytest.mark.parametrize(("poll_s", "asked"), [(0.125, [0.5, 1.0, 1.5, 2.0]), (0.75, [0.5, 1.5, 2.5, 3.5])])
-def test_the_sampler_polls_on_a_fixed_cadence_whatever_a_poll_takes(monkeypatch, poll_s, asked):
+@pytest.mark.parametrize(("poll_s", "asked", "after_start"), [
+    (0.125, [0.5, 1.0, 1.5, 2.0], [0.5, 1.0, 1.5, 2.0]),
+    (0.75, [0.5, 1.5, 2.5, 3.5], [1.0, 2.0, 3.0, 4.0])])  # start()'s own poll overran 0.5: the loop's first is at 1.0
+def test_the_sampler_polls_on_a_fixed_cadence_whatever_a_poll_takes(monkeypatch, poll_s, asked, after_start):
     """Polls at k x interval from the start, as Prometheus scrapes, on a clock the test moves: a poll of 0.125 s
     does not push the next one 0.125 s later (waiting the interval after each poll gave 0.5, 1.125, 1.75, ...), and
     one that overran its 0.5-s interval skips the tick it missed instead of bunching the next polls behind it."""
@@ -350,6 +352,12 @@ def test_the_sampler_polls_on_a_fixed_cadence_whatever_a_poll_takes(monkeypatch,
     monkeypatch.setattr(sampler, "poll_once", poll)
     sampler._loop()
     assert got == asked
+    # counted from the first poll's start (start() polls once before the loop): that poll's length is not added
+    got.clear()
+    clock[0] = 10.0
+    sampler._t0 = 10.0 - poll_s  # start() began its first poll poll_s ago
+    sampler._loop()
+    assert got == [10.0 - poll_s + t for t in after_start]
 
 
 # -- shown beside the throughput: the run report and the results pages ------------------------------------------
