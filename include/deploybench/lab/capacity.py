@@ -140,9 +140,9 @@ def settle(first: Capacity, run: Callable[[], list[float]], shape: Callable[[flo
             break
         link = lowered
     if checked[-1][1] < VERIFY:
-        # none verified: the speed whose round read best (a tie: the lower). Lower speeds are not always read
-        # better: a 48-node lab read 91 % at 130 Mbit/s, 89 % at 90 and 72 % at 60, and preflight then failed
-        # links at 60 (88 %) that it would have judged at 130
+        # none verified: the speed whose round read best (within BEST_MARGIN: the lower). Lower speeds are not
+        # always read better: a 48-node lab read 91 % at 130 Mbit/s, 89 % at 90 and 72 % at 60, and preflight then
+        # failed links at 60 (88 %) that it would have judged at 130
         top = max(r for _, r in checked)
         best = min(mbit for mbit, r in checked if r >= top - BEST_MARGIN)  # within the noise: the lower speed
         if best != link:
