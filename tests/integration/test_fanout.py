@@ -87,8 +87,15 @@ def test_an_empty_node_is_inspected_by_the_shell_as_the_relay_would_and_a_copy_b
         m = _manifest(relays.manifest("n01", relays.final("n01"))["manifest"])
         args = ["inspect", "--final", relays.final("n02"), "--staging", relays.staging("n02"), "--cache",
                 relays.cache("n02")]
+        # the shell also says whether the relay program is there: when it is not, the controller does not take
+        # the node for installed (it installs the program before starting a relay there)
+        c["n02"].run(f"rm -f {relays.program('n02')}", timeout=10).check()
         shell = relays.call("n02", args, stdin=m.to_json().encode(), shortcut=relays._empty_node("n02"))
-        python = relays.call("n02", args, stdin=m.to_json().encode())
+        assert shell.pop("program") is False and "n02" not in relays._installed
+        python = relays.call("n02", args, stdin=m.to_json().encode())  # the launcher: not there, installed, run
+        assert "n02" in relays._installed
+        again = relays.call("n02", args, stdin=m.to_json().encode(), shortcut=relays._empty_node("n02"))
+        assert again.pop("program") is True and again.pop("free_bytes") and again.pop("shell")
         assert shell.pop("shell") is True and "shell" not in python
         assert abs(shell.pop("free_bytes") - python.pop("free_bytes")) < 64 << 20
         assert shell == python == {"published": False, "bad": [], "staged": {}, "hashed_bytes": 0}
