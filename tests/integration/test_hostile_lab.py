@@ -241,6 +241,25 @@ def test_an_altered_relay_program_is_replaced_not_run(lab):
     assert sha(prog.read_bytes()) == relay_digest()
 
 
+def test_a_relay_program_altered_after_the_inspection_is_replaced_and_the_relay_started(lab):
+    """An empty node's inspection runs no program (the shell answers, saying the program's file is there); a file
+    altered there is found by the launcher as the relay starts: the program is installed again, the relay started,
+    and the altered program never runs. Its compiled code is kept beside it for the next start."""
+    name, inv, files = lab
+    marker = Path(f"/tmp/{name}-altered-at-start-ran")
+    lab.wipe(["n02", "n03"])
+    with Cluster(inv) as c:
+        relays = Relays(c, MODEL, FanoutSpec())
+        relays.install("n03")
+        prog = files.run("n03") / relays.program("n03").split("/run/", 1)[1]
+        assert prog.with_suffix(".code").is_file()  # compiled at install
+        prog.write_bytes(prog.read_bytes()[:4000] + f"\nopen({str(marker)!r}, 'w').write('ran')\n".encode())
+    with Cluster(inv) as c:
+        res = fanout.run(c, ["n01", "n02", "n03"], "n01", MODEL, FanoutSpec())
+    assert all(n.verified for n in res.nodes) and not marker.exists()
+    assert sha(prog.read_bytes()) == relay_digest()
+
+
 def test_an_engine_pid_file_holding_pid_1_or_another_process_is_left_alone(lab, caplog):
     name, inv, files = lab
     other = subprocess.Popen(["sleep", "300"], start_new_session=True)
