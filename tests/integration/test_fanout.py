@@ -115,6 +115,50 @@ def test_an_empty_node_is_inspected_by_the_shell_as_the_relay_would_and_a_copy_b
             lab.wipe(inv.names[1:3])
 
 
+def _no_relay_left(c: Cluster, inv) -> None:
+    for n in inv.names:
+        ss = c[n].run(["ss", "-Htln", f"sport = :{FanoutSpec().port}"], timeout=10).check()
+        assert ss.stdout.strip() == "", (n, ss.stdout)
+    ps = c["n01"].run("grep -l 'deploybench rela[y]' /proc/[0-9]*/cmdline 2>/dev/null || true", timeout=10).check()
+    assert ps.stdout.strip() == "", ps.stdout  # the lab's nodes share this machine's processes
+
+
+def test_a_first_chain_starts_each_relay_with_its_inspection(lab, monkeypatch):
+    """Every target empty (a first fan-out): one SSH command a target inspects it and starts its relay for the
+    chain; the round then starts only the feeder, and the relays' inspection after publishing needs no other."""
+    from deploybench.fanout.relay_control import Relays
+
+    name, inv, files = lab
+    lab.wipe(inv.names[1:])
+    spawned, inspected = [], []
+    spawn, inspect = Relays._spawn, Relays.inspect
+    monkeypatch.setattr(Relays, "_spawn", lambda self, node, *a: spawned.append(node) or spawn(self, node, *a))
+    monkeypatch.setattr(Relays, "inspect", lambda self, node, m: inspected.append(node) or inspect(self, node, m))
+    with Cluster(inv) as c:
+        res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        assert sorted(res.verified_nodes) == inv.names and res.rounds == 1
+        assert [res.node(n).upstream for n in inv.names[1:]] == [[u] for u in inv.names[:-1]]
+        assert spawned == ["n01"] and inspected == []
+        _no_relay_left(c, inv)
+
+
+def test_relays_started_with_the_inspection_for_another_plan_are_stopped_and_the_chain_started_again(lab):
+    """One target holds the model already (it is skipped), so the chain the relays were started for is not the
+    round's: they are stopped and the round starts its own; nothing is left running."""
+    name, inv, files = lab
+    with Cluster(inv) as c:
+        if not copy_of(files, "n04").is_dir():
+            fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        lab.wipe([n for n in inv.names[1:] if n != "n04"])
+        res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        assert sorted(res.verified_nodes) == inv.names and res.rounds == 1
+        assert res.node("n04").status == "skipped"
+        assert [res.node(n).upstream for n in ("n02", "n03", "n05", "n06")] == [["n01"], ["n02"], ["n03"], ["n05"]]
+        for n in inv.names[1:]:
+            assert not (files.models(n) / ".staging" / MODEL).exists(), n
+        _no_relay_left(c, inv)
+
+
 def test_a_flipped_byte_is_detected_and_repaired_from_a_neighbour(lab):
     name, inv, files = lab
     src = manifest.Manifest.read(copy_of(files, "n01"))

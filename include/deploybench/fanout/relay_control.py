@@ -27,6 +27,7 @@ import logging
 import secrets
 import shlex
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,7 +37,15 @@ from deploybench.fanout import relay as relay_module
 from deploybench.fanout.plan import NodeState, header_files
 from deploybench.inventory import Node
 from deploybench.manifest import Manifest
-from deploybench.transport import RUN_ENV, Cluster, alive_script, isolated, stop_script, warn_left_alone
+from deploybench.transport import (
+    RUN_ENV,
+    Cluster,
+    CommandResult,
+    alive_script,
+    isolated,
+    stop_script,
+    warn_left_alone,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +132,22 @@ def launcher() -> str:
                            not_installed=NOT_INSTALLED)
 
 
+class Prestart:
+    """The receivers of one path started with their inspection (``Relays.start_with_inspection``)."""
+
+    def __init__(self, path: list[str], rid: str, token: str):
+        self.path, self.rid, self.token = path, rid, token
+        self.answers: dict[str, dict] = {}  # node -> what inspect answered
+        self.errors: dict[str, str] = {}  # node -> why it could not be inspected
+        self.ready: set[str] = set()  # nodes whose relay listens
+        self.not_started: dict[str, str] = {}  # node -> why its relay did not start
+        self.started: list[tuple[str, str, list[str]]] = []  # (node, round id, argv): for _stop
+
+    def fits(self, paths: list[list[str]]) -> bool:
+        """The round ``paths`` is this path, and every receiver of it listens."""
+        return paths == [self.path] and self.ready == set(self.path[1:])
+
+
 class Relays:
     """Paths and calls of the relay on every node of one fan-out."""
 
@@ -200,8 +225,7 @@ class Relays:
         return self.call(node, ["manifest", model_dir, "--cache", self.cache(node)])
 
     def inspect(self, node: str, manifest: Manifest) -> NodeState:
-        data = self.call(node, ["inspect", "--final", self.final(node), "--staging", self.staging(node),
-                                "--cache", self.cache(node)], stdin=manifest.to_json().encode(),
+        data = self.call(node, self._inspect_args(node), stdin=manifest.to_json().encode(),
                          shortcut=self._empty_node(node))
         return NodeState.from_inspect(node, data)
 
@@ -213,48 +237,134 @@ class Relays:
         fixed cost. Anything else (a copy to verify, staged files to resume) goes to the relay. The answer also
         says whether the relay program's file is there (``program``): one that is not is installed before the
         relay starts; one that is there is checked (sha256) by the launcher as it starts."""
+        empty, answer = self._empty_test(node)
+        return f"if {empty}; then cat > /dev/null; {answer}; exit 0; fi; "
+
+    def _empty_test(self, node: str) -> tuple[str, str]:
+        """(a shell test true on a node that holds nothing of the model, the shell that then prints the answer
+        ``inspect`` would print there); see ``_empty_node``."""
         root = self.inv.model_root_of(node).rstrip("/") or "/"
         r, f, s = (shlex.quote(x) for x in (root, self.final(node), self.staging(node)))
         nothing = f"[ -d {r} ] && [ ! -L {r} ] && ! [ -e {f} -o -L {f} -o -e {s} -o -L {s} ]"
         answer = ('{"published": false, "bad": [], "staged": {}, "free_bytes": %s, "hashed_bytes": 0, '
                   '"shell": true, "program": %s}\n')
         prog = shlex.quote(self.program(node))
-        return (f"if {nothing} && set -- $(stat -f -c '%a %S' {r} 2>/dev/null) && [ $# -eq 2 ]; then "
-                f"cat > /dev/null; printf {shlex.quote(answer)} $(($1 * $2)) "
-                f"$([ -f {prog} ] && echo true || echo false); exit 0; fi; ")
+        return (f"{nothing} && set -- $(stat -f -c '%a %S' {r} 2>/dev/null) && [ $# -eq 2 ]",
+                f"p=false; [ ! -f {prog} ] || p=true; printf {shlex.quote(answer)} $(($1 * $2)) $p")
+
+    def _inspect_args(self, node: str) -> list[str]:
+        return ["inspect", "--final", self.final(node), "--staging", self.staging(node), "--cache", self.cache(node)]
+
+    # -- the first round's receivers, started with their inspection -------------------------------
+    def start_with_inspection(self, path: list[str], manifest: Manifest, deadline: float) -> Prestart:
+        """Inspect every receiver of ``path`` and, on each that the shell finds holding nothing of the model (a
+        first fan-out finds every target so), start its relay for this path in the same SSH command; a node
+        that holds something is inspected by the relay and nothing is started there. The stage feeds this path
+        as its first round when the plan it makes from the inspection is this path and every relay of it started
+        (``Prestart.fits``); otherwise it stops them (``stop``). At 48 nodes this is one SSH command a node fewer
+        before the first byte (the inspection took 0.19-0.24 s of the lab's 2 cores)."""
+        pre = Prestart(path, secrets.token_hex(6), secrets.token_hex(16))
+        stdin = f"{pre.token}\n".encode() + manifest.to_json().encode()
+
+        def one(i: int) -> None:
+            node, argv = path[i + 1], None
+            try:
+                command = self._serve_argv(self.launch(node), path, i, pre.rid, manifest, deadline)
+                start, command = self._start_script(node, pre.rid, command)
+                empty, answer = self._empty_test(node)
+                # the relay reads its token from the first line; the relay's inspect, the manifest after it
+                script = (f"if {empty}; then {answer}; {start}; "
+                          f"else read -r _; exec {shlex.join([*self.launch(node), *self._inspect_args(node)])}; fi")
+                argv = command
+                for attempt in (1, 2):
+                    res = self.cluster[node].run(script, stdin=stdin, timeout=START_S + 30)
+                    if res.rc != NOT_INSTALLED:
+                        break
+                    if attempt == 2:
+                        raise TransportError(f"node {node}: the relay program {self.program(node)} does not have "
+                                             f"sha256 {relay_digest()[:16]}... even after it was installed; not run")
+                    self._installed.discard(node)
+                    self.install(node)
+            except DeploybenchError as exc:
+                if argv is not None:
+                    pre.started.append((node, pre.rid, argv))  # it may have started: stopped with the others
+                pre.errors[node] = str(exc)
+                return
+            assert argv is not None
+            lines = res.stdout.splitlines()
+            try:
+                answered = json.loads(lines[0])
+                if not isinstance(answered, dict):
+                    raise ValueError("not an object")
+            except (ValueError, IndexError) as exc:
+                pre.errors[node] = (f"node {node}: inspect printed no result (exit {res.rc}): "
+                                    f"{(res.stderr or res.stdout).strip()[-300:]!r} ({exc})")
+                return
+            if not answered.get("shell"):
+                if res.rc != 0:
+                    pre.errors[node] = f"node {node}: relay inspect failed (exit {res.rc}): {res.stderr[-400:]}"
+                else:
+                    pre.answers[node] = answered
+                    self._installed.add(node)
+                return
+            pre.answers[node] = answered
+            pre.started.append((node, pre.rid, argv))
+            why = self._verdict(node, pre.rid, res)
+            if why is None:
+                pre.ready.add(node)
+                self._installed.add(node)
+            else:
+                pre.not_started[node] = why
+
+        receivers = range(len(path) - 1)
+        with ThreadPoolExecutor(max_workers=max(1, min(WORKERS, len(receivers)))) as pool:
+            list(pool.map(one, receivers))
+        return pre
+
+    def stop(self, pre: Prestart) -> None:
+        """Stop the relays ``start_with_inspection`` started, when the stage does not feed them (bad input refused,
+        another plan, a failure), and remove the staging folder each made on a node that held nothing of the model
+        (``rmdir``: only if empty, as a relay that was never fed leaves it): a refused fan-out leaves no trace."""
+        def made(node: str) -> str:
+            staging = self.staging(node)
+            return f"rmdir {shlex.quote(staging)} {shlex.quote(staging.rsplit('/', 1)[0])} 2>/dev/null; true"
+
+        self._stop(pre.started, then=made)
+        pre.started.clear()
 
     # -- one round ---------------------------------------------------------------------------
     def run_round(self, paths: list[list[str]], manifest: Manifest, states: dict[str, NodeState],
-                  deadline: float) -> dict[str, dict]:
+                  deadline: float, prestarted: Prestart | None = None) -> dict[str, dict]:
         """Stream to every path at once; returns each receiver's status (``{"dead": why}`` for a lost node,
         ``{"error": ...}`` for a relay that ended without one, ``"not_started"`` for a relay that did not start,
         ``"not_fed"`` for a node of a path that was not fed because of another). Every relay started here is
-        stopped."""
+        stopped. ``prestarted``: the receivers of ``paths`` (its one path) listen already, started with their
+        inspection; they are stopped here too."""
         jobs = []  # (round id, path)
         self._dead = {}
         started: list[tuple[str, str, list[str]]] = []
-        port = self.spec.port
         try:
             listeners, feeders = [], []  # (node, round id, token, argv)
+            if prestarted is not None:
+                started += prestarted.started
+                prestarted.started.clear()
+                if not prestarted.fits(paths):
+                    raise ValueError(f"the receivers started are for {'->'.join(prestarted.path)}, not {paths}")
             tp = time.monotonic()
             for path in paths:
                 # the token authenticates the stream and travels on stdin only; the id names the files
                 token, rid = secrets.token_hex(16), secrets.token_hex(6)
+                if prestarted is not None:
+                    token, rid = prestarted.token, prestarted.rid
                 feeder, receivers = path[0], path[1:]
                 header = {"manifest": json.loads(manifest.to_json()),
                           "files": header_files(manifest, [states[n] for n in receivers])}
                 self.install(feeder)
                 self.cluster[feeder].run(f"cat > {shlex.quote(self._file(feeder, rid, 'plan.json'))}",
                                          stdin=json.dumps(header).encode(), timeout=30).check()
-                for i, node in enumerate(receivers):
-                    up = self.inv.node(path[i])
-                    down = self.inv.node(receivers[i + 1]) if i + 1 < len(receivers) else None
-                    argv = self._common(node) + [
-                        "serve", "--listen", self.inv.node(node).data_address, "--port", str(port),
-                        "--upstream", up.data_address, "--staging", self.staging(node), "--final", self.final(node),
-                        "--cache", self.cache(node), "--expect", manifest.digest] + self._timeouts(rid, node, down,
-                                                                                                   deadline)
-                    listeners.append((node, rid, token, argv))
+                for i, node in enumerate(receivers if prestarted is None else []):
+                    listeners.append((node, rid, token, self._serve_argv(self._common(node), path, i, rid, manifest,
+                                                                          deadline)))
                 first = self.inv.node(receivers[0])
                 argv = self._common(feeder) + [
                     "send", "--plan", self._file(feeder, rid, "plan.json"), "--dir", self.final(feeder),
@@ -281,6 +391,16 @@ class Relays:
             t2 = time.monotonic()
             self._stop(started)
             log.debug("round: relays stopped in %.2f s", time.monotonic() - t2)
+
+    def _serve_argv(self, start: list[str], path: list[str], i: int, rid: str, manifest: Manifest,
+                    deadline: float) -> list[str]:
+        """The command of the ``i``-th receiver of ``path`` (``path[i + 1]``), after ``start`` (``launch``)."""
+        node, up = path[i + 1], self.inv.node(path[i])
+        down = self.inv.node(path[i + 2]) if i + 2 < len(path) else None
+        return start + [
+            "serve", "--listen", self.inv.node(node).data_address, "--port", str(self.spec.port),
+            "--upstream", up.data_address, "--staging", self.staging(node), "--final", self.final(node),
+            "--cache", self.cache(node), "--expect", manifest.digest] + self._timeouts(rid, node, down, deadline)
 
     def _file(self, node: str, rid: str, what: str) -> str:
         return f"{self.workdir(node)}/{rid}.{what}"
@@ -345,16 +465,7 @@ class Relays:
         after the command has ended: a relay given no token exits without a status), and the command ends the
         moment it listens. Started detached by a shell instead (setsid, nohup, a loop of sleeps waiting for its
         ready file) a start cost three more programs and up to a 100-ms tick of the wait on every node."""
-        log_path, pid_path = self._file(node, rid, "log"), self._file(node, rid, "pid")
-        ready, status, logq = (shlex.quote(self._file(node, rid, x)) for x in ("ready", "status.json", "log"))
-        argv = [*argv, "--detach", pid_path, "--start-timeout", f"{START_S:g}"]
-        run = f"export {RUN_ENV}={shlex.quote(self.cluster.run_key)}; " if self.cluster.run_key else ""
-        wd = shlex.quote(self.workdir(node))
-        # the launcher exits NOT_INSTALLED, and starts nothing, when the program is not this version's
-        script = (f"[ -d {wd} ] || mkdir -p {wd} || exit 1; {run}{shlex.join(argv)} > {logq} 2>&1; "
-                  f"[ $? -ne {NOT_INSTALLED} ] || exit {NOT_INSTALLED}; "
-                  f"if [ -e {ready} ]; then echo READY; else echo GONE; cat {status} 2>/dev/null || "
-                  f"tail -c 1000 {logq}; fi")
+        script, argv = self._start_script(node, rid, argv)
         started.append((node, rid, argv))
         for attempt in (1, 2):
             try:
@@ -372,13 +483,32 @@ class Relays:
             # program): installed again, then started
             self._installed.discard(node)
             self.install(node)
+        return self._verdict(node, rid, res)
+
+    def _start_script(self, node: str, rid: str, argv: list[str]) -> tuple[str, list[str]]:
+        """(the shell that starts the relay ``argv`` detached and prints READY, or GONE and why; the relay's
+        whole command line as it runs, for ``_stop``). See ``_spawn``."""
+        ready, status, logq = (shlex.quote(self._file(node, rid, x)) for x in ("ready", "status.json", "log"))
+        argv = [*argv, "--detach", self._file(node, rid, "pid"), "--start-timeout", f"{START_S:g}"]
+        run = f"export {RUN_ENV}={shlex.quote(self.cluster.run_key)}; " if self.cluster.run_key else ""
+        wd = shlex.quote(self.workdir(node))
+        # the launcher exits NOT_INSTALLED, and starts nothing, when the program is not this version's
+        script = (f"[ -d {wd} ] || mkdir -p {wd} || exit 1; {run}{shlex.join(argv)} > {logq} 2>&1; "
+                  f"[ $? -ne {NOT_INSTALLED} ] || exit {NOT_INSTALLED}; "
+                  f"if [ -e {ready} ]; then echo READY; else echo GONE; cat {status} 2>/dev/null || "
+                  f"tail -c 1000 {logq}; fi")
+        return script, argv
+
+    def _verdict(self, node: str, rid: str, res: CommandResult) -> str | None:
+        """None for a start command that says its relay is ready; else why it is not."""
         lines = res.stdout.splitlines()
         verdict = next((i for i, line in enumerate(lines) if line in ("READY", "GONE")), None)
         if res.rc != 0 or verdict is None:
             return f"the start command exited {res.rc} without a verdict: {(res.stderr or res.stdout).strip()[-300:]}"
         if lines[verdict] == "READY":
             return None
-        return f"it exited before it was ready: {_exit_reason(chr(10).join(lines[verdict + 1:]))} (log {log_path})"
+        return (f"it exited before it was ready: {_exit_reason(chr(10).join(lines[verdict + 1:]))} "
+                f"(log {self._file(node, rid, 'log')})")
 
     def _not_started(self, jobs: list[tuple[str, list[str]]], failed: dict[tuple[str, str], dict]
                      ) -> dict[str, dict]:
@@ -458,6 +588,7 @@ class Relays:
 
         with ThreadPoolExecutor(max_workers=min(WORKERS, max(1, sum(len(p) for _, p in jobs)))) as pool:
             for tails_only in (True, False):
+                tw = time.monotonic()
                 while todo := unresolved(tails_only):
                     if time.monotonic() > deadline:
                         for node, rid in todo:
@@ -467,6 +598,8 @@ class Relays:
                     list(pool.map(poll, todo))
                     if unresolved(tails_only):
                         time.sleep(POLL_S)
+                log.debug("round: %s in %.2f s", "the last nodes done" if tails_only else "every status read",
+                          time.monotonic() - tw)
         result: dict[str, dict] = {}
         for rid, path in jobs:
             for n in path[1:]:
@@ -479,7 +612,8 @@ class Relays:
         self._dead = dead
         return result
 
-    def _stop(self, started: list[tuple[str, str, list[str]]]) -> None:
+    def _stop(self, started: list[tuple[str, str, list[str]]], then: Callable[[str], str] | None = None) -> None:
+        """Stop every relay of ``started`` not reaped yet; ``then``: shell run after, by node."""
         dead = self._dead
 
         def stop(item: tuple[str, str, list[str]]) -> None:
@@ -489,7 +623,9 @@ class Relays:
             try:
                 pid, wd = self._file(node, rid, "pid"), self.workdir(node)
                 rm = " ".join(shlex.quote(f"{wd}/{rid}.{x}") for x in ROUND_FILES)
-                warn_left_alone(self.cluster[node].run(stop_script(pid, 2, argv) + f"; rm -f {rm}", timeout=15))
+                more = f"; {then(node)}" if then else ""
+                warn_left_alone(self.cluster[node].run(stop_script(pid, 2, argv) + f"; rm -f {rm}{more}",
+                                                       timeout=15))
             except DeploybenchError as exc:
                 log.warning("node %s: could not stop relay %s: %s", node, rid, exc)
 

@@ -27,7 +27,7 @@ from typing import Any
 from deploybench.config import FanoutSpec, FanoutStrategy, Policy
 from deploybench.errors import DeploybenchError, StageFailed
 from deploybench.fanout.plan import NodeState, chain_paths, tree_paths
-from deploybench.fanout.relay_control import WORKERS, Relays
+from deploybench.fanout.relay_control import WORKERS, Prestart, Relays
 from deploybench.fanout.result import FanoutResult, NodeCopy
 from deploybench.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestMismatch
 from deploybench.transport import Cluster
@@ -215,9 +215,31 @@ class _Fanout:
         self.result.nodes = [NodeCopy(self.source, "source", verified=True, strategy=spec.strategy.value)]
         self.result.nodes += [self.copies[n] for n in self.targets]
 
+        deadline = self.t0 + spec.timeout_s
         t_inspect = time.monotonic()
-        unreachable = self.inspect(self.targets, manifest)
-        log.debug("fanout: %d targets inspected in %.2f s", len(self.targets), time.monotonic() - t_inspect)
+        pre: Prestart | None = None
+        if spec.strategy is FanoutStrategy.CHAIN and self.targets:
+            # the chain a first fan-out feeds (every target empty) is started with the inspection
+            pre = self.relays.start_with_inspection([self.source, *self.targets], manifest, deadline)
+        try:
+            return self._rounds(manifest, deadline, t_inspect, pre)
+        finally:
+            if pre is not None and pre.started:  # not fed (bad input refused, another plan, a failure)
+                self.relays.stop(pre)
+
+    def _rounds(self, manifest: Manifest, deadline: float, t_inspect: float, pre: Prestart | None) -> FanoutResult:
+        spec = self.spec
+        if pre is None:
+            unreachable = self.inspect(self.targets, manifest)
+        else:
+            unreachable = dict(pre.errors)
+            for n, answer in pre.answers.items():
+                try:
+                    self.states[n] = NodeState.from_inspect(n, answer)
+                except (TypeError, ValueError) as exc:
+                    unreachable[n] = f"node {n}: inspect printed a result that is not one ({exc})"
+        log.debug("fanout: %d targets inspected in %.2f s%s", len(self.targets), time.monotonic() - t_inspect,
+                  f", {len(pre.ready)} relays started with it" if pre else "")
         self.refuse_or_exclude(unreachable, "nodes could not be inspected")
         short = {}
         for n, st in self.states.items():
@@ -234,7 +256,6 @@ class _Fanout:
                 self.verified.add(n)
         repair_nodes = {n for n, st in self.states.items() if st.bad}
 
-        deadline = self.t0 + spec.timeout_s
         while (pending := self.pending()) and time.monotonic() < deadline:
             runnable = [n for n in pending if self.copies[n].attempts < 1 + spec.retries]
             for n in set(pending) - set(runnable):
@@ -245,7 +266,15 @@ class _Fanout:
             paths = self.paths(runnable)
             self.result.rounds += 1
             log.info("fanout round %d: %s", self.result.rounds, " | ".join("->".join(p) for p in paths))
-            statuses = self.relays.run_round(paths, manifest, self.states, deadline)
+            feed = pre if pre is not None and pre.fits(paths) else None
+            if pre is not None and feed is None:
+                why = ("; ".join(f"{n}: {w}" for n, w in pre.not_started.items()) if paths == [pre.path] else
+                       "the round feeds other paths (a node holds part of the model, or is left out)")
+                log.info("fanout: the relays started with the inspection are stopped, then started again for the "
+                         "round: %s", why)
+                self.relays.stop(pre)
+            pre = None
+            statuses = self.relays.run_round(paths, manifest, self.states, deadline, prestarted=feed)
             for n, status in statuses.items():
                 self.account(n, status, manifest)
             alive = [n for n, status in statuses.items() if "dead" not in status]
