@@ -87,13 +87,13 @@ def test_an_empty_node_is_inspected_by_the_shell_as_the_relay_would_and_a_copy_b
         m = _manifest(relays.manifest("n01", relays.final("n01"))["manifest"])
         args = ["inspect", "--final", relays.final("n02"), "--staging", relays.staging("n02"), "--cache",
                 relays.cache("n02")]
-        # the shell also says whether the relay program is there: when it is not, the controller does not take
-        # the node for installed (it installs the program before starting a relay there)
-        c["n02"].run(f"rm -f {relays.program('n02')}", timeout=10).check()
+        # the shell also says whether the relay program is there: when it is not, the controller installs it at
+        # once (in the inspection's thread), not when the round starts the relay
+        prog = files.run("n02") / relays.program("n02").split("/run/", 1)[1]
+        prog.unlink(missing_ok=True)
         shell = relays.call("n02", args, stdin=m.to_json().encode(), shortcut=relays._empty_node("n02"))
-        assert shell.pop("program") is False and "n02" not in relays._installed
-        python = relays.call("n02", args, stdin=m.to_json().encode())  # the launcher: not there, installed, run
-        assert "n02" in relays._installed
+        assert shell.pop("program") is False and "n02" in relays._installed and prog.is_file()
+        python = relays.call("n02", args, stdin=m.to_json().encode())
         again = relays.call("n02", args, stdin=m.to_json().encode(), shortcut=relays._empty_node("n02"))
         assert again.pop("program") is True and again.pop("free_bytes") and again.pop("shell")
         assert shell.pop("shell") is True and "shell" not in python
@@ -115,12 +115,21 @@ def test_an_empty_node_is_inspected_by_the_shell_as_the_relay_would_and_a_copy_b
             lab.wipe(inv.names[1:3])
 
 
-def _no_relay_left(c: Cluster, inv) -> None:
+def _no_relay_left(c: Cluster, inv, name: str) -> None:
+    """Nothing listens on the relay port in any node's namespace, and no relay of this lab runs (the lab's nodes
+    are this machine's processes; a relay's command line holds its program's path, under the lab's folder)."""
     for n in inv.names:
         ss = c[n].run(["ss", "-Htln", f"sport = :{FanoutSpec().port}"], timeout=10).check()
         assert ss.stdout.strip() == "", (n, ss.stdout)
-    ps = c["n01"].run("grep -l 'deploybench rela[y]' /proc/[0-9]*/cmdline 2>/dev/null || true", timeout=10).check()
-    assert ps.stdout.strip() == "", ps.stdout  # the lab's nodes share this machine's processes
+    ours = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"deploybench relay" in cmd and f"/{name}/".encode() in cmd:
+            ours.append(cmd[:200])
+    assert ours == []
 
 
 def test_a_first_chain_starts_each_relay_with_its_inspection(lab, monkeypatch):
@@ -139,24 +148,56 @@ def test_a_first_chain_starts_each_relay_with_its_inspection(lab, monkeypatch):
         assert sorted(res.verified_nodes) == inv.names and res.rounds == 1
         assert [res.node(n).upstream for n in inv.names[1:]] == [[u] for u in inv.names[:-1]]
         assert spawned == ["n01"] and inspected == []
-        _no_relay_left(c, inv)
+        _no_relay_left(c, inv, name)
 
 
-def test_relays_started_with_the_inspection_for_another_plan_are_stopped_and_the_chain_started_again(lab):
+def test_relays_started_with_the_inspection_for_another_plan_are_stopped_and_the_chain_started_again(lab,
+                                                                                                    monkeypatch):
     """One target holds the model already (it is skipped), so the chain the relays were started for is not the
     round's: they are stopped and the round starts its own; nothing is left running."""
+    from deploybench.fanout.relay_control import Relays
+
     name, inv, files = lab
+    stopped = []
+    stop = Relays.stop
+    monkeypatch.setattr(Relays, "stop", lambda self, pre: stopped.append(len(pre.started)) or stop(self, pre))
     with Cluster(inv) as c:
         if not copy_of(files, "n04").is_dir():
             fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
         lab.wipe([n for n in inv.names[1:] if n != "n04"])
+        stopped.clear()
         res = fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        assert stopped == [4]  # n02, n03, n05, n06 were started for n01->...->n06, then stopped
         assert sorted(res.verified_nodes) == inv.names and res.rounds == 1
         assert res.node("n04").status == "skipped"
         assert [res.node(n).upstream for n in ("n02", "n03", "n05", "n06")] == [["n01"], ["n02"], ["n03"], ["n05"]]
         for n in inv.names[1:]:
             assert not (files.models(n) / ".staging" / MODEL).exists(), n
-        _no_relay_left(c, inv)
+        _no_relay_left(c, inv, name)
+
+
+def test_a_failure_while_relays_start_with_the_inspection_stops_them_and_leaves_nothing(lab, monkeypatch):
+    """One node's start fails with an error that is not deploybench's own (paramiko raises its own types): the
+    node is named as not inspected (policy abort: the stage fails before a byte is sent), and the relays started
+    on the others are stopped, their staging folders removed."""
+    from deploybench.fanout.relay_control import Relays
+
+    name, inv, files = lab
+    lab.wipe(inv.names[1:])
+    test = Relays._empty_test
+
+    def broken(self, node):
+        if node == "n04":
+            raise RuntimeError("the channel broke")
+        return test(self, node)
+
+    monkeypatch.setattr(Relays, "_empty_test", broken)
+    with Cluster(inv) as c:
+        with pytest.raises(StageFailed, match=r"(?s)could not be inspected.*n04.*the channel broke"):
+            fanout.run(c, inv.names, "n01", MODEL, FanoutSpec())
+        _no_relay_left(c, inv, name)
+    for n in inv.names[1:]:
+        assert not (files.models(n) / ".staging").exists(), n
 
 
 def test_a_flipped_byte_is_detected_and_repaired_from_a_neighbour(lab):

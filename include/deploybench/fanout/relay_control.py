@@ -12,7 +12,8 @@ that arrives after the command it was meant for has ended: a token sent a few mi
 timeout. A relay that did not start is known at once, by node and why, and its path is not fed.
 The relay program is checked against its sha256 before every run: a truncated or altered copy is replaced, never
 run. It is run through a launcher (``LAUNCHER``, on the command line) that makes that check itself and runs the
-program's compiled code, kept beside it, when that code is this exact source's, built by this interpreter. The
+program's compiled code, kept beside it, when that code is this exact source's, built by this interpreter (a file
+trusted as a __pycache__ is, see LAUNCHER). The
 controller watches the last node of each path, collects every node's status, and always stops every relay it
 started, whatever happened: a relay whose final status was read is waited for and its round files removed by
 that same command (``_poll``); ``_stop`` visits every other one.
@@ -58,6 +59,7 @@ WORKERS = 64
 REAP_S = 1.0  # how long the poll that read a final status waits for the relay to exit before leaving it to _stop
 ROUND_FILES = ("plan.json", "status.json", "status.json.tmp", "ready", "ready.tmp")  # removed after a round
 FINAL, REAPED = "@@deploybench-final@@", "@@deploybench-reaped@@"
+HOLDS = "@@deploybench-holds@@"  # start_with_inspection: the node holds something of the model, nothing started
 
 
 NOT_INSTALLED = 97  # exit code of a call whose relay (this version) is not on the node yet
@@ -83,10 +85,13 @@ def relay_version() -> str:
 # - checks the program's sha256 (the shell's ``sha256sum -c`` did, one more program started): anything else, a
 #   missing file included, exits NOT_INSTALLED after reading its input, as the shell did, and the controller
 #   installs the program;
-# - runs the compiled code kept beside the program (``relay-<version>.code``) only when its header names this
-#   source's sha256, this interpreter (the sha256 of sys.version: a bytecode is one Python version's) and the
-#   sha256 of the code itself (a file cut short or changed is not loaded); else it compiles the source it checked
-#   and replaces the file (written whole, then renamed);
+# - runs the compiled code kept beside the program (``relay-<version>.code``) only when the file is the deploy
+#   user's and writable by no one else (not followed if a link), and its header names this source's sha256, this
+#   interpreter (the sha256 of sys.version: a bytecode is one Python version's) and the sha256 of the code itself
+#   (a file cut short or damaged is not loaded); else it compiles the source it checked and replaces the file
+#   (written whole, mode 0600, then renamed). The code file is trusted as Python trusts a __pycache__: it lies in
+#   the deploy user's own run folder (0700, checked when the folder is made), and whoever can write there could
+#   write the program too; its hashes catch damage and a stale file, not a forgery by the folder's owner;
 # - runs the program as ``python program`` would (``__name__`` is ``"__main__"``, sys.argv from the command).
 # The first line names the relay in ``ps``, and the program's path is an argument, as before.
 LAUNCHER = """\
@@ -105,10 +110,12 @@ if digest != "{digest}":
 key = (digest + " " + hashlib.sha256(sys.version.encode()).hexdigest() + " ").encode()
 cached, code = path[:-3] + ".code", None
 try:
-    with open(cached, "rb") as f:
-        head, _, body = f.read().partition(b"\\n")
-    if head == key + hashlib.sha256(body).hexdigest().encode():
-        code = marshal.loads(body)
+    with open(os.open(cached, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            head, _, body = f.read().partition(b"\\n")
+            if head == key + hashlib.sha256(body).hexdigest().encode():
+                code = marshal.loads(body)
 except (OSError, ValueError, EOFError, TypeError):
     pass
 if code is None:
@@ -116,11 +123,14 @@ if code is None:
     body = marshal.dumps(code)
     tmp = "%s.%d.tmp" % (cached, os.getpid())
     try:
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
             f.write(key + hashlib.sha256(body).hexdigest().encode() + b"\\n" + body)
         os.replace(tmp, cached)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 sys.argv[0], source, body = path, None, None
 exec(code, {{"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}})
 """
@@ -219,6 +229,9 @@ class Relays:
             raise TransportError(f"node {node}: relay {args[0]} printed no result: {res.stdout[-200:]!r}") from exc
         if not (isinstance(out, dict) and out.get("shell")) or out.get("program"):
             self._installed.add(node)  # the shell's answer ran no program: it says whether one is there
+        else:  # none there: installed now, in the caller's thread (the inspection's pool), not at the round's start
+            self._installed.discard(node)
+            self.install(node)
         return out
 
     def manifest(self, node: str, model_dir: str) -> dict:
@@ -259,22 +272,23 @@ class Relays:
     def start_with_inspection(self, path: list[str], manifest: Manifest, deadline: float) -> Prestart:
         """Inspect every receiver of ``path`` and, on each that the shell finds holding nothing of the model (a
         first fan-out finds every target so), start its relay for this path in the same SSH command; a node
-        that holds something is inspected by the relay and nothing is started there. The stage feeds this path
-        as its first round when the plan it makes from the inspection is this path and every relay of it started
+        that holds something is inspected by the relay, as ``inspect`` does (its own command, without the start's
+        bound: it may hash a whole copy), and nothing is started there. The stage feeds this path as its first
+        round when the plan it makes from the inspection is this path and every relay of it started
         (``Prestart.fits``); otherwise it stops them (``stop``). At 48 nodes this is one SSH command a node fewer
-        before the first byte (the inspection took 0.19-0.24 s of the lab's 2 cores)."""
+        before the first byte (the inspection took 0.19-0.24 s of the lab's 2 cores). Whatever happens here,
+        relays it started are either in the returned record or stopped."""
         pre = Prestart(path, secrets.token_hex(6), secrets.token_hex(16))
-        stdin = f"{pre.token}\n".encode() + manifest.to_json().encode()
+        stdin = f"{pre.token}\n".encode()
 
         def one(i: int) -> None:
             node, argv = path[i + 1], None
             try:
-                command = self._serve_argv(self.launch(node), path, i, pre.rid, manifest, deadline)
+                command = self._serve_argv(self.launch(node), path, i, pre.rid, manifest, deadline,
+                                           accept_extra=START_S + 30)
                 start, command = self._start_script(node, pre.rid, command)
                 empty, answer = self._empty_test(node)
-                # the relay reads its token from the first line; the relay's inspect, the manifest after it
-                script = (f"if {empty}; then {answer}; {start}; "
-                          f"else read -r _; exec {shlex.join([*self.launch(node), *self._inspect_args(node)])}; fi")
+                script = f"if {empty}; then {answer}; {start}; else echo {HOLDS}; fi"
                 argv = command
                 for attempt in (1, 2):
                     res = self.cluster[node].run(script, stdin=stdin, timeout=START_S + 30)
@@ -285,27 +299,22 @@ class Relays:
                                              f"sha256 {relay_digest()[:16]}... even after it was installed; not run")
                     self._installed.discard(node)
                     self.install(node)
-            except DeploybenchError as exc:
+                lines = res.stdout.splitlines()
+                if lines[:1] == [HOLDS]:
+                    argv = None  # nothing was started there
+                    pre.answers[node] = self.call(node, self._inspect_args(node), stdin=manifest.to_json().encode())
+                    return
+                answered = json.loads(lines[0]) if lines else None
+                if not isinstance(answered, dict) or not answered.get("shell"):
+                    raise TransportError(f"node {node}: the inspection printed no answer (exit {res.rc}): "
+                                         f"{(res.stderr or res.stdout).strip()[-300:]!r}")
+            except NodeUnreachable as exc:
+                pre.errors[node] = str(exc)  # no command reaches it: neither a start nor a stop
+                return
+            except Exception as exc:  # noqa: BLE001 - paramiko's own types too: the node is named, the rest goes on
                 if argv is not None:
                     pre.started.append((node, pre.rid, argv))  # it may have started: stopped with the others
-                pre.errors[node] = str(exc)
-                return
-            assert argv is not None
-            lines = res.stdout.splitlines()
-            try:
-                answered = json.loads(lines[0])
-                if not isinstance(answered, dict):
-                    raise ValueError("not an object")
-            except (ValueError, IndexError) as exc:
-                pre.errors[node] = (f"node {node}: inspect printed no result (exit {res.rc}): "
-                                    f"{(res.stderr or res.stdout).strip()[-300:]!r} ({exc})")
-                return
-            if not answered.get("shell"):
-                if res.rc != 0:
-                    pre.errors[node] = f"node {node}: relay inspect failed (exit {res.rc}): {res.stderr[-400:]}"
-                else:
-                    pre.answers[node] = answered
-                    self._installed.add(node)
+                pre.errors[node] = str(exc) if isinstance(exc, DeploybenchError) else f"node {node}: {exc!r}"
                 return
             pre.answers[node] = answered
             pre.started.append((node, pre.rid, argv))
@@ -317,8 +326,12 @@ class Relays:
                 pre.not_started[node] = why
 
         receivers = range(len(path) - 1)
-        with ThreadPoolExecutor(max_workers=max(1, min(WORKERS, len(receivers)))) as pool:
-            list(pool.map(one, receivers))
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(WORKERS, len(receivers)))) as pool:
+                list(pool.map(one, receivers))
+        except BaseException:
+            self.stop(pre)
+            raise
         return pre
 
     def stop(self, pre: Prestart) -> None:
@@ -393,14 +406,16 @@ class Relays:
             log.debug("round: relays stopped in %.2f s", time.monotonic() - t2)
 
     def _serve_argv(self, start: list[str], path: list[str], i: int, rid: str, manifest: Manifest,
-                    deadline: float) -> list[str]:
-        """The command of the ``i``-th receiver of ``path`` (``path[i + 1]``), after ``start`` (``launch``)."""
+                    deadline: float, accept_extra: float = 0.0) -> list[str]:
+        """The command of the ``i``-th receiver of ``path`` (``path[i + 1]``), after ``start`` (``launch``).
+        ``accept_extra``: seconds more to wait for the upstream (relays started before the round's other starts)."""
         node, up = path[i + 1], self.inv.node(path[i])
         down = self.inv.node(path[i + 2]) if i + 2 < len(path) else None
         return start + [
             "serve", "--listen", self.inv.node(node).data_address, "--port", str(self.spec.port),
             "--upstream", up.data_address, "--staging", self.staging(node), "--final", self.final(node),
-            "--cache", self.cache(node), "--expect", manifest.digest] + self._timeouts(rid, node, down, deadline)
+            "--cache", self.cache(node), "--expect", manifest.digest] + self._timeouts(rid, node, down, deadline,
+                                                                                       accept_extra)
 
     def _file(self, node: str, rid: str, what: str) -> str:
         return f"{self.workdir(node)}/{rid}.{what}"
@@ -418,7 +433,8 @@ class Relays:
         and site's path set-up is ~2 ms of every one of the two or three relay starts per node and round."""
         return [*isolated(self.inv.python), "-S"]
 
-    def _timeouts(self, rid: str, node: str, down: Node | None, deadline: float) -> list[str]:
+    def _timeouts(self, rid: str, node: str, down: Node | None, deadline: float,
+                  accept_extra: float = 0.0) -> list[str]:
         left = max(1.0, deadline - time.monotonic())
         return [
             "--status",
@@ -426,7 +442,7 @@ class Relays:
             "--io-timeout",
             f"{self.spec.io_timeout_s:g}",
             "--accept-timeout",
-            f"{max(30.0, self.spec.io_timeout_s):g}",
+            f"{max(30.0, self.spec.io_timeout_s) + accept_extra:g}",
             "--deadline-s",
             f"{left:.0f}",
             "--downstream",

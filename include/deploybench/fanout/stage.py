@@ -5,7 +5,9 @@
 2. Every target is inspected: nodes that hold a verified copy are skipped; nodes whose
    published copy has bad files need only those; partly staged files resume; the free
    space for what is still missing is checked. Bad input stops the stage here, before a
-   byte is sent.
+   byte is sent. For a chain, a target found empty (a first fan-out finds them all so) has
+   its relay started for the chain [source, *targets] by the same SSH command; the first
+   round feeds those relays when its plan is that chain, else they are stopped first.
 3. Rounds: ``chain`` streams source -> n1 -> n2 -> ... (each hop writes, hashes and
    forwards as the bytes pass); ``tree`` runs doubling rounds of one-hop streams. After a
    round every receiver is inspected again (a relay that published did it itself, on its copy, and
@@ -268,8 +270,9 @@ class _Fanout:
             log.info("fanout round %d: %s", self.result.rounds, " | ".join("->".join(p) for p in paths))
             feed = pre if pre is not None and pre.fits(paths) else None
             if pre is not None and feed is None:
-                why = ("; ".join(f"{n}: {w}" for n, w in pre.not_started.items()) if paths == [pre.path] else
-                       "the round feeds other paths (a node holds part of the model, or is left out)")
+                why = ("; ".join(f"{n}: {pre.not_started.get(n, 'it holds part of the model')}"
+                                 for n in pre.path[1:] if n not in pre.ready) if paths == [pre.path] else
+                       "the round feeds other paths (a node holds the model or a part of it, or is left out)")
                 log.info("fanout: the relays started with the inspection are stopped, then started again for the "
                          "round: %s", why)
                 self.relays.stop(pre)

@@ -55,7 +55,7 @@ def test_the_program_runs_and_its_compiled_code_is_kept_and_used(program, tmp_pa
 
 
 @pytest.mark.parametrize("spoil", ["body changed", "cut short", "another interpreter", "another source", "garbage",
-                                   "empty"])
+                                   "empty", "writable by others", "a link"])
 def test_kept_code_that_is_not_this_source_s_for_this_interpreter_is_not_run_but_replaced(program, tmp_path, spoil):
     marker = tmp_path / "ran"
     evil = marshal.dumps(compile(f"open({str(marker)!r}, 'w').write('spoiled')", str(program), "exec"))
@@ -70,12 +70,23 @@ def test_kept_code_that_is_not_this_source_s_for_this_interpreter_is_not_run_but
                                      *header(program, evil).split(b" ")[1:]]) + evil,
         "garbage": b"\x00\xff" * 100,
         "empty": b"",
+        "writable by others": header(program, evil) + evil,  # a valid file, but another user could have written it
+        "a link": header(program, evil) + evil,  # a valid file, reached through a link
     }[spoil]
-    code_file(program).write_bytes(spoiled)
+    if spoil == "a link":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_bytes(spoiled)
+        code_file(program).unlink()
+        code_file(program).symlink_to(elsewhere)
+    else:
+        code_file(program).write_bytes(spoiled)
+    if spoil == "writable by others":
+        code_file(program).chmod(0o666)
     res = launch(program, "--help")
     assert res.returncode == 0 and res.stdout.startswith(b"usage: deploybench-relay"), res.stderr
     assert not marker.exists()
     assert code_file(program).read_bytes() == good  # compiled again from the checked source, and kept
+    assert not code_file(program).is_symlink() and code_file(program).stat().st_mode & 0o777 == 0o600
     assert not list(tmp_path.glob("*.tmp"))
 
 
