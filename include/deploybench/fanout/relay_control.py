@@ -13,10 +13,10 @@ timeout. A relay that did not start is known at once, by node and why, and its p
 The relay program is checked against its sha256 before every run: a truncated or altered copy is replaced, never
 run. It is run through a launcher (``LAUNCHER``, on the command line) that makes that check itself and runs the
 program's compiled code, kept beside it, when that code is this exact source's, built by this interpreter (a file
-trusted as a __pycache__ is, see LAUNCHER). The
-controller watches the last node of each path, collects every node's status, and always stops every relay it
-started, whatever happened: a relay whose final status was read is waited for and its round files removed by
-that same command (``_poll``); ``_stop`` visits every other one.
+trusted as a __pycache__ is, see LAUNCHER). The controller watches the last node of each path, collects every
+node's status, and always stops every relay it started, whatever happened: a relay whose final status was read
+is waited for and its round files removed by that same command (``_poll``); ``_stop`` visits every other one.
+A chain's first round may find its receivers started already, with their inspection (``start_with_inspection``).
 """
 
 from __future__ import annotations
