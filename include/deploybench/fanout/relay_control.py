@@ -207,6 +207,20 @@ class Relays:
                                  "after the copy; check free space and sha256sum on the node")
         self._installed.add(node)
 
+    def _run_installed(self, node: str, script: str, stdin: bytes | None, timeout: float) -> CommandResult:
+        """Run ``script``, which runs the relay through the launcher; when that exits NOT_INSTALLED (the program
+        missing, or not this version's: gone or changed since the controller last saw it, or never seen, as after
+        an empty node's inspection by the shell), install the program and run ``script`` once more."""
+        res = self.cluster[node].run(script, stdin=stdin, timeout=timeout)
+        if res.rc == NOT_INSTALLED:
+            self._installed.discard(node)
+            self.install(node)
+            res = self.cluster[node].run(script, stdin=stdin, timeout=timeout)
+            if res.rc == NOT_INSTALLED:
+                raise TransportError(f"node {node}: the relay program {self.program(node)} does not have sha256 "
+                                     f"{relay_digest()[:16]}... even after it was installed again; not run")
+        return res
+
     def call(self, node: str, args: list[str], stdin: bytes | None = None, timeout: float = 3600,
              shortcut: str = "") -> dict:
         """Run the relay's ``args`` on ``node``: one SSH command when this relay version is there already.
@@ -214,12 +228,7 @@ class Relays:
         (``"shell": true``) says in ``"program"`` whether the relay program's file is there."""
         # Not installed (or not this exact program): the launcher reads stdin before it exits, so sending the input
         # never meets a closed channel; then the program is installed, and run only once its hash checks.
-        guarded = f"{shortcut}exec {shlex.join([*self.launch(node), *args])}"
-        res = self.cluster[node].run(guarded, stdin=stdin, timeout=timeout)
-        if res.rc == NOT_INSTALLED:
-            self._installed.discard(node)
-            self.install(node)
-            res = self.cluster[node].run(guarded, stdin=stdin, timeout=timeout)
+        res = self._run_installed(node, f"{shortcut}exec {shlex.join([*self.launch(node), *args])}", stdin, timeout)
         if not res.ok:
             raise TransportError(f"node {node}: relay {args[0]} failed (exit {res.rc}): {res.stderr.strip()[-400:]}; "
                                  f"preflight requires python3 on every node (inventory python: {self.inv.python})")
@@ -290,15 +299,7 @@ class Relays:
                 empty, answer = self._empty_test(node)
                 script = f"if {empty}; then {answer}; {start}; else echo {HOLDS}; fi"
                 argv = command
-                for attempt in (1, 2):
-                    res = self.cluster[node].run(script, stdin=stdin, timeout=START_S + 30)
-                    if res.rc != NOT_INSTALLED:
-                        break
-                    if attempt == 2:
-                        raise TransportError(f"node {node}: the relay program {self.program(node)} does not have "
-                                             f"sha256 {relay_digest()[:16]}... even after it was installed; not run")
-                    self._installed.discard(node)
-                    self.install(node)
+                res = self._run_installed(node, script, stdin, START_S + 30)
                 lines = res.stdout.splitlines()
                 if lines[:1] == [HOLDS]:
                     argv = None  # nothing was started there
@@ -483,22 +484,12 @@ class Relays:
         ready file) a start cost three more programs and up to a 100-ms tick of the wait on every node."""
         script, argv = self._start_script(node, rid, argv)
         started.append((node, rid, argv))
-        for attempt in (1, 2):
-            try:
-                res = self.cluster[node].run(script, stdin=f"{token}\n".encode(), timeout=START_S + 30)
-            except NodeUnreachable:
-                raise
-            except TransportError as exc:
-                return str(exc)
-            if res.rc != NOT_INSTALLED:
-                break
-            if attempt == 2:
-                raise TransportError(f"node {node}: the relay program {self.program(node)} does not have sha256 "
-                                     f"{relay_digest()[:16]}... even after it was installed again; not run")
-            # gone or changed since the controller last saw it (or never seen: an empty node's inspection ran no
-            # program): installed again, then started
-            self._installed.discard(node)
-            self.install(node)
+        try:
+            res = self._run_installed(node, script, f"{token}\n".encode(), START_S + 30)
+        except NodeUnreachable:
+            raise
+        except TransportError as exc:
+            return str(exc)
         return self._verdict(node, rid, res)
 
     def _start_script(self, node: str, rid: str, argv: list[str]) -> tuple[str, list[str]]:
